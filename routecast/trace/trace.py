@@ -1,0 +1,288 @@
+"""Trace: the routing of T token-positions through L MoE layers, held as column arrays.
+
+Shapes (legend in spec.py): experts_TLK int16 (-1 = dropped by a capacity limit),
+weights_TLK float32, logits_TLE float32 (optional), hidden_TLH float16/float32 (optional, router input).
+Per-token columns (all length T): request int64, position int32, token_id int32, phase int8
+(PREFILL=0, DECODE=1), step int64 (forward-pass index: same step = one batch), task int16 (index into
+task_names, -1 unknown), source int16 (index into source_names, -1 unknown), arrival_s float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import TraceError
+from routecast.trace.spec import MoESpec
+
+PREFILL, DECODE = 0, 1
+PHASES = ("prefill", "decode")
+
+# name -> dtype of every per-token column; the order is the on-disk order.
+COLUMNS: dict[str, np.dtype] = {
+    "request": np.dtype(np.int64),
+    "position": np.dtype(np.int32),
+    "token_id": np.dtype(np.int32),
+    "phase": np.dtype(np.int8),
+    "step": np.dtype(np.int64),
+    "task": np.dtype(np.int16),
+    "source": np.dtype(np.int16),
+    "arrival_s": np.dtype(np.float64),
+}
+_DEFAULTS = {"token_id": -1, "phase": PREFILL, "task": -1, "source": -1, "arrival_s": 0.0}
+
+
+def make_columns(num_tokens: int, **cols: Any) -> dict[str, np.ndarray]:
+    """Per-token column dict with every COLUMNS entry, cast to its dtype; missing ones get defaults.
+
+    `request`, `position` and `step` default to 0, arange(T) and arange(T) only when T allows no doubt
+    (a single request processed one token per step); pass them explicitly for real traces.
+    """
+    out: dict[str, np.ndarray] = {}
+    unknown = sorted(set(cols) - set(COLUMNS))
+    if unknown:
+        raise TraceError(f"unknown token column(s) {unknown}; expected some of {list(COLUMNS)}.")
+    for name, dt in COLUMNS.items():
+        v = cols.get(name)
+        if v is None:
+            if name == "request":
+                v = np.zeros(num_tokens)
+            elif name in ("position", "step"):
+                v = np.arange(num_tokens)
+            else:
+                v = np.full(num_tokens, _DEFAULTS[name])
+        a = np.asarray(v)
+        if a.shape != (num_tokens,):
+            raise TraceError(f"token column '{name}' has shape {a.shape}; expected ({num_tokens},).")
+        out[name] = a.astype(dt, copy=False)
+    return out
+
+
+@dataclass(eq=False)
+class Trace:
+    """Routing of T token-positions through L MoE layers (see the module docstring for shapes)."""
+
+    spec: MoESpec
+    tokens: dict[str, np.ndarray]
+    experts_TLK: np.ndarray
+    weights_TLK: np.ndarray
+    logits_TLE: np.ndarray | None = None
+    hidden_TLH: np.ndarray | None = None
+    task_names: tuple[str, ...] = ()
+    source_names: tuple[str, ...] = ()
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.task_names = tuple(self.task_names)
+        self.source_names = tuple(self.source_names)
+        self.validate()
+
+    # ---------------------------------------------------------------- validation
+    def validate(self, where: str = "trace") -> None:
+        """Check shapes, dtypes, id ranges and finiteness; raise TraceError naming `where` and the field."""
+        s = self.spec
+        e = self.experts_TLK
+        if not isinstance(e, np.ndarray) or e.ndim != 3 or e.shape[1:] != (s.num_layers, s.top_k):
+            shape = getattr(e, "shape", None)
+            raise TraceError(f"{where}: experts_TLK has shape {shape}; expected (T, {s.num_layers}, {s.top_k}).")
+        if e.dtype != np.int16:
+            raise TraceError(f"{where}: experts_TLK has dtype {e.dtype}; expected int16.")
+        T = e.shape[0]
+        if set(self.tokens) != set(COLUMNS):
+            raise TraceError(
+                f"{where}: token columns are {sorted(self.tokens)}; expected exactly {sorted(COLUMNS)}."
+            )
+        for name, dt in COLUMNS.items():
+            col = self.tokens[name]
+            if not isinstance(col, np.ndarray) or col.shape != (T,):
+                raise TraceError(f"{where}: token column '{name}' has shape {getattr(col, 'shape', None)}; expected ({T},).")
+            if col.dtype != dt:
+                raise TraceError(f"{where}: token column '{name}' has dtype {col.dtype}; expected {dt}.")
+        w = self.weights_TLK
+        if not isinstance(w, np.ndarray) or w.shape != e.shape:
+            raise TraceError(f"{where}: weights_TLK has shape {getattr(w, 'shape', None)}; expected {e.shape}.")
+        if w.dtype.kind != "f":
+            raise TraceError(f"{where}: weights_TLK has dtype {w.dtype}; expected a float dtype.")
+        if T:
+            lo, hi = int(e.min()), int(e.max())
+            if lo < -1 or hi >= s.num_experts:
+                bad = lo if lo < -1 else hi
+                raise TraceError(
+                    f"{where}: experts_TLK holds expert id {bad}; expected -1 (dropped) or 0..{s.num_experts - 1}."
+                )
+            if not np.isfinite(w).all():
+                raise TraceError(f"{where}: weights_TLK holds NaN or inf; expected finite routing weights.")
+            for name in ("phase",):
+                col = self.tokens[name]
+                if col.min() < 0 or col.max() > 1:
+                    raise TraceError(f"{where}: token column 'phase' holds {int(col.max())}; expected 0 (prefill) or 1 (decode).")
+            for name, names in (("task", self.task_names), ("source", self.source_names)):
+                col = self.tokens[name]
+                lo, hi = int(col.min()), int(col.max())
+                if lo < -1 or hi >= len(names):
+                    raise TraceError(
+                        f"{where}: token column '{name}' holds {lo if lo < -1 else hi} but {len(names)} "
+                        f"{name} name(s) are defined; expected -1..{len(names) - 1}."
+                    )
+            if not np.isfinite(self.tokens["arrival_s"]).all():
+                raise TraceError(f"{where}: token column 'arrival_s' holds NaN or inf; expected finite seconds.")
+        if self.logits_TLE is not None:
+            lg = self.logits_TLE
+            if lg.shape != (T, s.num_layers, s.num_experts) or lg.dtype.kind != "f":
+                raise TraceError(
+                    f"{where}: logits_TLE has shape {lg.shape} dtype {lg.dtype}; expected float ({T}, {s.num_layers}, {s.num_experts})."
+                )
+            if T and not np.isfinite(lg).all():
+                raise TraceError(f"{where}: logits_TLE holds NaN or inf; expected finite router logits.")
+        if self.hidden_TLH is not None:
+            h = self.hidden_TLH
+            if h.ndim != 3 or h.shape[:2] != (T, s.num_layers) or h.dtype.kind != "f":
+                raise TraceError(
+                    f"{where}: hidden_TLH has shape {h.shape} dtype {h.dtype}; expected float ({T}, {s.num_layers}, H)."
+                )
+            if s.hidden_size and h.shape[2] != s.hidden_size:
+                raise TraceError(f"{where}: hidden_TLH has H = {h.shape[2]}; expected hidden_size = {s.hidden_size}.")
+
+    # ---------------------------------------------------------------- basics
+    @property
+    def num_tokens(self) -> int:
+        return int(self.experts_TLK.shape[0])
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        # Token columns read as attributes: trace.request, trace.step, ...
+        tokens = self.__dict__.get("tokens")
+        if tokens is not None and name in tokens:
+            return tokens[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        s = self.spec
+        extra = [n for n in ("logits_TLE", "hidden_TLH") if getattr(self, n) is not None]
+        return (
+            f"Trace({s.name or 'moe'}: T={self.num_tokens}, L={s.num_layers}, E={s.num_experts}, K={s.top_k}, "
+            f"requests={len(np.unique(self.tokens['request']))}, steps={len(np.unique(self.tokens['step']))}"
+            + (f", +{'+'.join(extra)}" if extra else "")
+            + ")"
+        )
+
+    # ---------------------------------------------------------------- vectorised views
+    def counts_LE(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """counts_LE[l, e] = number of (token, k) slots routed to expert e at layer l, over tokens in mask.
+
+        mask: bool (T,) or integer index array; None = all tokens. Dropped slots (-1) are not counted.
+        Returns int64 (L, E).
+        """
+        s = self.spec
+        ids = self.experts_TLK if mask is None else self.experts_TLK[mask]
+        flat = ids.reshape(-1, s.num_layers * s.top_k).astype(np.int32)
+        flat += np.repeat(np.arange(s.num_layers, dtype=np.int32) * s.num_experts, s.top_k)[None, :]
+        flat = flat.ravel()
+        if (ids < 0).any():
+            flat = flat[(ids.reshape(-1) >= 0)]
+        return np.bincount(flat, minlength=s.num_layers * s.num_experts).reshape(s.num_layers, s.num_experts)
+
+    def paths_TLE(self, packed: bool = True) -> np.ndarray:
+        """Multi-hot routing paths: bool (T, L, E), or packed along E as uint8 (T, L, ceil(E/8)).
+
+        Dropped slots (-1) set no bit. Packed bits follow np.packbits (big-endian within a byte).
+        """
+        s = self.spec
+        T = self.num_tokens
+        hot = np.zeros((T, s.num_layers, s.num_experts + 1), dtype=bool)
+        ids = self.experts_TLK.astype(np.int64)
+        ids[ids < 0] = s.num_experts  # sink column for dropped slots
+        t_idx = np.arange(T)[:, None, None]
+        l_idx = np.arange(s.num_layers)[None, :, None]
+        hot[t_idx, l_idx, ids] = True
+        hot = hot[:, :, : s.num_experts]
+        return np.packbits(hot, axis=-1) if packed else hot
+
+    def _groups(self, key: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        order = np.argsort(key, kind="stable")
+        vals, starts = np.unique(key[order], return_index=True)
+        for v, idx in zip(vals.tolist(), np.split(order, starts[1:]), strict=True):
+            yield v, idx
+
+    def batches(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (step, token indices) in increasing step order; indices keep trace order within a step."""
+        if self.num_tokens:
+            yield from self._groups(self.tokens["step"])
+
+    def requests(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (request id, token indices) in increasing request-id order, trace order within a request."""
+        if self.num_tokens:
+            yield from self._groups(self.tokens["request"])
+
+    def select(self, mask: np.ndarray | Sequence[int]) -> Trace:
+        """A new Trace holding only the tokens in mask (bool (T,) or integer indices), in that order."""
+        m = np.asarray(mask)
+        if m.dtype == bool and m.shape != (self.num_tokens,):
+            raise TraceError(f"select: mask has shape {m.shape}; expected ({self.num_tokens},).")
+        if m.dtype != bool and m.size and (m.dtype.kind not in "iu" or m.min() < -self.num_tokens or m.max() >= self.num_tokens):
+            raise TraceError(f"select: index out of range for a trace of {self.num_tokens} tokens.")
+        return Trace(
+            spec=self.spec,
+            tokens={k: v[m] for k, v in self.tokens.items()},
+            experts_TLK=self.experts_TLK[m],
+            weights_TLK=self.weights_TLK[m],
+            logits_TLE=None if self.logits_TLE is None else self.logits_TLE[m],
+            hidden_TLH=None if self.hidden_TLH is None else self.hidden_TLH[m],
+            task_names=self.task_names,
+            source_names=self.source_names,
+            provenance=dict(self.provenance),
+        )
+
+    def split(
+        self, by: str = "request", fractions: Sequence[float] = (0.8, 0.2), seed: int = 0
+    ) -> tuple[Trace, ...]:
+        """Split into len(fractions) traces by whole requests or whole tasks, shuffled with seed.
+
+        by="request": each request goes wholly to one part (held-out requests, same tasks);
+        by="task": each task goes wholly to one part (held-out tasks, for shift experiments).
+        Parts get round(fraction * groups) groups (the last part takes the rest); order inside a part
+        follows the trace.
+        """
+        if by not in ("request", "task"):
+            raise TraceError(f"split: by is {by!r}; expected 'request' or 'task'.")
+        fr = np.asarray(fractions, dtype=float)
+        if fr.ndim != 1 or fr.size < 1 or (fr < 0).any() or not np.isclose(fr.sum(), 1.0):
+            raise TraceError(f"split: fractions are {list(fractions)}; expected non-negative numbers summing to 1.")
+        key = self.tokens[by]
+        groups = np.unique(key)
+        perm = np.random.default_rng(seed).permutation(groups)
+        bounds = np.round(np.cumsum(fr) * len(groups)).astype(int)
+        bounds[-1] = len(groups)
+        parts = np.split(perm, bounds[:-1])
+        return tuple(self.select(np.isin(key, p)) for p in parts)
+
+    @classmethod
+    def concat(cls, traces: Sequence[Trace]) -> Trace:
+        """Concatenate traces of one spec and one set of task/source names (optional tensors kept if all have them)."""
+        if not traces:
+            raise TraceError("concat: no traces given; expected at least one.")
+        first = traces[0]
+        for i, t in enumerate(traces[1:], 1):
+            if t.spec != first.spec or t.task_names != first.task_names or t.source_names != first.source_names:
+                raise TraceError(f"concat: trace {i} has a different spec or task/source names than trace 0.")
+
+        def cat(name: str) -> np.ndarray | None:
+            arrs = [getattr(t, name) for t in traces]
+            return None if any(a is None for a in arrs) else np.concatenate(arrs)
+
+        return cls(
+            spec=first.spec,
+            tokens={k: np.concatenate([t.tokens[k] for t in traces]) for k in COLUMNS},
+            experts_TLK=np.concatenate([t.experts_TLK for t in traces]),
+            weights_TLK=np.concatenate([t.weights_TLK for t in traces]),
+            logits_TLE=cat("logits_TLE"),
+            hidden_TLH=cat("hidden_TLH"),
+            task_names=first.task_names,
+            source_names=first.source_names,
+            provenance=dict(first.provenance),
+        )
