@@ -1,0 +1,1 @@
+"""Tables, plots and the self-contained HTML report."""
