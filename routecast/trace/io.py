@@ -1,0 +1,742 @@
+"""On-disk Trace format: a directory of trace.json, tokens.parquet and safetensors routing shards.
+
+Layout (schema_version 1):
+  trace.json                    spec, provenance, task/source names, num_tokens, tensor layout, shard list
+  tokens.parquet                every row's COLUMNS (exact dtypes, page checksums), in row order
+  routing-00000.safetensors...  a contiguous row range: experts_TLK int16, weights_TLK float32, optional
+                                logits_TLE float32 and hidden_TLH float16/float32, plus the range's token
+                                columns ("token.<name>") and the spec in the header metadata, so a shard
+                                is self-describing and durable on its own (resume needs nothing else)
+  _writer.json                  present only while a TraceWriter writes: the resume record
+
+Reading memory-maps shards with our own header parser and np.memmap views: measured, safetensors'
+safe_open(framework="numpy").get_tensor copies (RSS grew by 98 MB for a 49 MB tensor). A single shard
+is zero-copy (read-only views whose base is the memmap); several shards are concatenated (one copy).
+Durability: every file is written to a temp file beside it, fsynced, renamed, and its directory
+fsynced; trace.json is written last and is the commit point of a finished trace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from safetensors.numpy import save_file
+
+from routecast.common.errors import ConfigError, TraceError
+from routecast.trace.spec import MoESpec
+from routecast.trace.trace import COLUMNS, DECODE, PREFILL, Trace, make_columns
+
+SCHEMA_VERSION = 1
+TRACE_JSON, TOKENS_PARQUET, WRITER_JSON, LOCK_FILE = "trace.json", "tokens.parquet", "_writer.json", ".lock"
+_SHARD_RE = re.compile(r"routing-(\d{5,})\.safetensors")
+_TMP_RE = re.compile(r"\..+\.tmp-\d+")
+_TOK = "token."
+_ROUTING = ("experts_TLK", "weights_TLK", "logits_TLE", "hidden_TLH")
+_MAX_HEADER = 100 << 20  # a real header is a few KB; a larger length field means corruption
+_ST_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
+              "F16": "float16", "F32": "float32", "F64": "float64"}
+_HIDDEN_DTYPES = ("float16", "float32")
+
+
+def _shard_name(i: int) -> str:
+    return f"routing-{i:05d}.safetensors"
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _lay(v: Any) -> str:
+    """How an optional tensor shows in a layout: absent, present, or the hidden dtype and width."""
+    return "absent" if not v else "present" if v is True else f"{v['dtype']} with H = {v['dim']}"
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.generic, np.ndarray)):
+        return o.tolist()
+    if isinstance(o, (Path, tuple)):
+        return str(o) if isinstance(o, Path) else list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
+
+
+def _dumps(obj: Any, what: str) -> bytes:
+    try:
+        return json.dumps(obj, indent=1, default=_json_default, allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        msg = f"{what} cannot be stored as JSON ({e}); expected JSON-serialisable values."
+        raise TraceError(msg) from None
+
+
+def _oserr(f: Path, e: OSError, what: str) -> TraceError:
+    return TraceError(f"{f}: cannot be read ({e.strerror or e}); expected {what}.")
+
+
+# ---------------------------------------------------------------- durable file-system steps
+def _fsync(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)  # fsync acts on the inode, so a fresh descriptor flushes files and dirs
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes | Callable[[Path], None]) -> None:
+    """Write bytes (or call data(tmp)) to a temp file beside path, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data) if isinstance(data, bytes) else data(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync(path.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories with renameat2(RENAME_EXCHANGE); False where the OS lacks it."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0  # AT_FDCWD, RENAME_EXCHANGE
+
+
+def _replace_dir(new: Path, dst: Path) -> None:
+    """Put the finished trace `new` at `dst`; the old dst survives until new is in place."""
+    if not dst.exists() or not any(dst.iterdir()):
+        os.replace(new, dst)
+    elif _exchange(new, dst):
+        shutil.rmtree(new)  # holds the previous trace now
+    else:  # two renames: a crash between them leaves the old trace at .<name>.old (read_trace says so)
+        old = dst.with_name(f".{dst.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+        os.replace(new, dst)
+        shutil.rmtree(old)
+    _fsync(dst.parent)
+
+
+def _shard_files(d: Path) -> list[Path]:
+    """Committed shards of d in index order; a gap in the numbering is damage, not a crash leftover."""
+    found = sorted((int(m.group(1)), p) for p in d.iterdir() if (m := _SHARD_RE.fullmatch(p.name)))
+    for i, (idx, p) in enumerate(found):
+        if idx != i:
+            raise TraceError(f"{p}: shard index is {idx}; expected {i} (shards are numbered without gaps).")
+    return [p for _, p in found]
+
+
+# ---------------------------------------------------------------- safetensors shards
+def _read_header(file: Path) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...], int, int]], dict, int, int]:
+    """Parse a safetensors header -> (name -> (dtype, shape, begin, end), metadata, data start, size)."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            raw = f.read(n) if 2 <= n <= min(size - 8, _MAX_HEADER) else None
+    except OSError as e:
+        raise _oserr(file, e, "a readable safetensors shard") from None
+    if raw is None:
+        raise TraceError(f"{file}: header length field is {n} in a {size}-byte file; expected a safetensors "
+                         "shard (the file is truncated or not safetensors).")
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError):
+        msg = f"{file}: safetensors header is not valid JSON; expected a safetensors shard."
+        raise TraceError(msg) from None
+    if not isinstance(header, dict):
+        raise TraceError(f"{file}: safetensors header is {type(header).__name__}; expected a JSON object.")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise TraceError(f"{file}: header field '__metadata__' is {_short(meta)}; expected a string map.")
+    entries = {}
+    for name, ent in header.items():
+        shape, offs = (ent.get("shape"), ent.get("data_offsets")) if isinstance(ent, dict) else (None, None)
+        ints = [x for x in (shape or []) + (offs or []) if type(x) is int and x >= 0]
+        if (not isinstance(ent, dict) or ent.get("dtype") not in _ST_DTYPES or not isinstance(shape, list)
+                or not isinstance(offs, list) or len(offs) != 2 or len(ints) != len(shape) + 2
+                or offs[0] > offs[1]):
+            raise TraceError(f"{file}: header entry '{name}' is {_short(ent)}; expected dtype, shape and "
+                             "data_offsets.")
+        dt = np.dtype(_ST_DTYPES[ent["dtype"]])
+        if offs[1] - offs[0] != int(np.prod(shape)) * dt.itemsize:
+            raise TraceError(f"{file}: tensor '{name}' spans {offs[1] - offs[0]} bytes; expected "
+                             f"{int(np.prod(shape)) * dt.itemsize} for shape {tuple(shape)} {dt}.")
+        entries[name] = (dt, tuple(shape), offs[0], offs[1])
+    end = 8 + n + max((e[3] for e in entries.values()), default=0)
+    if end != size:
+        raise TraceError(f"{file}: file is {size} bytes; expected {end} from its header (truncated or "
+                         "padded).")
+    return entries, meta, 8 + n, size
+
+
+def _shard_identity(file: Path, meta: dict) -> tuple[MoESpec, tuple[str, ...], tuple[str, ...]]:
+    """The spec and task/source names a shard's header metadata records."""
+    try:
+        spec_d, tasks, sources = (json.loads(meta[k]) for k in ("spec", "task_names", "source_names"))
+    except (KeyError, ValueError, RecursionError):
+        raise TraceError(f"{file}: header metadata lacks a valid 'spec', 'task_names' or 'source_names'; "
+                         "expected a shard written by TraceWriter.") from None
+    for key, names in (("task_names", tasks), ("source_names", sources)):
+        if not _strs(names):
+            raise TraceError(f"{file}: metadata field '{key}' is {_short(names)}; expected a list of "
+                             "strings.")
+    return MoESpec.from_dict(spec_d, where=f"{file} metadata field 'spec'"), tuple(tasks), tuple(sources)
+
+
+def _load_shard(file: Path, spec: MoESpec | None, *, rows: int | None = None, nbytes: int | None = None,
+                layout: dict | None = None, mmap: bool = True, want: set[str] | None = None
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Check one shard against spec (and trace.json's rows, bytes, layout); map its tensors.
+
+    Returns (arrays for the names in want, or all; info: layout, rows, bytes, and spec, task_names,
+    source_names from the header when spec is None).
+    """
+    entries, meta, start, size = _read_header(file)
+    info: dict[str, Any] = {}
+    if spec is None:
+        spec, info["task_names"], info["source_names"] = _shard_identity(file, meta)
+        info["spec"] = spec
+    if "experts_TLK" not in entries or len(entries["experts_TLK"][1]) != 3:
+        raise TraceError(f"{file}: tensor 'experts_TLK' is missing or not 3-d; expected shape (T, L, K).")
+    n = entries["experts_TLK"][1][0] if rows is None else rows
+    L, K, E = spec.num_layers, spec.top_k, spec.num_experts
+    expect = {"experts_TLK": (("int16",), (n, L, K)), "weights_TLK": (("float32",), (n, L, K)),
+              **{_TOK + c: ((str(dt),), (n,)) for c, dt in COLUMNS.items()}}
+    if "logits_TLE" in entries:
+        expect["logits_TLE"] = (("float32",), (n, L, E))
+    if "hidden_TLH" in entries:
+        hs = entries["hidden_TLH"][1]
+        expect["hidden_TLH"] = (_HIDDEN_DTYPES, (n, L, spec.hidden_size or (hs[2] if len(hs) == 3 else -1)))
+    for name in entries:
+        if name not in expect:
+            raise TraceError(f"{file}: holds unexpected tensor '{name}'; expected only {sorted(expect)}.")
+    for name, (dts, shape) in expect.items():
+        if name not in entries:
+            raise TraceError(f"{file}: tensor '{name}' is missing; expected it in every routing shard.")
+        dt, sh = entries[name][:2]
+        if str(dt) not in dts:
+            raise TraceError(f"{file}: tensor '{name}' has dtype {dt}; expected {' or '.join(dts)}.")
+        if sh != shape or (name == "hidden_TLH" and sh[2] < 1):
+            why = " (rows as trace.json records)" if rows is not None else ""
+            raise TraceError(f"{file}: tensor '{name}' has shape {sh}; expected {shape}{why}.")
+    hid = entries.get("hidden_TLH")
+    lay = {"logits_TLE": "logits_TLE" in entries,
+           "hidden_TLH": hid and {"dtype": str(hid[0]), "dim": hid[1][2]}}
+    for key in ("logits_TLE", "hidden_TLH") if layout is not None else ():
+        if lay[key] != layout.get(key):
+            raise TraceError(f"{file}: tensor '{key}' is {_lay(lay[key])}; expected {_lay(layout.get(key))} "
+                             "as trace.json's 'tensors' records.")
+    if nbytes is not None and nbytes != size:
+        raise TraceError(f"{file}: file is {size} bytes; expected {nbytes} as trace.json records (replaced "
+                         "or damaged).")
+    info.update(layout=lay, rows=n, bytes=size)
+    try:
+        if mmap:
+            raw = np.memmap(file, dtype=np.uint8, mode="r")
+        else:
+            with open(file, "rb") as f:
+                raw = np.frombuffer(bytearray(f.read()), dtype=np.uint8)  # one writable buffer, no 2nd copy
+    except OSError as e:
+        raise _oserr(file, e, "a readable routing shard") from None
+    if raw.size != size:
+        raise TraceError(f"{file}: file changed size while being read; expected {size} bytes.")
+    return {k: raw[start + a: start + b].view(dt).reshape(sh)
+            for k, (dt, sh, a, b) in entries.items() if want is None or k in want}, info
+
+
+def _write_shard(file: Path, spec: MoESpec, task_names: tuple[str, ...], source_names: tuple[str, ...],
+                 arrays: dict[str, np.ndarray]) -> None:
+    meta = {"format": "routecast-trace-shard", "schema_version": str(SCHEMA_VERSION),
+            "spec": json.dumps(spec.to_dict()), "task_names": json.dumps(list(task_names)),
+            "source_names": json.dumps(list(source_names))}
+    tensors = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    _atomic_write(file, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+
+# ---------------------------------------------------------------- trace.json and tokens.parquet
+def _nonneg(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _load_json(file: Path) -> dict:
+    try:
+        obj = json.loads(file.read_bytes())
+    except OSError as e:
+        raise _oserr(file, e, "a readable JSON file") from None
+    except (ValueError, RecursionError) as e:
+        raise TraceError(f"{file}: is not valid JSON ({str(e)[:80]}); expected a JSON object.") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{file}: holds a JSON {type(obj).__name__}; expected a JSON object.")
+    return obj
+
+
+def _unfinished(f: Path) -> str:
+    return (f"{f}: file is missing because the trace was never finished (a TraceWriter was interrupted); "
+            "expected a finished trace (reopen it with TraceWriter(..., resume=True) and close()).")
+
+
+def _hidden_ok(h: Any) -> bool:
+    return h is None or (isinstance(h, dict) and h.get("dtype") in _HIDDEN_DTYPES
+                         and type(h.get("dim")) is int and h["dim"] >= 1)
+
+
+_META_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("schema_version", lambda v: v == SCHEMA_VERSION, f"{SCHEMA_VERSION} (the version this routecast reads)"),
+    ("spec", lambda v: isinstance(v, dict), "a JSON object"),
+    ("num_tokens", _nonneg, "a non-negative integer"),
+    ("task_names", _strs, "a list of strings"),
+    ("source_names", _strs, "a list of strings"),
+    ("provenance", lambda v: isinstance(v, dict), "a JSON object"),
+    ("tensors", lambda v: isinstance(v, dict) and isinstance(v.get("logits_TLE"), bool)
+     and _hidden_ok(v.get("hidden_TLH", 0)), "{'logits_TLE': bool, 'hidden_TLH': null or {dtype, dim}}"),
+    ("shards", lambda v: isinstance(v, list) and all(
+        isinstance(s, dict) and s.get("file") == _shard_name(i) and _nonneg(s.get("rows"))
+        and _nonneg(s.get("bytes")) for i, s in enumerate(v)),
+     "a list of {file: routing-NNNNN.safetensors numbered from 0, rows, bytes}"),
+)
+
+
+def _read_meta(d: Path) -> tuple[dict, MoESpec]:
+    """Load and check trace.json of trace directory d -> (meta dict, spec)."""
+    f = d / TRACE_JSON
+    if not f.is_file():
+        if (d / WRITER_JSON).exists() or any(_SHARD_RE.fullmatch(p.name) for p in d.iterdir()):
+            raise TraceError(_unfinished(f))
+        raise TraceError(f"{f}: file is missing; expected the trace's metadata file.")
+    m = _load_json(f)
+    for key, ok, expected in _META_FIELDS:
+        if key not in m:
+            raise TraceError(f"{f}: field '{key}' is missing; expected {expected}.")
+        if not ok(m[key]):
+            raise TraceError(f"{f}: field '{key}' is {_short(m[key])}; expected {expected}.")
+    spec = MoESpec.from_dict(m["spec"], where=f"{f} field 'spec'")
+    rows = sum(s["rows"] for s in m["shards"])
+    if rows != m["num_tokens"]:
+        raise TraceError(f"{f}: field 'shards' holds {rows} rows; expected num_tokens = {m['num_tokens']}.")
+    return m, spec
+
+
+def _write_tokens(file: Path, chunks: Iterable[dict[str, np.ndarray]]) -> None:
+    """tokens.parquet from column chunks, one row group each, so memory stays at one chunk."""
+    schema = pa.schema([(c, pa.from_numpy_dtype(dt)) for c, dt in COLUMNS.items()])
+
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True) as pw:
+            for cols in chunks:
+                pw.write_table(pa.table({c: pa.array(cols[c]) for c in COLUMNS}, schema=schema))
+
+    _atomic_write(file, write)
+
+
+def _read_tokens(file: Path, T: int) -> dict[str, np.ndarray]:
+    if not file.is_file():
+        raise TraceError(f"{file}: file is missing; expected the trace's token columns.")
+    try:
+        table = pq.read_table(file, page_checksum_verification=True)
+    except Exception as e:  # pyarrow raises many types on damaged input; each means "not our Parquet"
+        msg = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+        msg = f"{file}: cannot be parsed as Parquet ({msg}); expected the trace's token columns."
+        raise TraceError(msg) from None
+    if sorted(table.column_names) != sorted(COLUMNS):
+        raise TraceError(f"{file}: columns are {table.column_names}; expected exactly {list(COLUMNS)}.")
+    out = {}
+    for c, dt in COLUMNS.items():
+        col = table.column(c)
+        try:
+            have = np.dtype(col.type.to_pandas_dtype())
+        except (NotImplementedError, TypeError):
+            have = col.type
+        if have != dt:
+            raise TraceError(f"{file}: token column '{c}' has dtype {have}; expected {dt}.")
+        if col.null_count:
+            raise TraceError(f"{file}: token column '{c}' holds {col.null_count} nulls; expected none.")
+        out[c] = col.to_numpy()
+    if table.num_rows != T:
+        raise TraceError(f"{file}: token columns have {table.num_rows} rows; expected num_tokens = {T} "
+                         "from trace.json.")
+    return out
+
+
+# ---------------------------------------------------------------- reading
+def _trace_dir(path: str | os.PathLike) -> Path:
+    d = Path(path)
+    if not d.is_dir():
+        old = d.with_name(f".{d.name}.old")
+        hint = f" (an interrupted overwrite left the previous trace in {old})" if old.is_dir() else ""
+        raise TraceError(f"{d}: trace directory does not exist{hint}; expected a directory written by "
+                         "write_trace.")
+    return d
+
+
+def _validate_parts(d: Path, m: dict, spec: MoESpec, tokens: dict, parts: list[dict]) -> None:
+    """Re-run Trace.validate per file so the error names the file at fault (only after a failure)."""
+    T = m["num_tokens"]
+    tiny = MoESpec(num_layers=1, num_experts=1, top_k=1)  # the token checks do not depend on the routing
+    Trace.validate(SimpleNamespace(spec=tiny, tokens=tokens, experts_TLK=np.zeros((T, 1, 1), np.int16),
+                                   weights_TLK=np.zeros((T, 1, 1), np.float32), logits_TLE=None,
+                                   hidden_TLH=None, task_names=tuple(m["task_names"]),
+                                   source_names=tuple(m["source_names"])), where=str(d / TOKENS_PARQUET))
+    for s, p in zip(m["shards"], parts, strict=True):
+        Trace.validate(SimpleNamespace(spec=spec, tokens=make_columns(s["rows"]), task_names=(),
+                                       source_names=(), **{k: p.get(k) for k in _ROUTING}),
+                       where=str(d / s["file"]))
+
+
+def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool = True,
+               load_logits: bool = True) -> Trace:
+    """Read and validate a trace directory.
+
+    mmap=True: a single-shard trace's routing arrays are read-only views of the memory-mapped shard;
+    several shards are concatenated into memory. mmap=False reads into writable memory.
+    load_hidden / load_logits=False leave hidden_TLH / logits_TLE None (their bytes are never read).
+    Every defect raises a TraceError naming the file and the field.
+    """
+    d = _trace_dir(path)
+    m, spec = _read_meta(d)
+    tokens = _read_tokens(d / TOKENS_PARQUET, m["num_tokens"])
+    lay = m["tensors"]
+    want = {"experts_TLK", "weights_TLK"}
+    want |= {"logits_TLE"} if load_logits and lay["logits_TLE"] else set()
+    want |= {"hidden_TLH"} if load_hidden and lay["hidden_TLH"] else set()
+    parts = [_load_shard(d / s["file"], spec, rows=s["rows"], nbytes=s["bytes"], layout=lay, mmap=mmap,
+                         want=want)[0] for s in m["shards"]]
+    L, K, E, hid = spec.num_layers, spec.top_k, spec.num_experts, lay["hidden_TLH"]
+    empty = {"experts_TLK": np.zeros((0, L, K), np.int16), "weights_TLK": np.zeros((0, L, K), np.float32),
+             "logits_TLE": np.zeros((0, L, E), np.float32),
+             "hidden_TLH": np.zeros((0, L, hid["dim"]), hid["dtype"]) if hid else None}
+    arrays = {k: (parts[0][k] if len(parts) == 1 else np.concatenate([p[k] for p in parts]))
+              if parts else empty[k] for k in want}
+    try:
+        return Trace(spec=spec, tokens=tokens, **arrays, task_names=tuple(m["task_names"]),
+                     source_names=tuple(m["source_names"]), provenance=m["provenance"])
+    except TraceError as e:
+        _validate_parts(d, m, spec, tokens, parts)
+        raise TraceError(f"{d}: {e}") from None
+
+
+def read_shard(path: str | os.PathLike, *, mmap: bool = True) -> Trace:
+    """Read one routing shard alone (spec and names from its header, token columns from the shard).
+
+    Works on unfinished traces: every committed shard of an interrupted TraceWriter reads back this way.
+    """
+    f = Path(path)
+    arrays, info = _load_shard(f, None, mmap=mmap)
+    fields = dict(spec=info["spec"], tokens={c: arrays[_TOK + c] for c in COLUMNS},
+                  task_names=info["task_names"], source_names=info["source_names"],
+                  **{k: arrays.get(k) for k in _ROUTING})
+    Trace.validate(SimpleNamespace(**fields), where=str(f))
+    return Trace(**fields, provenance={"shard": f.name})
+
+
+# ---------------------------------------------------------------- writing
+class TraceWriter:
+    """Write a Trace shard by shard, durably, so that an interrupted capture resumes where it stopped.
+
+    append() buffers rows and commits them as one shard once >= shard_tokens rows are buffered (an
+    append's rows never span two shards); flush() commits now; close() writes tokens.parquet, then
+    trace.json. resume=True continues an unfinished (or finished) trace at path: committed shards are
+    validated and kept, temp leftovers dropped, numbering continues; committed_requests() says which
+    requests to skip. A request is whole on disk only if flush() ran after its last row, so flush at
+    request boundaries. overwrite=True replaces a non-empty path only once the new trace is complete:
+    it is written to the sibling .<name>.partial and swapped in by close(). As a context manager:
+    close() on normal exit; on an exception the committed shards stay for resume=True.
+    """
+
+    def __init__(self, path: str | os.PathLike, spec: MoESpec, *, task_names: tuple[str, ...] = (),
+                 source_names: tuple[str, ...] = (), provenance: dict[str, Any] | None = None,
+                 shard_tokens: int = 65536, resume: bool = False, overwrite: bool = False) -> None:
+        if not isinstance(spec, MoESpec):
+            raise TraceError(f"TraceWriter: spec is {type(spec).__name__}; expected a MoESpec.")
+        if type(shard_tokens) is not int or shard_tokens < 1:
+            raise ConfigError(f"TraceWriter: shard_tokens is {shard_tokens!r}; expected a positive integer.")
+        for what, names in (("task_names", task_names), ("source_names", source_names)):
+            if isinstance(names, str) or not all(isinstance(x, str) for x in names):
+                raise TraceError(f"TraceWriter: {what} is {_short(names)}; expected a sequence of strings.")
+        self.path, self.spec, self.shard_tokens = Path(path), spec, shard_tokens
+        self.task_names, self.source_names = tuple(task_names), tuple(source_names)
+        self.provenance = None if provenance is None else dict(provenance)
+        _dumps(self.provenance, "TraceWriter: provenance")
+        self._buf: list[dict[str, np.ndarray]] = []
+        self._buf_rows = 0
+        self._shards: list[dict[str, Any]] = []
+        self._requests: list[np.ndarray] = []
+        self._layout: dict[str, Any] | None = None
+        self._closed = False
+        self._work = self._choose_dir(resume, overwrite)
+        self._fresh = not self._work.is_dir() or not any(self._work.iterdir())
+        self._work.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = os.open(self._work / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise TraceError(f"{self._work}: another TraceWriter is writing this trace; expected one "
+                                 "writer at a time.") from None
+            if resume:
+                self._resume()
+            self._resumed = len(self._shards)
+            self.provenance = self.provenance if self.provenance is not None else {}
+            if not (self._work / WRITER_JSON).is_file():
+                _atomic_write(self._work / WRITER_JSON, _dumps(self._record(), "TraceWriter: provenance"))
+        except BaseException:
+            self._release()  # a refused writer must not keep the directory locked
+            raise
+
+    def _choose_dir(self, resume: bool, overwrite: bool) -> Path:
+        p = self.path
+        partial = p.with_name(f".{p.name}.partial")
+        if p.exists() and not p.is_dir():
+            raise TraceError(f"{p}: exists and is not a directory; expected a trace directory path.")
+        if resume and partial.is_dir():
+            return partial  # an overwrite that was interrupted: continue it
+        busy = p.is_dir() and any(p.iterdir())
+        is_trace = busy and ((p / TRACE_JSON).exists() or (p / WRITER_JSON).exists()
+                             or any(_SHARD_RE.fullmatch(q.name) for q in p.iterdir()))
+        if not busy or (resume and is_trace):
+            return p
+        if not overwrite:
+            raise TraceError(f"{p}: directory exists and is not empty; expected a new or empty path (pass "
+                             "overwrite=True to replace it once the new trace is complete, or resume=True).")
+        shutil.rmtree(partial, ignore_errors=True)
+        return partial
+
+    def _record(self) -> dict[str, Any]:
+        return {"format": "routecast-trace-writer", "schema_version": SCHEMA_VERSION,
+                "target": str(self.path), "spec": self.spec.to_dict(), "task_names": list(self.task_names),
+                "source_names": list(self.source_names), "provenance": self.provenance}
+
+    def _resume(self) -> None:
+        w = self._work
+        for p in w.iterdir():
+            if _TMP_RE.fullmatch(p.name) and p.is_file():
+                p.unlink()  # a file whose write was cut off before its rename
+        rec = next((w / n for n in (WRITER_JSON, TRACE_JSON) if (w / n).is_file()), None)
+        mine = (self.spec, self.task_names, self.source_names)
+        if rec is not None:
+            r = _load_json(rec)
+            have = (MoESpec.from_dict(r.get("spec"), where=f"{rec} field 'spec'"),
+                    tuple(r.get("task_names") or ()), tuple(r.get("source_names") or ()))
+            for key, h, m in zip(("spec", "task_names", "source_names"), have, mine, strict=True):
+                if h != m:
+                    raise TraceError(f"{rec}: field '{key}' is {_short(h)}; expected {_short(m)} as passed "
+                                     "to TraceWriter (resume needs the same model and names).")
+            if self.provenance is None and isinstance(r.get("provenance"), dict):
+                self.provenance = r["provenance"]
+        for f in _shard_files(w):
+            arrays, info = _load_shard(f, None)
+            if (info["spec"], info["task_names"], info["source_names"]) != mine:
+                raise TraceError(f"{f}: metadata 'spec' or names differ from those passed to TraceWriter; "
+                                 "expected the same model and names to resume.")
+            tokens = {c: arrays[_TOK + c] for c in COLUMNS}
+            Trace.validate(SimpleNamespace(spec=self.spec, tokens=tokens, task_names=self.task_names,
+                                           source_names=self.source_names,
+                                           **{k: arrays.get(k) for k in _ROUTING}), where=str(f))
+            self._check_layout(info["layout"], str(f))
+            self._shards.append({"file": f.name, "rows": info["rows"], "bytes": info["bytes"]})
+            self._requests.append(np.unique(tokens["request"]))
+
+    def _check_layout(self, lay: dict[str, Any], where: str) -> None:
+        self._layout = self._layout or lay
+        for key in ("logits_TLE", "hidden_TLH"):
+            if lay[key] != self._layout[key]:
+                raise TraceError(f"{where}: tensor '{key}' is {_lay(lay[key])}; expected "
+                                 f"{_lay(self._layout[key])} like the rows before (one layout per trace).")
+
+    @property
+    def num_tokens(self) -> int:
+        """Rows committed (including those found on resume) plus rows buffered."""
+        return sum(s["rows"] for s in self._shards) + self._buf_rows
+
+    def committed_requests(self) -> np.ndarray:
+        """Sorted unique request ids (int64) with rows in committed shards."""
+        return np.unique(np.concatenate(self._requests)) if self._requests else np.zeros(0, np.int64)
+
+    def append(self, tokens: dict[str, np.ndarray], experts_TLK: np.ndarray, weights_TLK: np.ndarray,
+               logits_TLE: np.ndarray | None = None, hidden_TLH: np.ndarray | None = None) -> None:
+        """Buffer n rows: experts_TLK (n, L, K) ints, weights_TLK (n, L, K), logits_TLE (n, L, E) and
+        hidden_TLH (n, L, H) floats; tokens: any subset of COLUMNS, each (n,) (make_columns fills the rest).
+
+        Copies its inputs (the caller may reuse buffers); stores int16 / float32 / float32 / float16 or
+        float32. Commits a shard once >= shard_tokens rows are buffered.
+        """
+        where, E = "TraceWriter.append", self.spec.num_experts
+        if self._closed:
+            raise TraceError(f"{where}: the writer of {self.path} is closed; expected append before close().")
+        e = np.asarray(experts_TLK)
+        if e.ndim != 3 or not isinstance(tokens, dict):
+            raise TraceError(f"{where}: experts_TLK has shape {e.shape} and tokens is a "
+                             f"{type(tokens).__name__}; expected (n, {self.spec.num_layers}, "
+                             f"{self.spec.top_k}) and a dict of columns.")
+        if e.dtype != np.int16:  # check before the cast so that a large id cannot wrap into range
+            bad = e.dtype if e.dtype.kind not in "iu" else e.min() if e.size and e.min() < -1 else \
+                e.max() if e.size and e.max() >= E else None
+            if bad is not None:
+                raise TraceError(f"{where}: experts_TLK holds {bad}; expected integer ids -1..{E - 1}.")
+            e = e.astype(np.int16)
+
+        def as_float(a: Any, keep: tuple[str, ...] = ("float32",)) -> np.ndarray | None:
+            a = None if a is None else np.asarray(a)
+            return a if a is None or a.dtype.kind != "f" or str(a.dtype) in keep else a.astype(np.float32)
+
+        fields = dict(spec=self.spec, tokens=make_columns(e.shape[0], **tokens), experts_TLK=e,
+                      weights_TLK=as_float(weights_TLK), logits_TLE=as_float(logits_TLE),
+                      hidden_TLH=as_float(hidden_TLH, _HIDDEN_DTYPES), task_names=self.task_names,
+                      source_names=self.source_names)
+        Trace.validate(SimpleNamespace(**fields), where=where)
+        h = fields["hidden_TLH"]
+        hid = None if h is None else {"dtype": str(h.dtype), "dim": h.shape[2]}
+        self._check_layout({"logits_TLE": logits_TLE is not None, "hidden_TLH": hid}, where)
+        if e.shape[0]:
+            row = {_TOK + c: v.copy() for c, v in fields["tokens"].items()}
+            row.update({k: np.array(fields[k]) for k in _ROUTING if fields[k] is not None})
+            self._buf.append(row)
+            self._buf_rows += e.shape[0]
+        if self._buf_rows >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the buffered rows as one shard now (temp file, fsync, rename, fsync the directory)."""
+        if not self._buf:
+            return
+        arrays = {k: np.concatenate([b[k] for b in self._buf]) for k in self._buf[0]}
+        f = self._work / _shard_name(len(self._shards))
+        _write_shard(f, self.spec, self.task_names, self.source_names, arrays)
+        self._shards.append({"file": f.name, "rows": self._buf_rows, "bytes": f.stat().st_size})
+        self._requests.append(np.unique(arrays[_TOK + "request"]))
+        self._buf, self._buf_rows = [], 0
+
+    def close(self) -> Path:
+        """Flush, write tokens.parquet then trace.json (the commit point), swap in when overwriting."""
+        if self._closed:
+            return self.path
+        self.flush()
+        want = {_TOK + c for c in COLUMNS}  # the token columns come back from the shards, one at a time
+        _write_tokens(self._work / TOKENS_PARQUET, ({c: a[_TOK + c] for c in COLUMNS} for a in (
+            _load_shard(self._work / s["file"], self.spec, want=want)[0] for s in self._shards)))
+        meta = {"format": "routecast-trace", "schema_version": SCHEMA_VERSION, "spec": self.spec.to_dict(),
+                "num_tokens": sum(s["rows"] for s in self._shards), "task_names": list(self.task_names),
+                "source_names": list(self.source_names), "provenance": self.provenance,
+                "tensors": self._layout or {"logits_TLE": False, "hidden_TLH": None},
+                "columns": {c: str(dt) for c, dt in COLUMNS.items()}, "shards": self._shards}
+        _atomic_write(self._work / TRACE_JSON, _dumps(meta, "TraceWriter: provenance"))
+        for name in (WRITER_JSON, LOCK_FILE):
+            (self._work / name).unlink(missing_ok=True)
+        _fsync(self._work)
+        self._release()
+        if self._work != self.path:
+            _replace_dir(self._work, self.path)
+        self._closed = True
+        return self.path
+
+    def abort(self) -> None:
+        """Discard what this writer wrote: its directory if it started it, else this session's shards."""
+        self._release()
+        self._closed = True
+        if self._fresh:
+            shutil.rmtree(self._work, ignore_errors=True)
+        for s in () if self._fresh else self._shards[self._resumed:]:
+            (self._work / s["file"]).unlink(missing_ok=True)
+        if not self._fresh and (self._work / TRACE_JSON).is_file():  # a finished trace: as it was before
+            for name in (WRITER_JSON, LOCK_FILE):
+                (self._work / name).unlink(missing_ok=True)
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # keep the committed shards and _writer.json for resume; the buffer is dropped
+            self._release()
+            self._closed = True
+
+
+def write_trace(trace: Trace, path: str | os.PathLike, *, shard_tokens: int = 262144,
+                overwrite: bool = False) -> Path:
+    """Write trace to the directory path in shards of shard_tokens rows; -> path."""
+    with TraceWriter(path, trace.spec, task_names=trace.task_names, source_names=trace.source_names,
+                     provenance=trace.provenance, shard_tokens=shard_tokens, overwrite=overwrite) as w:
+        for a in range(0, max(trace.num_tokens, 1), shard_tokens):  # an empty trace still records its layout
+            sl = slice(a, a + shard_tokens)
+            w.append({k: v[sl] for k, v in trace.tokens.items()},
+                     **{k: None if getattr(trace, k) is None else getattr(trace, k)[sl] for k in _ROUTING})
+    return Path(path)
+
+
+# ---------------------------------------------------------------- inspection
+def _counts(col: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
+    n = np.bincount(col.astype(np.int64) + 1, minlength=len(names) + 1)
+    return {name: int(c) for name, c in zip(("(unknown)", *names), n, strict=True) if c}
+
+
+def inspect_trace(path: str | os.PathLike) -> dict[str, Any]:
+    """Summary of a trace directory for `routecast inspect`; never raises on a damaged trace.
+
+    Keys: path, state ('finished' | 'unfinished' | 'missing'), valid (read_trace would succeed), error
+    (one sentence or None), bytes_on_disk, spec, provenance, task_names, source_names, tensors, shards
+    [{file, rows, bytes}], num_tokens, num_requests, num_steps, tokens_by_phase / _task / _source.
+    """
+    d = Path(path)
+    info: dict[str, Any] = {"path": str(d), "state": "missing", "valid": False, "error": None}
+    try:
+        d = _trace_dir(d)
+        info["bytes_on_disk"] = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+        if (d / TRACE_JSON).is_file() or not ((d / WRITER_JSON).is_file() or _shard_files(d)):
+            info["state"] = "finished"
+            m, spec = _read_meta(d)
+            info.update(spec=spec.to_dict(), **{k: m[k] for k in ("provenance", "task_names", "source_names",
+                                                                   "tensors", "shards")})
+            trace = read_trace(d)
+        else:
+            info["state"], info["error"] = "unfinished", _unfinished(d / TRACE_JSON)
+            if (d / WRITER_JSON).is_file():
+                r = _load_json(d / WRITER_JSON)
+                info.update({k: r.get(k) for k in ("spec", "provenance", "task_names", "source_names")})
+            files = _shard_files(d)
+            parts = [read_shard(f) for f in files]
+            info["shards"] = [{"file": f.name, "rows": p.num_tokens, "bytes": f.stat().st_size}
+                              for f, p in zip(files, parts, strict=True)]
+            info["num_tokens"] = sum(p.num_tokens for p in parts)
+            if not parts:
+                return info
+            trace = Trace.concat(parts)
+            info.update(spec=trace.spec.to_dict(), task_names=list(trace.task_names),
+                        source_names=list(trace.source_names))
+        tok = trace.tokens
+        info.update(num_tokens=trace.num_tokens, num_requests=int(np.unique(tok["request"]).size),
+                    num_steps=int(np.unique(tok["step"]).size),
+                    tokens_by_phase={"prefill": int((tok["phase"] == PREFILL).sum()),
+                                     "decode": int((tok["phase"] == DECODE).sum())},
+                    tokens_by_task=_counts(tok["task"], trace.task_names),
+                    tokens_by_source=_counts(tok["source"], trace.source_names),
+                    valid=info["state"] == "finished")
+    except TraceError as e:
+        info["error"] = str(e)
+    except OSError as e:
+        info["error"] = f"{d}: cannot be read ({e.strerror or e}); expected a readable trace directory."
+    return info
