@@ -1,0 +1,504 @@
+"""Routing statistics: skewness (MoE-GPS), imbalance ratio (PROBE eq. 1), entropy, drift, affinity.
+
+Shapes (legend in spec.py): counts_xE (..., E) token-slot counts; S steps (forward passes, in increasing
+step order); W windows of consecutive steps; V token ids. A "slot" is one (token, layer, k) routing
+choice; counts always count slots, so a layer's counts sum to K x tokens (minus dropped slots).
+
+Definitions, as the papers state them:
+- skewness (MoE-GPS §2): tokens of the most popular expert / mean tokens per expert; 1 = even, E = all
+  on one expert.
+- imbalance ratio IR (PROBE eq. 1): max rank load / mean rank load, expert e on rank e // (E / ep)
+  (contiguous sharded placement); 1 = even, ep = everything on one rank.
+- per-token-id concentration (s-MoE appendix A): the kurtosis of a token id's activation map, i.e. of
+  the E-vector counting how often each expert was chosen over all occurrences of that token id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from routecast.trace.trace import Trace
+
+# Tokens per counting chunk: the int64 key buffer (chunk x L x K x 8 bytes, 3.8 MB at DeepSeek-V3
+# geometry) stays cache-resident, which measured ~1.4x faster than one whole-trace bincount.
+CHUNK_TOKENS = 1024
+# Count entries (groups x L x (E+1)) per chunk: ~2 MB of int64, close to one core's L2 + L3 share.
+COUNT_BLOCK_ENTRIES = 1 << 18
+
+
+# ---------------------------------------------------------------------------------------- count-level
+def skewness(counts_xE: np.ndarray) -> np.ndarray:
+    """MoE-GPS skewness: tokens of the most popular expert / mean tokens per expert.
+
+    counts_xE: (..., E) token counts. Returns (...) float64; 1.0 = perfectly even, E = all on one expert.
+    Rows with no tokens give NaN.
+    """
+    c = np.asarray(counts_xE, dtype=np.float64)
+    mean = c.mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(mean > 0, c.max(axis=-1) / mean, np.nan)
+
+
+def rank_loads(counts_xE: np.ndarray, ep: int) -> np.ndarray:
+    """Per-rank load under contiguous sharded placement (expert e on rank e // (E / ep)).
+
+    counts_xE: (..., E) with E divisible by ep. Returns (..., ep) float64.
+    """
+    c = np.asarray(counts_xE, dtype=np.float64)
+    check_ep(ep, c.shape[-1])
+    return c.reshape(*c.shape[:-1], ep, c.shape[-1] // ep).sum(axis=-1)
+
+
+def imbalance_ratio(counts_xE: np.ndarray, ep: int) -> np.ndarray:
+    """PROBE eq. 1: IR = max_r load_r / mean_r load_r under contiguous sharded placement on ep ranks.
+
+    counts_xE: (..., E). Returns (...) float64; NaN where no tokens.
+    """
+    return skewness(rank_loads(counts_xE, ep))
+
+
+def check_ep(ep: int, num_experts: int) -> None:
+    """Raise ConfigError unless ep is a positive divisor of num_experts (contiguous sharding needs it)."""
+    if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or ep < 1 or num_experts % ep:
+        raise ConfigError(f"ep is {ep!r}; expected a positive divisor of the number of experts {num_experts}.")
+
+
+def entropy_bits(counts_xE: np.ndarray) -> np.ndarray:
+    """Shannon entropy of the expert distribution, in bits.
+
+    counts_xE: (..., E). Returns (...) float64 in [0, log2 E]; NaN where no tokens.
+    """
+    c = np.asarray(counts_xE, dtype=np.float64)
+    tot = c.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = c / tot
+        h = -np.where(p > 0, p * np.log2(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
+    return np.where(tot[..., 0] > 0, h, np.nan)
+
+
+def popularity_curve(counts_xE: np.ndarray) -> np.ndarray:
+    """Share of slots per expert, sorted from most to least popular.
+
+    counts_xE: (..., E). Returns (..., E) float64, each row non-increasing and summing to 1 (NaN if empty).
+    """
+    c = np.asarray(counts_xE, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = c / c.sum(axis=-1, keepdims=True)
+    return -np.sort(-share, axis=-1)
+
+
+def l1_distance(counts_a_xE: np.ndarray, counts_b_xE: np.ndarray) -> np.ndarray:
+    """L1 distance between the two normalised expert distributions, sum_e |p_e - q_e|.
+
+    counts_a_xE, counts_b_xE: (..., E), broadcastable. Returns (...) float64 in [0, 2]; NaN if either is empty.
+    """
+    a = np.asarray(counts_a_xE, dtype=np.float64)
+    b = np.asarray(counts_b_xE, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.abs(a / a.sum(-1, keepdims=True) - b / b.sum(-1, keepdims=True)).sum(-1)
+
+
+def pearson_kurtosis(x_xE: np.ndarray) -> np.ndarray:
+    """Fourth standardised moment m4 / m2^2 along the last axis (not excess: a normal sample gives ~3).
+
+    x_xE: (..., E). Returns (...) float64; NaN where the row is constant. A row that is c on K of E
+    entries and 0 elsewhere gives (1 - 3p(1-p)) / (p(1-p)) with p = K/E (see fixed_set_kurtosis).
+    """
+    x = np.asarray(x_xE, dtype=np.float64)
+    d = x - x.mean(axis=-1, keepdims=True)
+    d2 = d * d
+    m2 = d2.mean(axis=-1)
+    m4 = (d2 * d2).mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # Relative threshold: floating residue of a constant row must not read as a huge kurtosis.
+        flat = m2 <= 1e-12 * np.maximum(np.abs(x).max(axis=-1, initial=0.0), 1e-300) ** 2
+        return np.where(flat, np.nan, m4 / (m2 * m2))
+
+
+def fixed_set_kurtosis(num_experts: int, top_k: int) -> float:
+    """Kurtosis of the activation map of a token id that picks the same top_k experts every time.
+
+    The reference point for pearson_kurtosis of per-token maps: a fully concentrated token at this
+    geometry (s-MoE reports most tokens above 8 on DeepSeek-MoE-16B, where this value is 8.8).
+    """
+    p = top_k / num_experts
+    return float("nan") if p >= 1 else (1 - 3 * p * (1 - p)) / (p * (1 - p))
+
+
+# ---------------------------------------------------------------------------------------- grouped counts
+def dense_ranks(key_T: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Dense group ranks of a key, ready for iter_group_counts.
+
+    key_T: integer (T,). Returns (values_G sorted distinct keys, rank_T int64 non-decreasing in the
+    returned order, order_T or None): when key_T is already non-decreasing order is None and rank_T
+    follows the trace; otherwise rank_T is given in the stable-sorted order `order_T`.
+    """
+    k = np.asarray(key_T)
+    if k.size == 0:
+        return k[:0], np.zeros(0, np.int64), None
+    if (k[1:] >= k[:-1]).all():
+        # Sorted traces (the usual case for steps) skip the O(T log T) unique.
+        change = np.flatnonzero(k[1:] != k[:-1]) + 1
+        rank = np.zeros(k.size, np.int64)
+        rank[change] = 1
+        return k[np.r_[0, change]], np.cumsum(rank), None
+    order = np.argsort(k, kind="stable")
+    vals, rank = np.unique(k[order], return_inverse=True)
+    return vals, rank.astype(np.int64, copy=False), order
+
+
+def iter_group_counts(
+    experts_TLK: np.ndarray, rank_T: np.ndarray, num_experts: int, *, chunk_tokens: int = CHUNK_TOKENS
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Stream per-group expert counts: yield (g0, counts_nLE) for groups g0 .. g0+n-1, each group complete.
+
+    experts_TLK: int16 (T, L, K), -1 = dropped (not counted). rank_T: int (T,) non-decreasing group ranks
+    with no gaps (as from dense_ranks). Memory stays O(chunk_tokens x L x K) plus one block of counts, so
+    a decode trace with 10^5 steps never materialises a (S, L, E) array. Blocks are views, valid until
+    the next iteration: copy to keep, and drop the reference before asking for the next block (speed).
+    """
+    T, L, _ = experts_TLK.shape
+    E1 = num_experts + 1
+    LE1 = L * E1
+    # key = 1 + e + l*E1 + r*L*E1: dropped slots (e = -1) land in a sink column instead of needing a
+    # boolean compaction pass, and int16 -> int64 widening happens once inside np.add.
+    offs_L1 = np.arange(L, dtype=np.int64)[:, None] * E1 + 1
+    buf = np.empty((min(chunk_tokens, T), L, experts_TLK.shape[2]), np.int64)
+    # Cap the groups per chunk too, so a chunk of many tiny groups (decode steps) keeps its (n, L, E+1)
+    # count block near cache size instead of allocating and sweeping megabytes per chunk.
+    max_groups = max(1, COUNT_BLOCK_ENTRIES // LE1)
+    pending = None
+    t0 = 0
+    while t0 < T:
+        t1 = min(T, t0 + chunk_tokens)
+        if rank_T[t1 - 1] - rank_T[t0] >= max_groups:
+            t1 = t0 + int(np.searchsorted(rank_T[t0:t1], rank_T[t0] + max_groups))
+        r = rank_T[t0:t1]
+        g0 = int(r[0])
+        n = int(r[-1]) - g0 + 1
+        base_tL1 = (r - g0)[:, None, None] * LE1 + offs_L1[None]
+        b = buf[: t1 - t0]
+        np.add(experts_TLK[t0:t1], base_tL1, out=b)
+        flat = np.bincount(b.reshape(-1), minlength=n * LE1 + 1)
+        c = flat[1 : n * LE1 + 1].reshape(n, L, E1)[:, :, :num_experts]
+        if pending is not None:
+            c[0] += pending
+            pending = None
+        if t1 < T and rank_T[t1] == r[-1]:
+            # The last group continues in the next chunk: hold it back until complete.
+            pending = c[-1].copy()
+            c = c[:-1]
+        if len(c):
+            yield g0, c
+        del c, flat  # release before the next bincount allocates (see step_stats)
+        t0 = t1
+
+
+def group_counts(experts_TLK: np.ndarray, key_T: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expert counts per distinct key value (for few groups: tasks, halves, windows).
+
+    experts_TLK: int16 (T, L, K); key_T: int (T,). Returns (values_G, counts_GLE int64).
+    """
+    vals, rank, order = dense_ranks(key_T)
+    ex = experts_TLK if order is None else experts_TLK[order]
+    out = np.zeros((len(vals), experts_TLK.shape[1], num_experts), np.int64)
+    for g0, c in iter_group_counts(ex, rank, num_experts):
+        out[g0 : g0 + len(c)] = c
+    return vals, out
+
+
+def _ratio(top_x: np.ndarray, total_x: np.ndarray, n: int) -> np.ndarray:
+    """max / mean with mean = total / n, NaN where total is 0 (shared by skewness and IR on int counts)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total_x > 0, top_x * float(n) / total_x, np.nan)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStats:
+    """Per-step load statistics from one counting pass over a trace.
+
+    steps_S: int64 step values in increasing order; tokens_S: tokens per step.
+    skew_SL, ir_SL: float64 (S, L) MoE-GPS skewness and PROBE IR (ep ranks) of each step at each layer.
+    counts_LE: int64 (L, E) whole-trace counts. window: steps per window (W = complete windows).
+    drift_WL: float64 (W-1, L) L1 distance between consecutive complete windows' distributions.
+    """
+
+    steps_S: np.ndarray
+    tokens_S: np.ndarray
+    skew_SL: np.ndarray
+    ir_SL: np.ndarray
+    counts_LE: np.ndarray
+    ep: int
+    window: int
+    drift_WL: np.ndarray
+
+
+def default_window(num_steps: int) -> int:
+    """Steps per drift window when none is given: about 16 windows over the trace."""
+    return max(1, num_steps // 16)
+
+
+def step_stats(trace: Trace, *, ep: int = 8, window: int | None = None) -> StepStats:
+    """Skewness and IR per step and layer, whole-trace counts and window-to-window drift, in one pass.
+
+    A step is one forward pass (`trace.step`); steps are ordered by value. window: steps per drift window
+    (None = default_window); a trailing incomplete window is left out of the drift.
+    """
+    s = trace.spec
+    E, L = s.num_experts, s.num_layers
+    check_ep(ep, E)
+    steps, rank, order = dense_ranks(trace.tokens["step"])
+    S = len(steps)
+    if window is None:
+        window = default_window(S)
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ConfigError(f"window is {window!r}; expected a positive number of steps.")
+    ex = trace.experts_TLK if order is None else trace.experts_TLK[order]
+    skew = np.full((S, L), np.nan)
+    ir = np.full((S, L), np.nan)
+    counts = np.zeros((L, E), np.int64)
+    n_windows = S // window
+    drift = np.full((max(n_windows - 1, 0), L), np.nan)
+    cur = np.zeros((L, E), np.int64)
+    prev = None
+    for g0, c in iter_group_counts(ex, rank, E):
+        n = len(c)
+        # einsum's summing loop measured ~2x faster than .sum(-1) over the short E/ep axis.
+        loads = np.einsum("nlrj->nlr", c.reshape(n, L, ep, E // ep))
+        tot = loads.sum(axis=-1)
+        skew[g0 : g0 + n] = _ratio(c.max(axis=-1), tot, E)
+        ir[g0 : g0 + n] = _ratio(loads.max(axis=-1), tot, ep)
+        # Windows are consecutive step ranks; sum each window's rows inside this block (slices, since
+        # np.add.reduceat measured ~7x slower than sum on these strided blocks).
+        w = (g0 + np.arange(n)) // window
+        cuts = np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1, n].tolist()
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            wid = int(w[a])
+            part = c[a:b].sum(axis=0)
+            counts += part
+            cur += part
+            if g0 + b >= (wid + 1) * window or g0 + b == S:
+                # Window wid is finished (its last step is in this block, or the trace ended).
+                if wid < n_windows:
+                    if prev is not None:
+                        drift[wid - 1] = l1_distance(prev, cur)
+                    prev = cur.copy()
+                cur[:] = 0
+        # Drop the block before the generator's next bincount so its buffer can be reused (holding
+        # it measured ~2x slower: every chunk then faulted in fresh pages).
+        del c
+
+    tokens = np.bincount(rank, minlength=S) if S else np.zeros(0, np.int64)
+    return StepStats(
+        steps_S=np.asarray(steps, np.int64), tokens_S=tokens, skew_SL=skew, ir_SL=ir, counts_LE=counts,
+        ep=int(ep), window=int(window), drift_WL=drift,
+    )
+
+
+def sequence_skewness(trace: Trace, seq_len: int = 512) -> np.ndarray:
+    """MoE-GPS skewness of each seq_len-token sequence (request, position // seq_len) at each layer.
+
+    Sequences with fewer than seq_len // 2 tokens (tails, short requests) are left out: their skewness
+    measures sampling noise more than routing. Returns float64 (N, L), N sequences in (request, chunk) order.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ConfigError(f"seq_len is {seq_len!r}; expected a positive number of tokens.")
+    _, req_rank = np.unique(trace.tokens["request"], return_inverse=True)
+    chunk = trace.tokens["position"].astype(np.int64) // seq_len
+    chunk -= chunk.min(initial=0)
+    key = req_rank.astype(np.int64) * (int(chunk.max(initial=0)) + 1) + chunk
+    _, rank, order = dense_ranks(key)
+    ex = trace.experts_TLK if order is None else trace.experts_TLK[order]
+    sizes = np.bincount(rank) if rank.size else np.zeros(0, np.int64)
+    out = np.full((len(sizes), trace.spec.num_layers), np.nan)
+    E = trace.spec.num_experts
+    for g0, c in iter_group_counts(ex, rank, E):
+        out[g0 : g0 + len(c)] = _ratio(c.max(axis=-1), c.sum(axis=-1), E)
+    return out[sizes >= max(1, seq_len // 2)]
+
+
+# ---------------------------------------------------------------------------------------- token level
+def top1_TL(experts_TLK: np.ndarray, weights_TLK: np.ndarray) -> np.ndarray:
+    """Each token's highest-weight routed expert per layer: int16 (T, L), -1 where every slot was dropped."""
+    w = np.where(experts_TLK >= 0, weights_TLK, -np.inf)
+    idx = np.argmax(w, axis=-1)[..., None]
+    return np.take_along_axis(experts_TLK, idx, axis=-1)[..., 0]
+
+
+def half_masks(trace: Trace, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Fit/score halves by whole requests (shuffled with seed, as Trace.split does): bool (T,), (T,).
+
+    A trace of a single request is cut by token order instead (first half fits, second half scores).
+    """
+    req = trace.tokens["request"]
+    groups = np.unique(req)
+    if len(groups) >= 2:
+        perm = np.random.default_rng(seed).permutation(groups)
+        fit = np.isin(req, perm[: int(np.round(0.5 * len(groups)))])
+    else:
+        fit = np.arange(trace.num_tokens) < trace.num_tokens // 2
+    return fit, ~fit
+
+
+def sample_indices(mask_T: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of mask_T's true entries, at most cap of them drawn without replacement, sorted."""
+    idx = np.flatnonzero(mask_T)
+    return idx if len(idx) <= cap else np.sort(rng.choice(idx, cap, replace=False))
+
+
+def token_table_accuracy(
+    token_fit_T: np.ndarray, top1_fit_TL: np.ndarray, token_eval_T: np.ndarray,
+    top1_eval_TL: np.ndarray, experts_eval_TLK: np.ndarray, num_experts: int,
+) -> dict[str, np.ndarray]:
+    """Score a token-id -> expert MLE table (MoE-GPS appendix B conditional model), fit and scored apart.
+
+    The table maps (token id, layer) to the most frequent top-1 expert in the fit tokens (ties: lowest
+    id); ids never seen in fit fall back to the layer's most frequent top-1 expert. Returns (L,) arrays:
+    `table_top1` (prediction = true top-1), `table_hit` (prediction in the true top-k set) and
+    `global_top1` (the fallback alone, the MoE-GPS probability model). NaN where nothing is scored.
+    """
+    L, E = top1_fit_TL.shape[1], num_experts
+    vocab, tok_fit = np.unique(token_fit_T, return_inverse=True)
+    valid_fit = top1_fit_TL >= 0
+    key = (tok_fit.astype(np.int64)[:, None] * L + np.arange(L)) * E + top1_fit_TL
+    ukey, ucount = np.unique(key[valid_fit], return_counts=True)
+    cell = ukey // E
+    best = np.lexsort((-ucount, cell))  # by cell, then count descending, then expert id (stable)
+    first = best[np.r_[True, cell[best][1:] != cell[best][:-1]]] if len(best) else best
+    table_cell, table_expert = cell[first], ukey[first] % E
+    glob = np.array([np.bincount(top1_fit_TL[valid_fit[:, l], l], minlength=E).argmax() for l in range(L)])
+    # Lookup: (token index in the fit vocabulary, layer) cell -> expert, via searchsorted on sorted cells.
+    pos = np.clip(np.searchsorted(vocab, token_eval_T), 0, max(len(vocab) - 1, 0))
+    known = (vocab[pos] == token_eval_T) if len(vocab) else np.zeros(len(token_eval_T), bool)
+    cell_eval = pos.astype(np.int64)[:, None] * L + np.arange(L)
+    j = np.clip(np.searchsorted(table_cell, cell_eval), 0, max(len(table_cell) - 1, 0))
+    hit_cell = known[:, None] & (table_cell[j] == cell_eval) if len(table_cell) else np.zeros(cell_eval.shape, bool)
+    pred = np.where(hit_cell, table_expert[j] if len(table_cell) else 0, glob[None, :])
+    valid = top1_eval_TL >= 0
+    n = valid.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "table_top1": ((pred == top1_eval_TL) & valid).sum(0) / n,
+            "table_hit": ((experts_eval_TLK == pred[..., None]).any(-1) & valid).sum(0) / n,
+            "global_top1": ((glob[None, :] == top1_eval_TL) & valid).sum(0) / n,
+        }
+
+
+def token_kurtosis(
+    token_T: np.ndarray, experts_TLK: np.ndarray, num_experts: int, *, min_count: int = 16, max_ids: int = 2048
+) -> tuple[np.ndarray, np.ndarray]:
+    """Kurtosis of each frequent token id's activation map (s-MoE appendix A), per layer.
+
+    Token ids seen at least min_count times qualify; the max_ids most frequent of them are kept (maps
+    of rarer ids are mostly sampling noise). Returns (ids_V, kurtosis_VL float64, NaN for a flat map).
+    """
+    ids, counts = np.unique(token_T, return_counts=True)
+    keep = np.flatnonzero(counts >= min_count)
+    keep = keep[np.argsort(-counts[keep], kind="stable")[:max_ids]]
+    sel = np.sort(ids[keep])
+    T, L, _ = experts_TLK.shape
+    if len(sel) == 0:
+        return sel, np.zeros((0, L))
+    v = np.searchsorted(sel, token_T)
+    mask = (v < len(sel)) & (sel[np.minimum(v, len(sel) - 1)] == token_T)
+    E1 = num_experts + 1
+    base = v[mask].astype(np.int64)[:, None] * E1 + 1
+    kurt = np.empty((len(sel), L))
+    ex = experts_TLK[mask]
+    for l in range(L):  # one layer at a time keeps the (V, E) map small
+        m = np.bincount((ex[:, l, :] + base).ravel(), minlength=len(sel) * E1 + 1)[1:]
+        kurt[:, l] = pearson_kurtosis(m.reshape(len(sel), E1)[:, :num_experts])
+    return sel, kurt
+
+
+def transition_matrix(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
+    """Inter-layer transition P(e_{l+1} = b | e_l = a) from top-k sets: float64 (L-1, E, E).
+
+    Every (a in set_l, b in set_l+1) pair of a token counts once; rows are normalised to sum to 1, and
+    an expert never chosen at layer l gets a uniform row (no evidence, no preference).
+    """
+    T, L, K = experts_TLK.shape
+    E, E1 = num_experts, num_experts + 1
+    out = np.empty((max(L - 1, 0), E, E))
+    for l in range(L - 1):
+        a = experts_TLK[:, l, :].astype(np.int64) + 1
+        b = experts_TLK[:, l + 1, :].astype(np.int64) + 1
+        key = (a[:, :, None] * E1 + b[:, None, :]).ravel()
+        c = np.bincount(key, minlength=E1 * E1).reshape(E1, E1)[1:, 1:].astype(np.float64)
+        rows = c.sum(axis=1, keepdims=True)
+        out[l] = np.where(rows > 0, c / np.where(rows > 0, rows, 1.0), 1.0 / E)
+    return out
+
+
+def transition_accuracy(
+    P_LEE: np.ndarray, experts_TLK: np.ndarray, top1_TL: np.ndarray, *, chunk_tokens: int = 1024
+) -> np.ndarray:
+    """Top-1 accuracy of "layer l+1's expert = argmax_b sum_{a in set_l} P[l, a, b]".
+
+    P_LEE: (L-1, E, E) from transition_matrix; experts_TLK, top1_TL: the scored tokens. Returns (L-1,)
+    float64 (NaN where no token has a top-1 expert at l+1).
+    """
+    T, L, _ = experts_TLK.shape
+    E = P_LEE.shape[-1] if P_LEE.size else 0
+    hits = np.zeros(max(L - 1, 0), np.int64)
+    total = np.zeros(max(L - 1, 0), np.int64)
+    for l in range(L - 1):
+        # Zero row appended at index E: dropped slots (-1) index it and add nothing to the score.
+        P_ext = np.vstack([P_LEE[l], np.zeros((1, E))]).astype(np.float32)
+        for t0 in range(0, T, chunk_tokens):
+            ex = experts_TLK[t0 : t0 + chunk_tokens, l, :]
+            # Accumulating one (T, E) gather per slot keeps the working set small: measured faster than
+            # both a (T, K, E) gather-and-sum and a multi-hot sgemm at E = 256.
+            score = P_ext[ex[:, 0]]
+            for k in range(1, ex.shape[1]):
+                score += P_ext[ex[:, k]]
+            true = top1_TL[t0 : t0 + chunk_tokens, l + 1]
+            ok = (true >= 0) & (ex >= 0).any(axis=1)
+            hits[l] += int(((score.argmax(axis=1) == true) & ok).sum())
+            total[l] += int(ok.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = np.where(total > 0, hits / np.maximum(total, 1), np.nan)
+    return acc
+
+
+def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | list[str]]:
+    """Per-task expert distributions compared pairwise, and each task's two halves as the reference.
+
+    A task's requests are shuffled with seed and dealt alternately into two halves. Returns
+    `tasks` (names, known tasks present), `l1_nnL` float64 (n, n, L) pairwise L1 between tasks and
+    `half_l1_nL` (n, L) L1 between the halves of each task (NaN for a task with one request).
+    """
+    task = trace.tokens["task"].astype(np.int64)
+    req = trace.tokens["request"]
+    known = task >= 0
+    L, E = trace.spec.num_layers, trace.spec.num_experts
+    names = [trace.task_names[i] for i in np.unique(task[known]).tolist()]
+    if not known.any():
+        return {"tasks": [], "l1_nnL": np.zeros((0, 0, L)), "half_l1_nL": np.zeros((0, L))}
+    _, req_rank = np.unique(req[known], return_inverse=True)
+    pair = task[known] * (int(req_rank.max()) + 1) + req_rank
+    pairs, pair_rank = np.unique(pair, return_inverse=True)
+    ptask = pairs // (int(req_rank.max()) + 1)
+    shuffled = np.random.default_rng(seed).permutation(len(pairs))
+    by_task = shuffled[np.argsort(ptask[shuffled], kind="stable")]
+    first = np.searchsorted(ptask[by_task], ptask[by_task])
+    half = np.empty(len(pairs), np.int64)
+    half[by_task] = (np.arange(len(pairs)) - first) % 2
+    key = task[known] * 2 + half[pair_rank]
+    vals, c = group_counts(trace.experts_TLK[known], key, E)
+    tasks_u = np.unique(task[known])
+    halves = np.zeros((len(tasks_u), 2, L, E), np.int64)
+    halves[np.searchsorted(tasks_u, vals // 2), vals % 2] = c
+    whole = halves.sum(axis=1)
+    return {
+        "tasks": names,
+        "l1_nnL": l1_distance(whole[:, None], whole[None, :]),
+        "half_l1_nL": l1_distance(halves[:, 0], halves[:, 1]),
+    }
