@@ -1,0 +1,573 @@
+"""Capture real routing from Hugging Face MoE models (transformers 5.x) into a trace.
+
+Shapes (legend in spec.py): a forward pass over a (B, S) batch routes T = B*S rows (padding included)
+through L MoE layers; the recorder returns per forward experts_TLK int16 (-1 = dropped or layer not on
+this token's path), weights_TLK float32, optional logits_TLE float32 and hidden_TLH (router input).
+
+How it works: ``RoutingRecorder`` puts a forward pre-hook on every MoE block's ``experts`` (the ids and
+weights the experts actually execute; never recomputed from logits, bf16 ties would differ) and, when
+logits or hidden states are wanted, a forward hook on its router (input = router input hidden state,
+output holds the logits). Hooks only keep references to the tensors; stacking, dtype conversion and
+the mapping of rows to tokens happen after ``generate`` returns. Adapters per architecture live in
+``capture_arch.py``.
+
+``capture`` runs greedy ``generate`` (use_cache=True) batch by batch and writes one trace row per token
+the model processed for a request: the prompt tokens (phase 0, one step: the prefill forward) and every
+generated token that was fed back (phase 1, one step per decode forward). Rows the model computed but
+no request needs are left out: padding, and rows of requests that already finished (after their EOS or
+their own max_new_tokens) while others in the batch go on. Decoder-only models are left-padded.
+Encoder-decoder models (Switch Transformers) are right-padded (capacity counts along the sequence, so
+padding must come last); their L = encoder MoE layers then decoder MoE layers; prompt tokens pass the
+encoder and generated tokens (starting with the decoder start token, at positions after the prompt)
+pass the decoder, each holding -1 (weight 0, logits/hidden 0) in the other stack's layers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from routecast.common.errors import ConfigError, TraceError
+from routecast.trace.capture_arch import (
+    DENSE,
+    SUPPORTED,
+    adapter_for,
+    decode_routing,
+    find_blocks,
+    read_experts_args,
+    spec_from_model,
+)
+from routecast.trace.spec import MoESpec
+from routecast.trace.trace import DECODE, PREFILL, make_columns
+
+__all__ = ["SUPPORTED", "ForwardRouting", "RoutingRecorder", "capture", "capture_to_disk", "load_prompts",
+           "load_model", "spec_from_model"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForwardRouting:
+    """Routing of one forward pass of one layer stack: T rows = batch x seq flattened (padding included).
+
+    experts_TLK int16 (-1 = dropped by capacity, or a layer of another stack), weights_TLK float32,
+    logits_TLE float32 | None, hidden_TLH float32/float16 | None. stack: 0 (decoder-only model or
+    encoder), 1 (decoder of an encoder-decoder model).
+    """
+
+    stack: int
+    experts_TLK: np.ndarray
+    weights_TLK: np.ndarray
+    logits_TLE: np.ndarray | None = None
+    hidden_TLH: np.ndarray | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.experts_TLK.shape[0])
+
+
+def _check(t: torch.Tensor, v: int, what: str) -> torch.Tensor:
+    if v >= 0 and t._version != v:
+        raise TraceError(
+            f"recorder: the {what} tensor was modified in place after its hook ran (version {v} -> {t._version}); "
+            "expected the model to leave router inputs and routing tensors untouched."
+        )
+    return t
+
+
+def _version(t: torch.Tensor) -> int:
+    return -1 if t.is_inference() else t._version  # inference tensors keep no version counter
+
+
+class RoutingRecorder:
+    """Context manager recording the routing of every forward pass of an HF MoE model.
+
+    with RoutingRecorder(model, logits=True) as rec:
+        model(input_ids)
+    fw = rec.forwards()   # list[ForwardRouting], in call order
+
+    spec: the model's MoESpec (MoE layers only). Records accumulate until reset().
+    """
+
+    def __init__(self, model: nn.Module, *, hidden: bool = False, logits: bool = False) -> None:
+        self.model = model
+        self.adapter = adapter_for(model)
+        self.blocks = find_blocks(model, self.adapter)
+        self._spec = spec_from_model(model, self.blocks)
+        self.hidden, self.logits = bool(hidden), bool(logits)
+        self._handles: list[Any] = []
+        # First layer of each stack marks the start of that stack's forward pass.
+        self._first = {b.stack: i for i, b in reversed(list(enumerate(self.blocks)))}
+        self.reset()
+
+    @property
+    def spec(self) -> MoESpec:
+        return self._spec
+
+    def reset(self) -> None:
+        """Forget everything recorded so far (hooks stay installed)."""
+        # Per layer and kind: the tensors (references, no copies) and their version counters in two flat
+        # lists, so a hook allocates no new tracked objects (tuples of tensors made Python's cyclic GC cost
+        # more than the hook itself once thousands accumulated).
+        n = len(self.blocks)
+        self._ids: list[list] = [[] for _ in range(n)]
+        self._w: list[list] = [[] for _ in range(n)]
+        self._lg: list[list] = [[] for _ in range(n)]
+        self._hd: list[list] = [[] for _ in range(n)]
+        self._ver: dict[str, list[list[int]]] = {k: [[] for _ in range(n)] for k in ("ids", "w", "lg", "hd")}
+        self._starts: dict[int, list[int]] = {s: [] for s in self._first}
+        self._tick = 0
+
+    # ------------------------------------------------------------------ hooks
+    def _mark(self, layer: int) -> None:
+        stack = self.blocks[layer].stack
+        if self._first[stack] == layer:
+            self._starts[stack].append(self._tick)
+            self._tick += 1
+
+    def _put(self, kind: str, store: list[list], layer: int, t: torch.Tensor) -> None:
+        # detach only when needed: under no_grad the model's own tensor object is kept as is
+        store[layer].append(t.detach() if t.requires_grad else t)
+        self._ver[kind][layer].append(_version(t))
+
+    def _experts_hook(self, layer: int):
+        adapter = self.adapter
+
+        def hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            if len(args) >= 3 and not args[1].is_floating_point():
+                ids, w = args[1], args[2]  # the usual experts(hidden, ids, weights) call
+            else:
+                ids, w = read_experts_args(adapter, args, kwargs)
+            self._mark(layer)
+            self._put("ids", self._ids, layer, ids)
+            self._put("w", self._w, layer, w)
+
+        return hook
+
+    def _router_hook(self, layer: int):
+        adapter, want_h, want_lg = self.adapter, self.hidden, self.logits
+
+        def hook(_mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            if adapter.read == DENSE:
+                self._mark(layer)
+                self._put("ids", self._ids, layer, out[0])
+            if want_h:
+                self._put("hd", self._hd, layer, args[0] if args else next(iter(kwargs.values())))
+            if want_lg:
+                self._put("lg", self._lg, layer, out if adapter.logits_at is None else out[adapter.logits_at])
+
+        return hook
+
+    def install(self) -> RoutingRecorder:
+        if self._handles:
+            return self
+        for i, b in enumerate(self.blocks):
+            if self.adapter.read != DENSE:
+                self._handles.append(b.experts.register_forward_pre_hook(self._experts_hook(i), with_kwargs=True))
+            if self.adapter.read == DENSE or self.hidden or self.logits:
+                self._handles.append(b.router.register_forward_hook(self._router_hook(i), with_kwargs=True))
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __enter__(self) -> RoutingRecorder:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # ------------------------------------------------------------------ results
+    def _get(self, kind: str, layer: int, call: int) -> torch.Tensor:
+        store = {"ids": self._ids, "w": self._w, "lg": self._lg, "hd": self._hd}[kind]
+        what = {"ids": "routing ids", "w": "routing weights", "lg": "router logits", "hd": "router input"}[kind]
+        return _check(store[layer][call], self._ver[kind][layer][call], what)
+
+    @property
+    def num_forwards(self) -> int:
+        return sum(len(v) for v in self._starts.values())
+
+    def forwards(self) -> list[ForwardRouting]:
+        """Every recorded forward pass in call order, converted to numpy (one stack per layer per forward)."""
+        s, blocks = self._spec, self.blocks
+        L, K, E = s.num_layers, s.top_k, s.num_experts
+        out: list[tuple[int, ForwardRouting]] = []
+        for stack, starts in self._starts.items():
+            layers = [i for i, b in enumerate(blocks) if b.stack == stack]
+            calls = {len(self._ids[i]) for i in layers}
+            if calls != {len(starts)}:
+                raise TraceError(
+                    f"recorder: MoE layers of stack {stack} saw {sorted(calls)} calls for {len(starts)} forward passes; "
+                    "expected each MoE layer to run exactly once per forward pass."
+                )
+            for c, tick in enumerate(starts):
+                pairs = [
+                    decode_routing(self.adapter, self._get("ids", i, c),
+                                   self._get("w", i, c) if self._w[i] else None, K)
+                    for i in layers
+                ]
+                T = pairs[0][0].shape[0]
+                if any(p[0].shape[0] != T for p in pairs):
+                    raise TraceError(f"recorder: forward {c} of stack {stack} routed different row counts per layer.")
+                ids = np.full((T, L, K), -1, dtype=np.int16)
+                wts = np.zeros((T, L, K), dtype=np.float32)
+                ids[:, layers] = torch.stack([p[0] for p in pairs], 1).to(torch.int16).cpu().numpy()
+                wts[:, layers] = torch.stack([p[1] for p in pairs], 1).cpu().numpy()
+                lg = hd = None
+                if self.logits:
+                    lg = np.zeros((T, L, E), dtype=np.float32)
+                    lg[:, layers] = torch.stack(
+                        [self._get("lg", i, c).reshape(T, E).float() for i in layers], 1
+                    ).cpu().numpy()
+                if self.hidden:
+                    hs = [self._get("hd", i, c).reshape(T, -1) for i in layers]
+                    dt = torch.float16 if hs[0].dtype == torch.float16 else torch.float32
+                    hd = np.zeros((T, L, hs[0].shape[1]), dtype=np.float16 if dt == torch.float16 else np.float32)
+                    hd[:, layers] = torch.stack([h.to(dt) for h in hs], 1).cpu().numpy()
+                out.append((tick, ForwardRouting(stack=stack, experts_TLK=ids, weights_TLK=wts, logits_TLE=lg,
+                                                 hidden_TLH=hd)))
+        return [f for _, f in sorted(out, key=lambda x: x[0])]
+
+
+# ---------------------------------------------------------------------- prompts and models
+def _int(v: Any, where: str, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ConfigError(f"{where} is {v!r}; expected an integer >= {lo}.")
+    return int(v)
+
+
+def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[dict[str, Any]]:
+    """Validated request records: request, prompt, task, source, max_new_tokens, arrival_s."""
+    out = []
+    for i, r in enumerate(prompts):
+        if isinstance(r, str):
+            r = {"prompt": r}
+        if not isinstance(r, Mapping):
+            raise ConfigError(f"{where}: record {i} is a {type(r).__name__}; expected an object with a 'prompt' string.")
+        text = r.get("prompt")
+        if not isinstance(text, str) or not text:
+            raise ConfigError(f"{where}: record {i} has prompt {text!r}; expected a non-empty string.")
+        arrival = r.get("arrival_s", 0.0)
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
+            raise ConfigError(f"{where}: record {i} has arrival_s {arrival!r}; expected a finite number of seconds.")
+        for key in ("task", "source"):
+            if r.get(key) is not None and not isinstance(r[key], str):
+                raise ConfigError(f"{where}: record {i} has {key} {r[key]!r}; expected a string.")
+        out.append({
+            "request": _int(r.get("request", i), f"{where}: record {i} field 'request'"),
+            "prompt": text,
+            "task": r.get("task"),
+            "source": r.get("source"),
+            "max_new_tokens": _int(r.get("max_new_tokens", max_new_tokens), f"{where}: record {i} field 'max_new_tokens'"),
+            "arrival_s": float(arrival),
+        })
+    ids = [r["request"] for r in out]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise ConfigError(f"{where}: request id {dup} appears more than once; expected unique request ids.")
+    return out
+
+
+def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
+    """corpus:SPLIT[:N] or corpus:TASK[:N] -> N records sampled by routecast.models.prompts (default N 64)."""
+    from routecast.models.corpus import SPLITS, TASKS  # the corpus package; imported only when asked
+    from routecast.models.prompts import PromptConfig, build_prompts
+
+    what, _, n = name.partition(":")
+    if not n.isdigit() and n:
+        raise ConfigError(f"--prompts: corpus:{name} has count {n!r}; expected corpus:SPLIT[:N] or corpus:TASK[:N].")
+    kw: dict[str, Any] = {"n_requests": int(n)} if n else {}
+    if what in SPLITS:
+        kw["split"] = what
+    elif what in TASKS:
+        kw["mix"] = {what: 1.0}
+    else:
+        raise ConfigError(f"--prompts: corpus:{name} names neither a split {list(SPLITS)} nor a task {list(TASKS)}; "
+                          "expected corpus:SPLIT[:N] or corpus:TASK[:N].")
+    if tokenizer is None:
+        raise ConfigError(f"--prompts: corpus:{name} needs the model's tokenizer to size prompts; expected one.")
+    return [{"request": r.request, "prompt": r.prompt_text, "task": r.task, "max_new_tokens": r.max_new_tokens,
+             "arrival_s": r.arrival_s} for r in build_prompts(tokenizer, PromptConfig(**kw))]
+
+
+def load_prompts(source: str | Path | Sequence[Mapping[str, Any]], tokenizer: Any = None) -> list[dict[str, Any]]:
+    """Prompt records from a JSONL file, 'corpus:NAME[:N]' or a sequence of dicts.
+
+    JSONL: one object per line, {"prompt": str, "task": str?, "max_new_tokens": int?, "arrival_s": float?,
+    "request": int?}; blank lines are skipped. corpus:NAME samples N prompts (default 64) from the
+    built-in corpus with routecast.models.prompts: NAME is a split (train, val, test: all tasks) or a
+    task (code, docs, austen, bible, wiki: test split); lengths are counted in tokenizer's tokens.
+    """
+    if isinstance(source, str) and source.startswith("corpus:"):
+        return _corpus_prompts(source[len("corpus:"):], tokenizer)
+    if not isinstance(source, (str, Path)):
+        return [dict(r) if isinstance(r, Mapping) else r for r in source]
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"--prompts: {str(path)!r} is not a file; expected a JSONL file or corpus:NAME.")
+    records = []
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg}); expected one JSON object per line.") from None
+            if not isinstance(rec, dict):
+                raise ConfigError(f"{path}: line {n} holds a {type(rec).__name__}; expected a JSON object with 'prompt'.")
+            records.append(rec)
+    if not records:
+        raise ConfigError(f"{path}: holds no prompt records; expected at least one JSON line with 'prompt'.")
+    _records(records, 0, str(path))  # validate now so a bad line is reported with the file name
+    return records
+
+
+def load_model(model_dir_or_builtin: str | Path) -> tuple[nn.Module, Any]:
+    """(model in eval mode, tokenizer) from a Hugging Face model directory, or 'builtin'."""
+    name = str(model_dir_or_builtin)
+    if name == "builtin":
+        from routecast.models.builtin import check_checkpoint  # imported only when asked
+
+        path = check_checkpoint()
+    else:
+        path = Path(name)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"--model: {name!r} has no config.json; expected a Hugging Face model directory or 'builtin'.")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(path)
+    cls = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
+    model = cls.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model.eval(), tokenizer
+
+
+# ---------------------------------------------------------------------- generate + bookkeeping
+def _generation_setup(model: nn.Module, tokenizer: Any) -> tuple[Any, int, np.ndarray]:
+    """(greedy GenerationConfig, pad id, eos ids) shared by generate and the row bookkeeping."""
+    from transformers import GenerationConfig
+
+    base = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(model.config)
+    gc = copy.deepcopy(base)
+    eos = gc.eos_token_id
+    eos_ids = np.asarray([] if eos is None else ([eos] if isinstance(eos, int) else list(eos)), dtype=np.int64)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else gc.pad_token_id
+    pad = pad if pad is not None else (int(eos_ids[0]) if eos_ids.size else 0)
+    # Greedy, one forward per new token: no sampling, beams, chunked prefill or returned extras.
+    gc.do_sample, gc.num_beams, gc.use_cache, gc.pad_token_id = False, 1, True, int(pad)
+    gc.temperature = gc.top_p = gc.top_k = None
+    gc.return_dict_in_generate = gc.output_scores = gc.output_logits = False
+    gc.output_hidden_states = gc.output_attentions = False
+    if hasattr(gc, "prefill_chunk_size"):
+        gc.prefill_chunk_size = None
+    return gc, int(pad), eos_ids
+
+
+def _pad(seqs: list[list[int]], pad: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> (input_ids [B,S] int64, attention mask [B,S] int64), left or right padded."""
+    S = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), S), pad, dtype=np.int64)
+    mask = np.zeros((len(seqs), S), dtype=np.int64)
+    for b, s in enumerate(seqs):  # per request, not per token
+        sl = slice(S - len(s), S) if left else slice(0, len(s))
+        ids[b, sl], mask[b, sl] = s, 1
+    return ids, mask
+
+
+def _run(model: nn.Module, ids: np.ndarray, mask: np.ndarray, budgets: np.ndarray, gc: Any,
+         enc_dec: bool) -> np.ndarray | None:
+    """Prefill + greedy decode of one batch; returns generate's sequences, None when nothing is generated."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class RowBudget(StoppingCriteria):
+        # Each request stops at its own max_new_tokens (generate alone knows one budget per batch).
+        def __init__(self, start: int, budgets_B: torch.Tensor) -> None:
+            self.start, self.budgets = start, budgets_B
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kw: Any) -> torch.Tensor:
+            return (input_ids.shape[1] - self.start) >= self.budgets
+
+    dev = next(model.parameters()).device
+    x, m = torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)
+    with torch.no_grad():
+        if budgets.max() == 0:
+            if enc_dec:
+                model.get_encoder()(input_ids=x, attention_mask=m)
+            else:
+                model(input_ids=x, attention_mask=m, use_cache=False)
+            return None
+        g = copy.deepcopy(gc)
+        g.max_new_tokens = int(budgets.max())
+        crit = StoppingCriteriaList([RowBudget(1 if enc_dec else ids.shape[1], torch.from_numpy(budgets).to(dev))])
+        out = model.generate(input_ids=x, attention_mask=m, generation_config=g, stopping_criteria=crit)
+    return out.cpu().numpy()
+
+
+def _assemble(fw: list[ForwardRouting], ids: np.ndarray, mask: np.ndarray, seqs: np.ndarray | None,
+              budgets: np.ndarray, eos: np.ndarray, enc_dec: bool) -> tuple[dict[str, np.ndarray], list, int]:
+    """Map the rows of one batch's forwards to tokens.
+
+    Returns (per-token arrays b, position, token_id, phase, step_offset; [experts, weights, logits, hidden]
+    parts in trace order; forwards consumed). Trace order: prefill tokens by row, then decode step-major.
+    """
+    B, S = mask.shape
+    if not fw or fw[0].num_rows != B * S:
+        got = fw[0].num_rows if fw else 0
+        raise TraceError(f"capture: the prefill forward routed {got} rows; expected batch x seq = {B * S}.")
+    keep = mask.reshape(-1).astype(bool)
+    P = mask.sum(1)
+    b = [np.repeat(np.arange(B), S)[keep]]
+    pos = [(np.cumsum(mask, 1) - 1).reshape(-1)[keep]]
+    tok = [ids.reshape(-1)[keep]]
+    off = [np.zeros(int(keep.sum()), dtype=np.int64)]
+    parts = [[f[keep] if f is not None else None for f in (fw[0].experts_TLK, fw[0].weights_TLK,
+                                                           fw[0].logits_TLE, fw[0].hidden_TLH)]]
+    F = 0
+    if seqs is not None:
+        gen = seqs[:, 1:] if enc_dec else seqs[:, S:]
+        G = gen.shape[1]
+        hit = np.isin(gen, eos)
+        n_gen = np.minimum(np.where(hit.any(1), hit.argmax(1) + 1, G), budgets)
+        # Decoder-only: decode forward c feeds generated token c; encoder-decoder: decoder token c (start first).
+        dec_tok, n_dec = (seqs[:, :G], n_gen) if enc_dec else (gen[:, : G - 1], np.maximum(n_gen - 1, 0))
+        F = dec_tok.shape[1]
+        dec = fw[1 : 1 + F]
+        if len(dec) < F or any(f.num_rows != B for f in dec):
+            raise TraceError(
+                f"capture: generate ran {len(fw) - 1} decode forwards of rows {sorted({f.num_rows for f in dec})}; "
+                f"expected at least {F} forwards of {B} rows (one token per request per step)."
+            )
+        if F:
+            valid = np.arange(F)[:, None] < n_dec[None, :]  # [F, B]; nonzero() walks it step-major
+            fi, bi = np.nonzero(valid)
+            b.append(bi)
+            pos.append(P[bi] + fi)
+            tok.append(dec_tok[bi, fi])
+            off.append(1 + fi.astype(np.int64))
+            parts.append([None if getattr(dec[0], n) is None else np.stack([getattr(f, n) for f in dec])[valid]
+                          for n in ("experts_TLK", "weights_TLK", "logits_TLE", "hidden_TLH")])
+    n_pre = len(tok[0])
+    cols = {"b": np.concatenate(b), "position": np.concatenate(pos), "token_id": np.concatenate(tok),
+            "step_offset": np.concatenate(off)}
+    cols["phase"] = np.where(np.arange(len(cols["b"])) < n_pre, PREFILL, DECODE)
+    return cols, parts, 1 + F
+
+
+def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: Any, *, max_new_tokens: int = 32,
+            batch_size: int = 8, hidden: bool = False, logits: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Run greedy generate over prompts batch by batch and write every processed token's routing to writer.
+
+    prompts: records with 'prompt' and optional 'task', 'source', 'max_new_tokens', 'arrival_s',
+    'request' (default: the record's index). Requests in writer.committed_requests() are skipped, so an
+    interrupted capture resumes. Each batch is appended and flushed as one shard. Steps continue from
+    writer.num_tokens, which keeps them unique across resumed runs.
+    Returns {requests, skipped, tokens, prefill_tokens, decode_tokens, forwards, seconds, tokens_per_s}.
+    """
+    from tqdm import tqdm
+
+    _int(batch_size, "batch_size", 1)
+    recs = _records(prompts, _int(max_new_tokens, "max_new_tokens"), "prompts")
+    names = {k: tuple(getattr(writer, f"{k}_names", ()) or ()) for k in ("task", "source")}
+    for r in recs:
+        for k in ("task", "source"):
+            if r[k] is not None and r[k] not in names[k]:
+                raise ConfigError(
+                    f"prompts: request {r['request']} has {k} {r[k]!r}; expected one of the writer's {k}_names {list(names[k])}."
+                )
+    done = {int(x) for x in np.asarray(writer.committed_requests()).ravel().tolist()}
+    todo = [r for r in recs if r["request"] not in done]
+    model.eval()
+    enc_dec = bool(getattr(model.config, "is_encoder_decoder", False))
+    gc, pad, eos = _generation_setup(model, tokenizer)
+    step = int(writer.num_tokens)
+    stats = {"requests": 0, "skipped": len(recs) - len(todo), "tokens": 0, "prefill_tokens": 0, "decode_tokens": 0,
+             "forwards": 0}
+    t0 = time.perf_counter()
+    with RoutingRecorder(model, hidden=hidden, logits=logits) as rec, tqdm(
+        total=len(todo), unit="req", disable=not progress, desc="capture"
+    ) as bar:
+        for i in range(0, len(todo), batch_size):
+            batch = todo[i : i + batch_size]
+            lists = tokenizer([r["prompt"] for r in batch], add_special_tokens=True)["input_ids"]
+            for r, s in zip(batch, lists, strict=True):
+                if not s:
+                    raise ConfigError(f"prompts: request {r['request']} tokenizes to no tokens; expected a non-empty prompt.")
+            ids, mask = _pad([list(s) for s in lists], pad, left=not enc_dec)
+            budgets = np.asarray([r["max_new_tokens"] for r in batch], dtype=np.int64)
+            rec.reset()
+            seqs = _run(model, ids, mask, budgets, gc, enc_dec)
+            cols, parts, used = _assemble(rec.forwards(), ids, mask, seqs, budgets, eos, enc_dec)
+            rec.reset()  # drop the references to this batch's activations
+            meta = {k: np.asarray([r[k] for r in batch]) for k in ("request", "arrival_s")}
+            for k in ("task", "source"):
+                meta[k] = np.asarray([names[k].index(r[k]) if r[k] is not None else -1 for r in batch])
+            bi = cols["b"]
+            tokens = make_columns(len(bi), request=meta["request"][bi], position=cols["position"],
+                                  token_id=cols["token_id"], phase=cols["phase"], step=step + cols["step_offset"],
+                                  task=meta["task"][bi], source=meta["source"][bi], arrival_s=meta["arrival_s"][bi])
+            cat = [None if p[0] is None else np.concatenate(p) for p in zip(*parts, strict=True)]
+            writer.append(tokens, cat[0], cat[1], logits_TLE=cat[2], hidden_TLH=cat[3])
+            writer.flush()
+            step += used
+            n_pre = int((cols["phase"] == PREFILL).sum())
+            stats["requests"] += len(batch)
+            stats["tokens"] += len(bi)
+            stats["prefill_tokens"] += n_pre
+            stats["decode_tokens"] += len(bi) - n_pre
+            stats["forwards"] += used
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f}")
+    stats["seconds"] = time.perf_counter() - t0
+    stats["tokens_per_s"] = stats["tokens"] / max(stats["seconds"], 1e-9)
+    return stats
+
+
+def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Path | Sequence[Mapping[str, Any]],
+                    out: str | Path, *, max_new_tokens: int = 32, batch_size: int = 8, hidden: bool = False,
+                    logits: bool = False, threads: int = 1, resume: bool = True, progress: bool = True) -> Path:
+    """`routecast capture`: load the model and prompts, capture every batch into a trace directory at out.
+
+    threads: torch CPU threads (1 is fastest on small shared machines). resume: continue a trace
+    already at out, skipping its committed requests.
+    """
+    torch.set_num_threads(_int(threads, "--threads", 1))
+    from_corpus = isinstance(prompts_or_path, str) and prompts_or_path.startswith("corpus:")
+    records = [] if from_corpus else load_prompts(prompts_or_path)  # a bad file fails before the model loads
+    model, tokenizer = load_model(model_dir_or_builtin)
+    if from_corpus:
+        records = load_prompts(prompts_or_path, tokenizer)
+    spec = spec_from_model(model)
+    task_names = tuple(sorted({r["task"] for r in records if r.get("task") is not None}))
+    source_names = tuple(sorted({r["source"] for r in records if r.get("source") is not None}))
+    import transformers
+
+    from routecast.trace.io import TraceWriter  # the on-disk format; imported only when writing
+
+    provenance = {
+        "tool": "routecast.trace.capture",
+        "model": str(model_dir_or_builtin),
+        "model_type": getattr(model.config, "model_type", ""),
+        "prompts": prompts_or_path if isinstance(prompts_or_path, (str, Path)) else f"{len(records)} records",
+        "max_new_tokens": max_new_tokens, "batch_size": batch_size, "decoding": "greedy", "threads": threads,
+        "transformers": transformers.__version__, "torch": torch.__version__,
+        "dtype": str(next(model.parameters()).dtype),
+    }
+    provenance["prompts"] = str(provenance["prompts"])
+    # On an exception the writer keeps the committed shards, so running again with resume=True goes on.
+    with TraceWriter(out, spec, task_names=task_names, source_names=source_names, provenance=provenance,
+                     resume=resume) as writer:
+        capture(model, tokenizer, records, writer, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                hidden=hidden, logits=logits, progress=progress)
+    return writer.close()
