@@ -1,0 +1,272 @@
+"""Hardware profiles: one accelerator (or CPU) as the cost model sees it, loaded from a TOML data file.
+
+The shipped profiles live in `routecast/sim/hardware/*.toml`; `routecast calibrate` writes the same schema
+for the machine it runs on. Numbers live only in those files (each with its source in a comment); this
+module converts units and validates.
+
+Schema (units in the file; `Hardware` holds SI units: FLOP/s, bytes/s, bytes, seconds):
+
+    schema = 1
+    name, kind ("gpu" | "cpu"), description
+    [compute]      dtype, peak_tflops                      dense peak of `dtype`
+    [memory]       bandwidth_gbps, derate, capacity_gb     HBM (or DRAM); derate = achievable fraction
+    [interconnect] nvlink_gbps, pcie_gbps, h2d_gbps, alpha_us   per direction; 0 = not applicable
+    [gemm]         tile_m, tokens = [...], eta = [...]      efficiency curve vs tokens per expert
+    [overhead]     moe_layer_us                            fixed router/permutation cost per MoE layer
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+SCHEMA_VERSION = 1
+LINKS = ("nvlink", "pcie")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One device of an expert-parallel group (SI units throughout).
+
+    peak_flops: dense peak FLOP/s of `dtype`.
+    mem_bandwidth: bytes/s of device memory (HBM, or DRAM for a CPU); mem_derate: achievable fraction.
+    mem_capacity: bytes of device memory.
+    nvlink_bandwidth, pcie_bandwidth: bytes/s per direction per device (0 = no such link).
+    h2d_bandwidth: bytes/s host-to-device (0 = not applicable, e.g. a CPU).
+    alpha: seconds of fixed latency per collective step.
+    eta_tokens (P,), eta_values (P,): GEMM efficiency (achieved / peak) at P token counts, increasing.
+    tile_m: GEMM tile rows for the staircase option (0 = no staircase).
+    moe_layer_overhead: seconds of fixed router/permutation cost per MoE layer (0 when not modelled).
+    """
+
+    name: str
+    kind: str
+    description: str
+    dtype: str
+    peak_flops: float
+    mem_bandwidth: float
+    mem_derate: float
+    mem_capacity: float
+    nvlink_bandwidth: float
+    pcie_bandwidth: float
+    h2d_bandwidth: float
+    alpha: float
+    eta_tokens: tuple[float, ...]
+    eta_values: tuple[float, ...]
+    tile_m: int = 0
+    moe_layer_overhead: float = 0.0
+    source: str = ""
+
+    @property
+    def mem_effective(self) -> float:
+        """Achievable device-memory bandwidth, bytes/s (bandwidth x derate)."""
+        return self.mem_bandwidth * self.mem_derate
+
+    def link_bandwidth(self, link: str) -> float:
+        """Per-direction bandwidth of `link` ("nvlink" | "pcie") in bytes/s."""
+        if link not in LINKS:
+            raise ConfigError(f"link is {link!r}; expected one of {list(LINKS)}.")
+        return self.nvlink_bandwidth if link == "nvlink" else self.pcie_bandwidth
+
+    def eta(self, tokens: Any, *, staircase: bool = False) -> np.ndarray:
+        """GEMM efficiency in (0, 1] at `tokens` rows (any shape, float or int) -> same shape, float64.
+
+        Piecewise linear in log(tokens) between table points, flat beyond both ends. With `staircase`, a
+        GEMM of n rows costs as much as one of ceil(n / tile_m) * tile_m rows, so the efficiency is the
+        table value at the padded count scaled by n / padded (A100: m=129 takes ~2x the time of m=128).
+        Non-positive counts get the first table value (they do no work; the caller masks them).
+        """
+        n = np.asarray(tokens, dtype=np.float64)
+        if staircase and self.tile_m > 0:
+            padded = np.ceil(n / self.tile_m) * self.tile_m
+            pos = n > 0
+            safe = np.where(pos, padded, 1.0)
+            base = np.interp(np.log(safe), self._log_tokens, self._eta_arr)
+            return np.where(pos, base * (n / safe), self._eta_arr[0])
+        # log of 0 is -inf, which np.interp clamps to the first value: no masking needed.
+        with np.errstate(divide="ignore"):
+            return np.interp(np.log(np.maximum(n, 0.0)), self._log_tokens, self._eta_arr)
+
+    @property
+    def _log_tokens(self) -> np.ndarray:
+        return np.log(np.asarray(self.eta_tokens, dtype=np.float64))
+
+    @property
+    def _eta_arr(self) -> np.ndarray:
+        return np.asarray(self.eta_values, dtype=np.float64)
+
+    def to_toml(self, comments: dict[str, str] | None = None) -> str:
+        """The profile as TOML text in the file schema; `comments` maps 'table.key' to a trailing comment."""
+        c = comments or {}
+
+        def line(key: str, table: str, value: Any) -> str:
+            note = c.get(f"{table}.{key}" if table else key)
+            text = f"{key} = {_toml_value(value)}"
+            return f"{text:<40} # {note}" if note else text
+
+        lines = [
+            "# Units: TFLOP/s, GB/s (1 GB = 1e9 bytes), GB, microseconds; link figures per direction.",
+            line("schema", "", SCHEMA_VERSION),
+            line("name", "", self.name),
+            line("kind", "", self.kind),
+            line("description", "", self.description),
+            "",
+            "[compute]",
+            line("dtype", "compute", self.dtype),
+            line("peak_tflops", "compute", self.peak_flops / 1e12),
+            "",
+            "[memory]",
+            line("bandwidth_gbps", "memory", self.mem_bandwidth / 1e9),
+            line("derate", "memory", self.mem_derate),
+            line("capacity_gb", "memory", self.mem_capacity / 1e9),
+            "",
+            "[interconnect]",
+            line("nvlink_gbps", "interconnect", self.nvlink_bandwidth / 1e9),
+            line("pcie_gbps", "interconnect", self.pcie_bandwidth / 1e9),
+            line("h2d_gbps", "interconnect", self.h2d_bandwidth / 1e9),
+            line("alpha_us", "interconnect", self.alpha * 1e6),
+            "",
+            "[gemm]",
+            line("tile_m", "gemm", self.tile_m),
+            line("tokens", "gemm", list(self.eta_tokens)),
+            line("eta", "gemm", [round(v, 4) for v in self.eta_values]),
+            "",
+            "[overhead]",
+            line("moe_layer_us", "overhead", self.moe_layer_overhead * 1e6),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        # Integral values print as ints (token counts); others keep 6 significant digits.
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(float(f"{v:.6g}"))
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def list_hardware() -> list[str]:
+    """Names of the shipped hardware profiles, sorted."""
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.toml"))
+
+
+def load_hardware(name_or_path: str | Path) -> Hardware:
+    """A shipped profile by name (see `list_hardware()`) or any profile TOML by path -> Hardware.
+
+    Raises ConfigError naming the file and the field for a missing or invalid field, and listing the known
+    names for an unknown name.
+    """
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.is_file():
+        if not p.is_file():
+            raise ConfigError(f"hardware profile {str(p)!r} does not exist; expected a TOML file.")
+        return _parse(p)
+    name = str(name_or_path).lower()
+    path = HARDWARE_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown hardware {str(name_or_path)!r}; expected one of {list_hardware()} or a path to a .toml profile."
+        )
+    return _parse(path)
+
+
+def _parse(path: Path) -> Hardware:
+    try:
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}).") from None
+    r = _Reader(doc, path)
+    if r.number("schema", integer=True) != SCHEMA_VERSION:
+        raise ConfigError(f"{path}: field 'schema' is {doc.get('schema')!r}; expected {SCHEMA_VERSION}.")
+    kind = r.string("kind")
+    if kind not in ("gpu", "cpu"):
+        raise ConfigError(f"{path}: field 'kind' is {kind!r}; expected 'gpu' or 'cpu'.")
+    tokens = r.number_list("gemm.tokens")
+    eta = r.number_list("gemm.eta")
+    if len(tokens) != len(eta):
+        raise ConfigError(
+            f"{path}: field 'gemm.eta' has {len(eta)} values but 'gemm.tokens' has {len(tokens)}; expected equal lengths."
+        )
+    if any(t <= 0 for t in tokens) or any(b <= a for a, b in zip(tokens, tokens[1:], strict=False)):
+        raise ConfigError(f"{path}: field 'gemm.tokens' is {tokens}; expected positive, strictly increasing counts.")
+    if any(not 0.0 < v <= 1.0 for v in eta):
+        raise ConfigError(f"{path}: field 'gemm.eta' is {eta}; expected efficiencies in (0, 1].")
+    derate = r.number("memory.derate")
+    if not 0.0 < derate <= 1.0:
+        raise ConfigError(f"{path}: field 'memory.derate' is {derate}; expected a fraction in (0, 1].")
+    return Hardware(
+        name=r.string("name"),
+        kind=kind,
+        description=r.string("description"),
+        dtype=r.string("compute.dtype"),
+        peak_flops=r.number("compute.peak_tflops", positive=True) * 1e12,
+        mem_bandwidth=r.number("memory.bandwidth_gbps", positive=True) * 1e9,
+        mem_derate=derate,
+        mem_capacity=r.number("memory.capacity_gb", positive=True) * 1e9,
+        nvlink_bandwidth=r.number("interconnect.nvlink_gbps") * 1e9,
+        pcie_bandwidth=r.number("interconnect.pcie_gbps") * 1e9,
+        h2d_bandwidth=r.number("interconnect.h2d_gbps") * 1e9,
+        alpha=r.number("interconnect.alpha_us") * 1e-6,
+        eta_tokens=tuple(float(t) for t in tokens),
+        eta_values=tuple(float(v) for v in eta),
+        tile_m=int(r.number("gemm.tile_m", integer=True)),
+        moe_layer_overhead=r.number("overhead.moe_layer_us") * 1e-6,
+        source=str(path),
+    )
+
+
+class _Reader:
+    """Typed access to dotted keys of a parsed TOML document; every failure names the file and the key."""
+
+    def __init__(self, doc: dict[str, Any], path: Path):
+        self.doc, self.path = doc, path
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.doc
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"{self.path}: field '{dotted}' is missing.")
+            node = node[part]
+        return node
+
+    def string(self, dotted: str) -> str:
+        v = self.get(dotted)
+        if not isinstance(v, str):
+            raise ConfigError(f"{self.path}: field '{dotted}' is {v!r}; expected a string.")
+        return v
+
+    def number(self, dotted: str, *, positive: bool = False, integer: bool = False) -> float:
+        v = self.get(dotted)
+        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok or not math.isfinite(v) or v < 0 or (positive and v <= 0):
+            what = "integer" if integer else "number"
+            raise ConfigError(
+                f"{self.path}: field '{dotted}' is {v!r}; expected a {'positive' if positive else 'non-negative'} {what}."
+            )
+        return v
+
+    def number_list(self, dotted: str) -> list[float]:
+        v = self.get(dotted)
+        if (
+            not isinstance(v, list)
+            or not v
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in v)
+        ):
+            raise ConfigError(f"{self.path}: field '{dotted}' is {v!r}; expected a non-empty list of numbers.")
+        return [float(x) for x in v]
