@@ -1,0 +1,239 @@
+"""The `routecast` command: one subcommand per stage; each handler imports its stage lazily.
+
+Errors meant for the user (RoutecastError) print one line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from routecast.common.errors import ConfigError, RoutecastError
+
+
+def _threads(n: int) -> None:
+    # 1 thread is fastest for small forwards on the 2-core machines this was measured on.
+    import torch
+
+    torch.set_num_threads(max(1, n))
+
+
+def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
+    p.add_argument(
+        "--threads", type=int, default=default, help=f"torch CPU threads (default {default}; 1 was fastest measured)"
+    )
+
+
+# ------------------------------------------------------------------ handlers
+def cmd_demo(a: argparse.Namespace) -> int:
+    from routecast.demo import run_demo
+
+    _threads(a.threads)
+    run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed)
+    return 0
+
+
+def cmd_synth(a: argparse.Namespace) -> int:
+    from routecast.trace.synth import synth_to_disk
+
+    overrides = {}
+    for kv in a.set or []:
+        if "=" not in kv:
+            raise ConfigError(f"--set {kv!r} is not of the form knob=value.")
+        k, v = kv.split("=", 1)
+        overrides[k.strip()] = v.strip()
+    path = synth_to_disk(
+        a.preset, a.out, tokens=a.tokens, requests=a.requests, seed=a.seed, overrides=overrides or None
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_stats(a: argparse.Namespace) -> int:
+    from routecast.trace.stats_cli import stats_main
+
+    return stats_main(a.trace, ep=a.ep, window=a.window, as_json=a.json, plot=a.plot, seq_len=a.seq_len)
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    from routecast.trace.importers import import_jsonl
+
+    field_map = {}
+    for kv in a.map or []:
+        if "=" not in kv:
+            raise ConfigError(f"--map {kv!r} is not of the form their_name=canonical_name.")
+        k, v = kv.split("=", 1)
+        field_map[k.strip()] = v.strip()
+    path = import_jsonl(
+        a.src,
+        a.out,
+        field_map=field_map or None,
+        num_experts=a.num_experts,
+        top_k=a.top_k,
+        spec=_load_spec(a.spec) if a.spec else None,
+        window=a.window,
+        shard_tokens=a.shard_tokens,
+        overwrite=a.overwrite,
+        progress=not a.quiet,
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from routecast.trace.io import inspect_trace
+
+    info = inspect_trace(a.trace)
+    if a.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        for k, v in info.items():
+            print(f"{k:>16}: {v}")
+    return 0 if info.get("valid") else 1
+
+
+def _load_spec(path: str):
+    from routecast.trace.spec import MoESpec
+
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--spec {path!r} could not be read as JSON ({e}).") from None
+    return MoESpec.from_dict(d, where=path)
+
+
+def cmd_capture(a: argparse.Namespace) -> int:
+    from routecast.trace.capture import capture_to_disk
+
+    path = capture_to_disk(
+        a.model, a.prompts, a.out, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
+        hidden=a.hidden, logits=a.logits, threads=a.threads, resume=not a.no_resume, progress=not a.quiet,
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from routecast.sim.calibrate import calibrate
+
+    out = a.out or f"out/hardware/calibrated-{a.device.replace(':', '')}.toml"
+    hw = calibrate(out, device=a.device, threads=a.threads, quick=a.quick)
+    print(f"wrote {out}: {hw.name}")
+    return 0
+
+
+# ------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="routecast",
+        description="Predict Mixture-of-Experts routing and act on it (replication, offloading, scheduling).",
+    )
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="run the main job end to end and write out/demo/report.html")
+    p.add_argument("--out", default="out/demo", help="output directory (default out/demo)")
+    p.add_argument(
+        "--synthetic",
+        metavar="PRESET",
+        default=None,
+        help="use a synthetic preset trace instead of capturing the built-in model",
+    )
+    p.add_argument("--requests", type=int, default=None, help="number of requests to capture/generate")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("synth", help="generate a synthetic trace from a preset")
+    p.add_argument("--preset", required=True, help="preset name, e.g. mixtral-8x7b, deepseek-v3, qwen3-235b")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tokens", type=int, default=None, help="approximate number of tokens to generate")
+    g.add_argument("--requests", type=int, default=None, help="number of requests to generate")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="override a generator knob (repeatable)")
+    p.add_argument("--out", required=True, help="output trace directory")
+    p.set_defaults(fn=cmd_synth)
+
+    p = sub.add_parser("stats", help="routing statistics of a trace (skewness, IR, entropy, predictability)")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks for the imbalance ratio (default 8)")
+    p.add_argument("--window", type=int, default=None, help="steps per window for drift (default: auto)")
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="also report skewness per sequence of this many tokens (MoE-GPS: 512)"
+    )
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON instead of a table")
+    p.add_argument(
+        "--plot", default=None, metavar="PNG", help="also write a 2x2 figure (load, IR over steps, transitions, popularity)"
+    )
+    p.set_defaults(fn=cmd_stats)
+
+    p = sub.add_parser("import", help="import a JSON-lines routing log (e.g. from vLLM hooks) as a trace")
+    p.add_argument("src", help="input .jsonl or .jsonl.gz, one record per token per layer")
+    p.add_argument("--out", required=True, help="output trace directory")
+    p.add_argument(
+        "--map",
+        action="append",
+        metavar="THEIRS=OURS",
+        help="map an input field name to a canonical one (request, layer, position, token_id, experts, "
+        "weights, phase, step, task, arrival_s); repeatable",
+    )
+    p.add_argument("--num-experts", type=int, default=None, help="experts per layer (default: max id + 1)")
+    p.add_argument("--top-k", type=int, default=None, help="experts per token (default: from the data)")
+    p.add_argument("--spec", default=None, metavar="JSON", help="a MoESpec as JSON (fixes layers, experts, top-k)")
+    p.add_argument(
+        "--window", type=int, default=1 << 20, help="records within which all of a token's layer records appear"
+    )
+    p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per safetensors shard (default 65536)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the import completes")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_import)
+
+    p = sub.add_parser("inspect", help="print a trace's spec, provenance, counts and validation status")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("capture", help="capture routing from a Hugging Face MoE model (prefill + every decode step)")
+    p.add_argument("--model", default="builtin", help="checkpoint directory, or 'builtin' (default)")
+    p.add_argument(
+        "--prompts", required=True, help="prompts .jsonl ({prompt, task?, max_new_tokens?, arrival_s?}) or corpus:NAME[:N]"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=32, help="decode steps per request (default 32)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests per generate() batch (default 8)")
+    p.add_argument("--out", required=True, help="output trace directory")
+    p.add_argument("--hidden", action="store_true", help="also record each MoE layer's router input (hidden_TLH)")
+    p.add_argument("--logits", action="store_true", help="also record router logits (logits_TLE)")
+    p.add_argument("--no-resume", action="store_true", help="refuse to continue an interrupted capture at --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_capture)
+
+    p = sub.add_parser("calibrate", help="measure this machine (GEMM efficiency, peak, bandwidth) into a hardware TOML")
+    p.add_argument("--out", default=None, help="output TOML (default out/hardware/calibrated-<device>.toml)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 20 s)")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_calibrate)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    try:
+        return int(a.fn(a) or 0)
+    except RoutecastError as e:
+        print(f"routecast {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"routecast {a.cmd}: error: file not found: {Path(e.filename or '?')}.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"routecast {a.cmd}: interrupted; completed shards are kept and a rerun resumes.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

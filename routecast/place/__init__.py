@@ -1,0 +1,1 @@
+"""Expert placement and replication planners (MoE-GPS Algorithm 1; PROBE and EPLB-style balancers)."""
