@@ -37,14 +37,16 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_synth(a: argparse.Namespace) -> int:
-    from routecast.trace.synth import synth_to_disk
+    from routecast.trace.synth_presets import calibrate_preset_table, parse_set_args, synth_to_disk
 
-    overrides = {}
-    for kv in a.set or []:
-        if "=" not in kv:
-            raise ConfigError(f"--set {kv!r} is not of the form knob=value.")
-        k, v = kv.split("=", 1)
-        overrides[k.strip()] = v.strip()
+    if a.calibrate:
+        for r in calibrate_preset_table(seed=a.seed):
+            flag = "ok" if r["within_10pct"] else "OFF"
+            print(f"{r['preset']:<22} {r['statistic']:<44} target {r['target']:<8.4g} measured {r['measured']:<8.4g} {flag}")
+        return 0
+    if not a.preset or not a.out:
+        raise ConfigError("synth needs --preset and --out (or --calibrate to print the preset calibration table).")
+    overrides = parse_set_args(a.set or [])
     path = synth_to_disk(
         a.preset, a.out, tokens=a.tokens, requests=a.requests, seed=a.seed, overrides=overrides or None
     )
@@ -125,6 +127,17 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_advise(a: argparse.Namespace) -> int:
+    from routecast.sim.advisor import advise_main
+
+    _threads(a.threads)
+    return advise_main(
+        model_profile=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link, trace=a.trace, seq=a.seq,
+        batch=a.batch, as_json=a.json, placement=a.placement, error_model=a.error_model, skewness=a.skewness,
+        link_gbps=a.link_gbps, predictors=a.predictors, epochs=a.epochs, model_dir=a.model, seed=a.seed,
+    )
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -147,13 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("synth", help="generate a synthetic trace from a preset")
-    p.add_argument("--preset", required=True, help="preset name, e.g. mixtral-8x7b, deepseek-v3, qwen3-235b")
+    p.add_argument("--preset", default=None, help="preset name, e.g. mixtral-8x7b, mixtral-8x7b:sst2, deepseek-v3")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", type=int, default=None, help="approximate number of tokens to generate")
-    g.add_argument("--requests", type=int, default=None, help="number of requests to generate")
+    g.add_argument("--tokens", type=int, default=None, help="stop at the step where N tokens are reached")
+    g.add_argument("--requests", type=int, default=None, help="run N requests to completion")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="override a generator knob (repeatable)")
-    p.add_argument("--out", required=True, help="output trace directory")
+    p.add_argument(
+        "--set", action="append", metavar="KNOB=VALUE",
+        help="override a SynthConfig field (repeatable; tuples comma-separated, inf allowed)",
+    )
+    p.add_argument("--out", default=None, help="output trace directory")
+    p.add_argument("--calibrate", action="store_true", help="print each preset's paper statistic vs measured")
     p.set_defaults(fn=cmd_synth)
 
     p = sub.add_parser("stats", help="routing statistics of a trace (skewness, IR, entropy, predictability)")
@@ -216,6 +233,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 20 s)")
     _add_threads(p)
     p.set_defaults(fn=cmd_calibrate)
+
+    p = sub.add_parser("advise", help="MoE-GPS: which prediction strategy pays for a model on given hardware")
+    p.add_argument("--model-profile", required=True, help="model profile name (sim/models/*.toml) or HF config path")
+    p.add_argument("--hardware", required=True, help="hardware profile name (sim/hardware/*.toml) or TOML path")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs (expert-parallel ranks)")
+    p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="interconnect (default nvlink)")
+    p.add_argument("--trace", default=None, help="trace directory: use its skewness and its predictors' accuracy/cost")
+    p.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument(
+        "--placement", choices=("replicas", "ideal"), default="replicas",
+        help="replicas: every copy re-reads its weights (default); ideal: MoE-GPS's each-rank-at-mean assumption",
+    )
+    p.add_argument(
+        "--error-model", choices=("optimistic", "typical", "pessimistic"), default="typical",
+        help="how prediction errors land on ranks (MoE-GPS §3.3; default typical)",
+    )
+    p.add_argument("--skewness", type=float, default=None, help="override the skewness (default: trace's, else 1.4)")
+    p.add_argument("--link-gbps", type=float, default=None, help="override the per-direction link bandwidth, GB/s")
+    p.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn",
+                   help="predictors to measure on --trace (comma list)")
+    p.add_argument("--epochs", type=int, default=3, help="training epochs for neural predictors (default 3)")
+    p.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin or none")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_advise)
     return ap
 
 
