@@ -138,6 +138,33 @@ def cmd_advise(a: argparse.Namespace) -> int:
     )
 
 
+def cmd_predict(a: argparse.Namespace) -> int:
+    from routecast.predict.evaluate import predict_eval_main, predict_fit_main
+
+    if a.action == "eval":
+        return predict_eval_main(
+            a.trace, a.predictors, model=a.model, as_json=a.json, train_fraction=a.train_fraction, seed=a.seed,
+            threads=a.threads, epochs=a.epochs, quiet=a.quiet,
+        )
+    if not a.out or not a.predictor:
+        raise ConfigError("predict fit needs --predictor NAME and --out DIR.")
+    return predict_fit_main(
+        a.trace, a.predictor, a.out, model=a.model, seed=a.seed, threads=a.threads, epochs=a.epochs, quiet=a.quiet
+    )
+
+
+def cmd_train_builtin(a: argparse.Namespace) -> int:
+    from routecast.models.train import main as train_main
+
+    return train_main(a.args)
+
+
+def cmd_corpus(a: argparse.Namespace) -> int:
+    from routecast.models.corpus import main as corpus_main
+
+    return corpus_main(a.args)
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -260,12 +287,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_threads(p)
     p.set_defaults(fn=cmd_advise)
+
+    p = sub.add_parser("predict", help="evaluate (eval) or fit and save (fit) routing predictors on a trace")
+    p.add_argument("action", choices=("eval", "fit"), help="eval: score predictors causally; fit: train and save one")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument(
+        "--predictors", default="distribution,probability,conditional-token,conditional-position,ffn,lstm",
+        help="eval: comma list of names or saved predictor directories",
+    )
+    p.add_argument("--predictor", default=None, help="fit: the predictor name to train")
+    p.add_argument("--out", default=None, help="fit: output directory (safetensors + json)")
+    p.add_argument("--model", default=None, help="checkpoint for input embeddings: DIR, builtin or none")
+    p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests to fit on (default 0.8)")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--json", action="store_true", help="eval: print JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_predict)
+
+    p = sub.add_parser(
+        "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER, help="--out DIR [--minutes 40] [--steps N] [--seed 0] [--corpus DIR]")
+    p.set_defaults(fn=cmd_train_builtin)
+
+    p = sub.add_parser("corpus", add_help=False, help="build the multi-domain corpus (see `routecast corpus build --help`)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="build --out DIR --gensim-wheel WHL [--sample-out DIR] ...")
+    p.set_defaults(fn=cmd_corpus)
     return ap
+
+
+_FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
-    a = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _FORWARDED:
+        # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
+        a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
+    else:
+        a = ap.parse_args(argv)
     try:
         return int(a.fn(a) or 0)
     except RoutecastError as e:

@@ -1,0 +1,172 @@
+"""`routecast demo`: the main job end to end on the built-in default.
+
+Captures a routing trace from the built-in MoE model on the shipped multi-domain corpus sample
+(or generates a synthetic preset trace with --synthetic), then runs every analysis section and writes
+out/demo/report.html (figures embedded), out/demo/summary.json and prints a short table.
+Each section is a function (trace, out_dir) -> (Section, summary dict); later stages append theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routecast.report.html import Section, figure, paragraph, preformatted, table, write_atomic, write_report
+from routecast.trace.trace import Trace
+
+SectionFn = Callable[[Trace, Path], tuple[Section, dict[str, Any]]]
+
+
+def _capture_builtin(trace_dir: Path, requests: int, seed: int, max_new_tokens: int) -> dict[str, Any]:
+    """Capture the built-in model on `requests` prompts from the shipped corpus sample's test split."""
+    from routecast.trace.capture import capture_to_disk
+
+    partial = _fresh(trace_dir.with_name(trace_dir.name + ".partial"))
+    t0 = time.perf_counter()
+    capture_to_disk(
+        "builtin", f"corpus:test:{requests}", partial, max_new_tokens=max_new_tokens, batch_size=8,
+        hidden=True, logits=True, threads=1, resume=False,
+    )
+    _swap(partial, trace_dir)
+    return {"source": "built-in model capture", "requests": requests, "capture_s": time.perf_counter() - t0}
+
+
+def _fresh(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def _swap(new: Path, dst: Path) -> None:
+    # The demo's own trace is replaced only once the new one is complete.
+    old = dst.with_name(dst.name + ".old")
+    _fresh(old)
+    if dst.exists():
+        dst.rename(old)
+    new.rename(dst)
+    _fresh(old)
+
+
+def _synthetic(trace_dir: Path, preset: str, requests: int, seed: int) -> dict[str, Any]:
+    from routecast.trace.synth_presets import synth_to_disk
+
+    partial = _fresh(trace_dir.with_name(trace_dir.name + ".partial"))
+    t0 = time.perf_counter()
+    synth_to_disk(preset, partial, requests=requests, seed=seed)
+    _swap(partial, trace_dir)
+    return {"source": f"synthetic preset {preset}", "requests": requests, "generate_s": time.perf_counter() - t0}
+
+
+def section_stats(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    """Routing statistics: skewness, IR, entropy, token/inter-layer predictability, task distances."""
+    from routecast.report.plots import stats_figure
+    from routecast.trace.stats_cli import format_stats, routing_stats
+
+    ep = _default_ep(trace.spec.num_experts)
+    d = routing_stats(trace, ep=ep)
+    png = stats_figure(d, out / "stats.png")
+    per = d["per_layer"]
+    rows = [
+        {"layer": lid, **{k: per[k][i] for k in per if isinstance(per[k], list) and len(per[k]) == len(per["layer"])}}
+        for i, lid in enumerate(per["layer"])
+    ] if "layer" in per else []
+    sec = Section("stats", "Routing statistics", [
+        paragraph(f"{trace!r}; imbalance ratio computed for EP={ep} under contiguous sharding."),
+        table(rows) if rows else preformatted(format_stats(d)),
+        figure(png, "Expert load per layer, imbalance ratio over steps, inter-layer transitions"),
+    ])
+    return sec, {"stats": d["overall"], "ep": ep}
+
+
+def _default_ep(num_experts: int) -> int:
+    for ep in (8, 4, 2):
+        if num_experts % ep == 0 and num_experts >= ep:
+            return ep
+    return 1
+
+
+def section_moegps(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.moegps import section_moegps as run
+
+    return run(trace, out)
+
+
+SECTIONS: list[tuple[str, SectionFn]] = [("stats", section_stats), ("moegps", section_moegps)]
+
+
+def run_demo(
+    out_dir: str | Path = "out/demo", *, synthetic: str | None = None, requests: int | None = None, seed: int = 0,
+    max_new_tokens: int = 24,
+) -> dict[str, Any]:
+    """Run the demo; returns the summary dict also written to out_dir/summary.json."""
+    from routecast.trace.io import read_trace
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    trace_dir = out / "trace"
+    if synthetic:
+        origin = _synthetic(trace_dir, synthetic, requests or 64, seed)
+    else:
+        origin = _capture_builtin(trace_dir, requests or 40, seed, max_new_tokens)
+    trace = read_trace(trace_dir)
+    print(f"trace: {trace!r}")
+    sections = [Section("trace", "Trace", [paragraph(f"{origin['source']}: {trace!r}"), table([_trace_row(trace)])])]
+    summary: dict[str, Any] = {"trace": {**origin, **_trace_row(trace)}}
+    timings: dict[str, float] = {}
+    for key, fn in SECTIONS:
+        t0 = time.perf_counter()
+        sec, s = fn(trace, out)
+        timings[key] = time.perf_counter() - t0
+        sections.append(sec)
+        summary[key] = s
+        print(f"[{key}] done in {timings[key]:.1f}s")
+    summary["timings_s"] = {**timings, "total": time.perf_counter() - t_start}
+    summary["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    report = write_report(out / "report.html", "routecast demo", sections, meta={"trace": origin["source"]})
+    print(_summary_table(summary))
+    print(f"wrote {report} and {out / 'summary.json'}")
+    return summary
+
+
+def _trace_row(trace: Trace) -> dict[str, Any]:
+    s = trace.spec
+    return {
+        "model": s.name or "moe", "tokens": trace.num_tokens, "moe_layers": s.num_layers, "experts": s.num_experts,
+        "top_k": s.top_k, "requests": int(np.unique(trace.request).size), "steps": int(np.unique(trace.step).size),
+        "decode_share": float((trace.phase == 1).mean()) if trace.num_tokens else 0.0,
+        "tasks": ",".join(trace.task_names),
+    }
+
+
+def _summary_table(summary: dict[str, Any]) -> str:
+    lines = ["", f"{'section':<12} {'figure':<34} {'value':>10}", "-" * 58]
+    for sec, vals in summary.items():
+        if not isinstance(vals, dict) or sec in ("machine", "timings_s"):
+            continue
+        for k, v in vals.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                lines.append(f"{sec:<12} {k:<34} {v:>10.4g}")
+            elif isinstance(v, dict):
+                for k2, v2 in v.items():
+                    if isinstance(v2, (int, float)) and not isinstance(v2, bool):
+                        lines.append(f"{sec:<12} {(k + '.' + k2)[:34]:<34} {v2:>10.4g}")
+    return "\n".join(lines)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

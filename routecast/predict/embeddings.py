@@ -1,0 +1,113 @@
+"""Token embeddings for the neural predictors: the MoE model's own input embedding table.
+
+MoE-GPS trains its FFN and LSTM predictors on the model's token embeddings. ``load_input_embeddings``
+reads that table by name from a checkpoint's ``*.safetensors`` files without loading the model;
+``resolve_model_dir`` decides which checkpoint belongs to a trace (an explicit directory, the word
+"builtin", or the trace's provenance naming the built-in model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+
+# Tensor names of the input embedding table in common HF checkpoints, most common first.
+EMBEDDING_NAMES = (
+    "model.embed_tokens.weight",  # Mixtral, Qwen-MoE, DeepSeek, OLMoE, Llama-like
+    "embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+    "transformer.wte.weight",  # GPT-2 style
+    "gpt_neox.embed_in.weight",
+    "shared.weight",  # T5 / Switch Transformer
+    "encoder.embed_tokens.weight",
+)
+
+# Provenance keys a capture may use to name the model a trace came from.
+_PROVENANCE_KEYS = ("model", "model_name", "model_dir", "model_path", "checkpoint")
+
+
+def load_input_embeddings(model_dir: str | Path, names: tuple[str, ...] = EMBEDDING_NAMES) -> np.ndarray:
+    """The model's input embedding table, float32 (V, D), found by tensor name in model_dir/*.safetensors.
+
+    The first of `names` present in any shard wins; bf16/fp16 tables are widened to float32.
+    """
+    from safetensors import safe_open
+
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ConfigError(f"model directory {d} does not exist; expected a checkpoint folder with *.safetensors files.")
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model directory {d} holds no *.safetensors file; expected the checkpoint's weight shards.")
+    found: dict[str, Path] = {}
+    for f in files:
+        try:
+            # "pt" because numpy has no bfloat16, the usual dtype of released checkpoints.
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    if k in names:
+                        found.setdefault(k, f)
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise ConfigError(f"{f} could not be read as safetensors ({e}); expected a valid checkpoint shard.") from None
+    for name in names:
+        if name in found:
+            with safe_open(str(found[name]), framework="pt") as h:
+                t = h.get_tensor(name)
+            if t.ndim != 2:
+                raise ConfigError(f"{found[name]}: tensor {name} has shape {tuple(t.shape)}; expected (vocab, hidden).")
+            return t.float().numpy()
+    raise ConfigError(
+        f"model directory {d}: none of the tensors {list(names)} is in its {len(files)} *.safetensors file(s); "
+        "expected the model's input embedding table."
+    )
+
+
+def builtin_model_dir() -> Path:
+    """The built-in model's checkpoint folder, or a ConfigError saying why it is not there."""
+    try:
+        from routecast.models.builtin import builtin_path
+    except ImportError:
+        raise ConfigError(
+            "--model builtin: routecast.models.builtin is not installed; expected the built-in model package."
+        ) from None
+    p = Path(builtin_path())
+    if not p.is_dir() or not any(p.glob("*.safetensors")):
+        raise ConfigError(f"--model builtin: {p} holds no trained checkpoint; expected *.safetensors (train it first).")
+    return p
+
+
+def _names_builtin(provenance: dict[str, Any]) -> bool:
+    return any("builtin" in str(provenance.get(k, "")).lower() for k in _PROVENANCE_KEYS)
+
+
+def resolve_model_dir(model: str | Path | None, provenance: dict[str, Any] | None = None) -> Path | None:
+    """Which checkpoint's embeddings to use: None means none (the neural predictors learn their own).
+
+    model: a directory, "builtin", "none", or None = infer from the trace's provenance: a trace whose
+    provenance names the built-in model uses it when its checkpoint exists; a provenance model
+    directory that exists and holds *.safetensors is used; otherwise None.
+    """
+    if model is not None:
+        if str(model).lower() == "none":
+            return None
+        if str(model).lower() == "builtin":
+            return builtin_model_dir()
+        p = Path(model)
+        if not p.is_dir():
+            raise ConfigError(f"--model {model}: no such directory; expected a checkpoint folder, 'builtin' or 'none'.")
+        return p
+    prov = provenance or {}
+    if _names_builtin(prov):
+        try:
+            return builtin_model_dir()
+        except ConfigError:
+            return None
+    for k in ("model_dir", "model_path", "checkpoint"):
+        v = prov.get(k)
+        if isinstance(v, str) and Path(v).is_dir() and any(Path(v).glob("*.safetensors")):
+            return Path(v)
+    return None

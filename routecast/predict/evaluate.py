@@ -1,0 +1,233 @@
+"""Entry points: build predictors by name, fit them on a request split, evaluate causally, tabulate.
+
+Names: distribution, probability, conditional-token, conditional-position, ffn, lstm; or the path of
+a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
+``predict_eval_main`` and ``predict_fit_main`` read the trace from disk and print.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+from routecast.predict.embeddings import load_input_embeddings, resolve_model_dir
+from routecast.predict.frequency import (
+    ConditionalPredictor,
+    DistributionPredictor,
+    ProbabilityPredictor,
+    by_position_preset,
+    by_token_preset,
+    mle_preset,
+)
+from routecast.predict.harness import Predictor, run_harness
+from routecast.predict.metrics import METRICS
+from routecast.predict.neural import NeuralPredictor, ffn_preset, lstm_preset, torch_threads
+from routecast.predict.store import is_predictor_dir, load_predictor, save_predictor
+from routecast.trace import MoESpec, Trace
+
+PREDICTOR_NAMES = ("distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm")
+NEURAL = ("ffn", "lstm")
+
+
+def parse_names(names: str | Sequence[str]) -> list[str]:
+    """'a,b' or ['a', 'b'] -> checked list; each a known name or a saved predictor directory."""
+    items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    if not items:
+        raise ConfigError(f"--predictors is {names!r}; expected a comma-separated list of {', '.join(PREDICTOR_NAMES)}.")
+    for n in items:
+        if n not in PREDICTOR_NAMES and not is_predictor_dir(n):
+            raise ConfigError(
+                f"--predictors: {n!r} is neither a predictor name nor a saved predictor directory; "
+                f"expected one of {', '.join(PREDICTOR_NAMES)} or a folder holding predictor.json."
+            )
+    return items
+
+
+def make_predictor(
+    name: str, spec: MoESpec, *, embeddings: np.ndarray | None = None, embedding_source: str = "",
+    seed: int = 0, threads: int = 1, progress: bool = True, epochs: int | None = None,
+) -> Predictor:
+    """An unfitted predictor by name; neural ones use `embeddings` (V, D) when given, else learn their own.
+
+    epochs: neural training epochs (None = the preset's, with early stopping).
+    """
+    if name == "distribution":
+        return DistributionPredictor(spec, mle_preset())
+    if name == "probability":
+        return ProbabilityPredictor(spec)
+    if name == "conditional-token":
+        return ConditionalPredictor(spec, by_token_preset())
+    if name == "conditional-position":
+        return ConditionalPredictor(spec, by_position_preset())
+    if name in NEURAL:
+        preset = ffn_preset if name == "ffn" else lstm_preset
+        extra = {} if epochs is None else {"epochs": epochs}
+        cfg = preset(embedding="model" if embeddings is not None else "learned", seed=seed, threads=threads,
+                     progress=progress, **extra)
+        return NeuralPredictor(spec, cfg, embeddings=embeddings, embedding_source=embedding_source)
+    raise ConfigError(f"predictor name {name!r} is unknown; expected one of {', '.join(PREDICTOR_NAMES)}.")
+
+
+def _embeddings_for(names: Sequence[str], trace: Trace, model_dir: str | Path | None) -> tuple[np.ndarray | None, str]:
+    if not any(n in NEURAL for n in names):
+        return None, ""
+    d = resolve_model_dir(model_dir, trace.provenance)
+    return (None, "learned") if d is None else (load_input_embeddings(d), str(d))
+
+
+def _nanmean(v: list[float]) -> float:
+    a = np.asarray(v, dtype=np.float64)
+    return float(np.nanmean(a)) if np.isfinite(a).any() else math.nan
+
+
+def evaluate(
+    trace: Trace, predictor_names: str | Sequence[str], *, model_dir: str | Path | None = None,
+    train_fraction: float = 0.8, seed: int = 0, progress: bool = True, threads: int = 1, epochs: int | None = None,
+) -> list[dict[str, Any]]:
+    """Fit each predictor on train_fraction of the requests and score it causally on the rest.
+
+    model_dir: checkpoint for the neural predictors' embeddings (a directory, "builtin", "none", or None =
+    from the trace's provenance, else learned embeddings). Returns one row per predictor: the mean over
+    layers of every metric in metrics.METRICS, "per_layer" (metric -> L values), us_per_token,
+    us_per_batch, observe_us_per_batch, fit_s, and what was fitted on what.
+    """
+    names = parse_names(predictor_names)
+    if not 0 < train_fraction < 1:
+        raise ConfigError(f"train_fraction is {train_fraction}; expected a number strictly between 0 and 1.")
+    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
+    if train.num_tokens == 0 or test.num_tokens == 0:
+        raise ConfigError(
+            f"trace has {len(np.unique(trace.request))} request(s); a {train_fraction:.2f}/{1 - train_fraction:.2f} "
+            "request split left one side empty; expected more requests."
+        )
+    emb, emb_source = _embeddings_for(names, trace, model_dir)
+    rows = []
+    with torch_threads(threads):
+        for name in names:
+            t0 = time.perf_counter()
+            if name in PREDICTOR_NAMES:
+                pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
+                                      threads=threads, progress=progress, epochs=epochs)
+                pred.fit(train)
+                fitted = f"{train.num_tokens} tokens ({train_fraction:.0%} of requests)"
+            else:
+                pred = load_predictor(name)
+                fitted = f"loaded from {name}"
+            fit_s = time.perf_counter() - t0
+            res = run_harness(pred, test, progress=progress)
+            row: dict[str, Any] = {
+                "predictor": name if name in PREDICTOR_NAMES else f"{pred.name} ({Path(name).name})",
+                "horizon": pred.horizon,
+                "forecast": res.forecast_kind,
+                "embedding": getattr(pred, "embedding_source", ""),
+                "fitted": fitted,
+                "test_tokens": res.num_tokens,
+                "test_steps": res.num_steps,
+                "fit_s": fit_s,
+            }
+            row.update({m: _nanmean(res.metrics[m]) for m in METRICS})
+            row.update(us_per_token=res.us_per_token, us_per_batch=res.us_per_batch,
+                       observe_us_per_batch=res.observe_us_per_batch, per_layer=res.metrics)
+            rows.append(row)
+    return rows
+
+
+# Table columns: (row key, header, format).
+_COLUMNS = (
+    ("predictor", "predictor", "{}"),
+    ("top_k_accuracy", "top-k acc", "{:.3f}"),
+    ("exact_set_accuracy", "exact", "{:.3f}"),
+    ("top_half_k_hit_rate", "half-k hit", "{:.3f}"),
+    ("recall_at_2k", "recall@2k", "{:.3f}"),
+    ("batch_level_accuracy", "batch acc", "{:.3f}"),
+    ("active_f1", "active F1", "{:.3f}"),
+    ("distribution_error", "dist err", "{:.4f}"),
+    ("distribution_error_total", "dist err tot", "{:.4f}"),
+    ("us_per_token", "µs/token", "{:.2f}"),
+    ("us_per_batch", "µs/batch", "{:.1f}"),
+)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width text table of evaluate()'s rows (means over layers; 'n/a' where undefined)."""
+
+    def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+        v = row.get(key)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "n/a"
+        return fmt.format(v)
+
+    cells = [[h for _, h, _ in _COLUMNS]] + [[cell(r, k, f) for k, _, f in _COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        for line in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def rows_to_json(rows: Sequence[dict[str, Any]]) -> str:
+    """evaluate()'s rows as strict JSON (NaN -> null)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float):
+            return None if math.isnan(v) or math.isinf(v) else v
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(list(rows)), indent=1)
+
+
+def fit_and_save(
+    trace: Trace, name: str, out_dir: str | Path, *, model_dir: str | Path | None = None, seed: int = 0,
+    threads: int = 1, progress: bool = True, epochs: int | None = None,
+) -> Path:
+    """Fit predictor `name` on the whole trace and save it to out_dir (see store.save_predictor)."""
+    if name not in PREDICTOR_NAMES:
+        raise ConfigError(f"--predictor is {name!r}; expected one of {', '.join(PREDICTOR_NAMES)}.")
+    emb, emb_source = _embeddings_for([name], trace, model_dir)
+    with torch_threads(threads):
+        pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
+                              threads=threads, progress=progress, epochs=epochs)
+        pred.fit(trace)
+    return save_predictor(pred, out_dir)
+
+
+# ------------------------------------------------------------------------------------------- CLI handlers
+def predict_eval_main(
+    trace_path: str | Path, predictors: str, *, model: str | None = None, as_json: bool = False,
+    train_fraction: float = 0.8, seed: int = 0, threads: int = 1, epochs: int | None = None, quiet: bool = False,
+) -> int:
+    """`routecast predict eval TRACE --predictors A,B [--model DIR|builtin|none] [--json]`: prints, returns 0."""
+    from routecast.trace.io import read_trace
+
+    trace = read_trace(trace_path, load_hidden=False, load_logits=False)
+    rows = evaluate(trace, predictors, model_dir=model, train_fraction=train_fraction, seed=seed,
+                    progress=not quiet, threads=threads, epochs=epochs)
+    print(rows_to_json(rows) if as_json else format_table(rows))
+    return 0
+
+
+def predict_fit_main(
+    trace_path: str | Path, predictor: str, out: str | Path, *, model: str | None = None, seed: int = 0,
+    threads: int = 1, epochs: int | None = None, quiet: bool = False,
+) -> int:
+    """`routecast predict fit TRACE --predictor NAME --out DIR [--model DIR|builtin|none]`: prints the path."""
+    from routecast.trace.io import read_trace
+
+    trace = read_trace(trace_path, load_hidden=False, load_logits=False)
+    path = fit_and_save(trace, predictor, out, model_dir=model, seed=seed, threads=threads, progress=not quiet,
+                        epochs=epochs)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,114 @@
+"""Save and load predictors as a directory: predictor.json (class, spec, config) + predictor.safetensors.
+
+No pickle: a predictor exposes ``state() -> (meta, tensors)`` (JSON-able dict, named numpy arrays) and
+``from_state(spec, meta, tensors)``. Files are written to temporary names and renamed into place,
+the JSON last, so a directory with a predictor.json always holds a complete predictor.
+Predictor classes outside this package register themselves with ``register``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from routecast.common.errors import ConfigError, TraceError
+from routecast.predict.harness import Predictor
+from routecast.trace import MoESpec
+
+FORMAT = "routecast-predictor"
+VERSION = 1
+META_FILE, TENSOR_FILE = "predictor.json", "predictor.safetensors"
+
+_REGISTRY: dict[str, type[Predictor]] = {}
+
+
+def register(cls: type[Predictor]) -> type[Predictor]:
+    """Make a Predictor subclass loadable by load_predictor (usable as a class decorator)."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+def _registry() -> dict[str, type[Predictor]]:
+    from routecast.predict.frequency import ConditionalPredictor, DistributionPredictor, ProbabilityPredictor
+    from routecast.predict.neural import NeuralPredictor
+
+    for cls in (DistributionPredictor, ProbabilityPredictor, ConditionalPredictor, NeuralPredictor):
+        _REGISTRY.setdefault(cls.__name__, cls)
+    return _REGISTRY
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_predictor(pred: Predictor, out_dir: str | Path) -> Path:
+    """Write pred to out_dir (created if missing; an earlier predictor there is replaced). Returns out_dir."""
+    from safetensors.numpy import save
+
+    meta, tensors = pred.state()
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "class": type(pred).__name__,
+        "name": pred.name,
+        "horizon": pred.horizon,
+        "spec": pred.spec.to_dict(),
+        "meta": meta,
+    }
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    _write_atomic(d / TENSOR_FILE, save(arrays, metadata={"format": FORMAT}))
+    _write_atomic(d / META_FILE, (json.dumps(doc, indent=1) + "\n").encode())
+    return d
+
+
+def is_predictor_dir(path: str | Path) -> bool:
+    """True when path is a directory holding a saved predictor."""
+    return (Path(path) / META_FILE).is_file()
+
+
+def load_predictor(path: str | Path) -> Predictor:
+    """Read a predictor saved by save_predictor; errors name the file and what was expected."""
+    from safetensors.numpy import load_file
+
+    d = Path(path)
+    meta_path, tensor_path = d / META_FILE, d / TENSOR_FILE
+    if not meta_path.is_file():
+        raise ConfigError(f"{meta_path} does not exist; expected a predictor directory written by save_predictor.")
+    try:
+        doc = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{meta_path} is not readable JSON ({e}); expected a predictor description.") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ConfigError(f"{meta_path} has format {doc.get('format') if isinstance(doc, dict) else doc!r}; expected {FORMAT!r}.")
+    if doc.get("version") != VERSION:
+        raise ConfigError(f"{meta_path} has version {doc.get('version')!r}; expected {VERSION}.")
+    reg = _registry()
+    cls = reg.get(str(doc.get("class")))
+    if cls is None:
+        raise ConfigError(f"{meta_path} names predictor class {doc.get('class')!r}; expected one of {sorted(reg)}.")
+    try:
+        spec = MoESpec.from_dict(doc.get("spec"), where=str(meta_path))
+    except TraceError as e:
+        raise ConfigError(str(e)) from None
+    if not tensor_path.is_file():
+        raise ConfigError(f"{tensor_path} does not exist; expected the predictor's tensors next to {META_FILE}.")
+    try:
+        tensors = load_file(str(tensor_path))
+    except Exception as e:  # safetensors raises its own error types for a corrupt header
+        raise ConfigError(f"{tensor_path} could not be read as safetensors ({e}); expected predictor tensors.") from None
+    try:
+        return cls.from_state(spec, doc.get("meta") or {}, tensors)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError(
+            f"{d}: saved {doc.get('class')} state does not match this version of routecast ({type(e).__name__}: {e})."
+        ) from None
