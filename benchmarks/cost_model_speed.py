@@ -27,6 +27,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from routecast.common.machine import cpu_name  # noqa: E402
 from routecast.sim.cost import layer_cost, moe_gps_options, prefill, probe_options  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
 from routecast.sim.models import load_model  # noqa: E402
@@ -43,16 +44,6 @@ ROWS = [
 HEADLINE = 0
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5, help="timed calls per row (median reported)")
@@ -61,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     results = []
-    print(f"machine: {_cpu_name()}, {os.cpu_count()} cores (1 used), numpy {np.__version__}, {platform.python_version()}")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores (1 used), numpy {np.__version__}, {platform.python_version()}")
     print(f"{'row':<18} {'model':<14} {'hardware':<14} {'G':>3} {'E':>4} {'C':>7} {'cpu ms':>9} {'wall ms':>9} "
           f"{'evals/s':>10} {'(rank,expert)/s':>15}")
     for label, model_name, hw_name, G, C, preset, tokens in ROWS:
@@ -90,7 +81,7 @@ def main() -> None:
         })
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
+    doc = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
                        "numpy": np.__version__}, "reps": args.reps, "rows": results,
            "headline": results[HEADLINE]}
     (out / "cost_model_speed.json").write_text(json.dumps(doc, indent=2))

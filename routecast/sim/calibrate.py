@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from routecast.common.errors import ConfigError
+from routecast.common.machine import cpu_name
 from routecast.sim.hardware import Hardware, load_hardware
 from routecast.sim.models import BUILTIN_CONFIG
 
@@ -95,16 +95,6 @@ def cpu_clock() -> float:
     """Seconds of CPU time of the calling thread. With one torch thread all work runs on the caller, so this
     is the time the work took, minus the time the OS gave the core to other processes."""
     return time.thread_time()
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @dataclass(frozen=True)
@@ -276,7 +266,7 @@ def calibrate(
         props = torch.cuda.get_device_properties(device)
         capacity, desc = float(props.total_memory), props.name
     else:
-        capacity, desc = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), _cpu_name()
+        capacity, desc = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), cpu_name()
     hw = Hardware(
         name=f"calibrated-{'cuda' if is_cuda else 'cpu'}",
         kind="gpu" if is_cuda else "cpu",

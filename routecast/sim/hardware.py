@@ -185,15 +185,21 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     return _parse(path)
 
 
-def _parse(path: Path) -> Hardware:
+def read_profile_toml(path: Path, schema: int) -> _Reader:
+    """Parse a profile TOML and check its schema version; errors name the file (and field)."""
     try:
         with path.open("rb") as f:
             doc = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}).") from None
     r = _Reader(doc, path)
-    if r.number("schema", integer=True) != SCHEMA_VERSION:
-        raise ConfigError(f"{path}: field 'schema' is {doc.get('schema')!r}; expected {SCHEMA_VERSION}.")
+    if r.number("schema", integer=True) != schema:
+        raise ConfigError(f"{path}: field 'schema' is {doc.get('schema')!r}; expected {schema}.")
+    return r
+
+
+def _parse(path: Path) -> Hardware:
+    r = read_profile_toml(path, SCHEMA_VERSION)
     kind = r.string("kind")
     if kind not in ("gpu", "cpu"):
         raise ConfigError(f"{path}: field 'kind' is {kind!r}; expected 'gpu' or 'cpu'.")

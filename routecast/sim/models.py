@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from routecast.common.errors import ConfigError
-from routecast.sim.hardware import _Reader
+from routecast.sim.hardware import read_profile_toml
 from routecast.trace.spec import MoESpec
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -181,14 +180,7 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
 
 
 def _parse_toml(path: Path) -> ModelProfile:
-    try:
-        with path.open("rb") as f:
-            doc = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e}).") from None
-    r = _Reader(doc, path)
-    if r.number("schema", integer=True) != SCHEMA_VERSION:
-        raise ConfigError(f"{path}: field 'schema' is {doc.get('schema')!r}; expected {SCHEMA_VERSION}.")
+    r = read_profile_toml(path, SCHEMA_VERSION)
 
     def i(key: str) -> int:
         return int(r.number(key, integer=True))
