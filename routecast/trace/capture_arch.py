@@ -21,6 +21,7 @@ layer index comes from the module path (the first integer in it), so MoESpec.lay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -212,7 +213,9 @@ def spec_from_model(model: nn.Module, blocks: list[MoEBlock] | None = None) -> M
             "expected one geometry for all layers."
         )
     e, k, h, nbytes, shared, (ng, kg) = geo[0]
-    name = getattr(model.config, "name_or_path", "") or model_type(model)
+    # A local checkpoint path is long and machine-specific: name the model by its folder (hub ids stay whole).
+    path = str(getattr(model.config, "name_or_path", "") or "")
+    name = (Path(path).name if Path(path).is_dir() else path) or model_type(model)
     return MoESpec(num_layers=len(blocks), num_experts=e, top_k=k, hidden_size=h, expert_bytes=nbytes,
                    num_shared_experts=shared, layer_ids=tuple(b.layer_id for b in blocks), n_group=ng,
                    topk_group=kg, name=str(name))
