@@ -153,6 +153,44 @@ def cmd_predict(a: argparse.Namespace) -> int:
     )
 
 
+def cmd_place_compare(a: argparse.Namespace) -> int:
+    from routecast.place.compare import compare_methods, plot_throughput, summarize
+    from routecast.sim.hardware import load_hardware
+    from routecast.sim.models import load_model
+    from routecast.trace.io import read_trace
+
+    _threads(a.threads)
+    trace = read_trace(a.trace, load_hidden=False)
+    hw = load_hardware(a.hardware)
+    model = load_model(a.model_profile) if a.model_profile else _profile_for(trace, load_model)
+    res = compare_methods(trace, ep=a.ep, hw=hw, model=model)
+    rows = summarize(res, shift_step=a.shift_step, model_layers=model.num_layers)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_throughput(res, str(out / "throughput.png"), shift_step=a.shift_step, model_layers=model.num_layers)
+    (out / "summary.json").write_text(json.dumps(rows, indent=2, default=float))
+    if a.json:
+        print(json.dumps(rows, indent=2, default=float))
+    else:
+        cols = list(rows[0])
+        print("  ".join(f"{c:>14}" for c in cols))
+        for r in rows:
+            print("  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in r.values()))
+    print(f"wrote {png} and {out / 'summary.json'}")
+    return 0
+
+
+def _profile_for(trace, load_model):
+    # A trace from the built-in model prices as the built-in model; otherwise match the expert count.
+    name = "builtin" if trace.spec.name == "builtin" else {8: "mixtral-8x7b", 128: "qwen3-235b-a22b",
+                                                         256: "deepseek-v3"}.get(trace.spec.num_experts)
+    if name is None:
+        raise ConfigError(
+            f"no model profile matches a trace with {trace.spec.num_experts} experts; pass --model-profile."
+        )
+    return load_model(name)
+
+
 def cmd_train_builtin(a: argparse.Namespace) -> int:
     from routecast.models.train import main as train_main
 
@@ -305,6 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_threads(p)
     p.set_defaults(fn=cmd_predict)
+
+    p = sub.add_parser("place", help="expert placement: compare static EP, EPLB and PROBE on a trace")
+    p.add_argument("action", choices=("compare",), help="compare: per-step IR and simulated latency per method")
+    p.add_argument("--trace", required=True, help="trace directory")
+    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks (default 8)")
+    p.add_argument("--hardware", default="h100-sxm", help="hardware profile (default h100-sxm)")
+    p.add_argument("--model-profile", default=None, help="model profile for the cost model (default: by trace)")
+    p.add_argument("--shift-step", type=int, default=-1, help="report before/after this step (default: no shift)")
+    p.add_argument("--out", default="out/place", help="output directory for the plot and JSON (default out/place)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_place_compare)
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"

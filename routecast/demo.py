@@ -98,7 +98,17 @@ def section_moegps(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, out)
 
 
-SECTIONS: list[tuple[str, SectionFn]] = [("stats", section_stats), ("moegps", section_moegps)]
+def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.place.compare import section_probe as run
+
+    return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
+
+
+SECTIONS: list[tuple[str, SectionFn]] = [
+    ("stats", section_stats),
+    ("moegps", section_moegps),
+    ("probe", section_probe),
+]
 
 
 def run_demo(

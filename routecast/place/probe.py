@@ -18,8 +18,8 @@ P' (the static sharding). Per layer, as in the paper (§4.3, Algorithm 2):
     only if, counting this replica, T_trans <= T_window on r_src (sender) and on r_dst (receiver) and
     r_dst holds at most max_redundant (3) redundant experts (the double-buffered replica region holds
     2 x 3 slots: this layer's and the next one's). An invalid pair is marked and the next helper tried;
-    the vectorised loop tries all helpers of one (r_src, e*) at once and marks exactly the pairs the
-    sequential loop would have marked (the lighter failing ones), so the results are the same.
+    the loop picks the lightest passing helper in one scan and marks exactly the pairs the one-at-a-time
+    loop would have marked (the lighter failing ones), so the results are the same.
  11 water-filling: r_dst's own tokens of e* become local to its new copy (locality-first); then remote
     tokens of e* are redirected from r_src to r_dst, at rank granularity, until r_src's latency reaches
     the cluster average or r_dst's rises to meet r_src's (the water level), or the pool runs out. The
@@ -30,9 +30,9 @@ P' (the static sharding). Per layer, as in the paper (§4.3, Algorithm 2):
 
 Remote tokens of one expert are interchangeable between source ranks (any source without a local copy
 sends them over the network either way), so the assignment A is kept as tokens per (expert, rank), n_LEG;
-a cell's remote part is n minus the pinned local tokens x * P. Every step of the loop is vectorised over
-the layers still active; each iteration touches one expert's column per layer, so latencies are updated
-incrementally (a test recomputes them from scratch).
+a cell's remote part is n minus the pinned local tokens x * P. Lines 2-3 (and the checks) are numpy,
+vectorised over layers; lines 4-18 a scalar loop per layer (numba-compiled when installed; an iteration
+touches one expert's column and two ranks), latencies updated incrementally (a test recomputes them).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def _initial(x: np.ndarray, P: np.ndarray, costs: PlanCosts, integral: bool):
     if (copies <= 1).all():
         # One copy per expert (sharding): every token of e is processed on its home rank.
         home = np.argmax(P, axis=2)  # (L, E)
-        own = np.take_along_axis(x, home[:, None, :], axis=1)[:, 0, :] * (copies > 0)
+        own = x[np.arange(L)[:, None], home, np.arange(E)] * (copies > 0)  # (fancy indexing beats take_along_axis)
         idx = (np.arange(L)[:, None] * G + home).reshape(-1)
         n = P * tot[:, :, None]
         comp = np.bincount(idx, costs.expert_time(tot).reshape(-1), L * G).reshape(L, G)
@@ -269,87 +269,17 @@ def plan_layers(
     start_lat, start_load = lat.copy(), n.sum(axis=1)
     cin = np.zeros((L, G), dtype=np.int64)
     cout = np.zeros((L, G), dtype=np.int64)
-    invalid = np.zeros((L, G, G), dtype=bool)
     k = np.zeros(L, dtype=np.int64)
     moves = np.full((L, max(k_max, 1), 4), -1, dtype=np.int64)
-    active = np.full(L, k_max > 0)
-    t_unit, ranks = costs.transfer_s, np.arange(G)
-
-    while active.any():
-        a = np.flatnonzero(active)
-        rows = np.arange(a.size)
-        lat_a = lat[a]
-        src = np.argmax(lat_a, axis=1)
-        # Line 7: hottest expert on r_src among those with remote tokens there (n minus pinned local ones).
-        n_src = n[a, :, src]  # (A, E)
-        m_src = n_src - x[a, src, :] * P[a, :, src]
-        score = np.where(m_src > (0.0 if integral else 1e-9 * (1.0 + n_src)), n_src, -1.0)
-        e = np.argmax(score, axis=1)
-        stuck = score[rows, e] <= 0
-        # Lines 6, 8-9: least-loaded helper that passes the dual-side budget check.
-        hold = P[a, e, :]  # (A, G) ranks that already hold e*
-        send_ok = np.maximum(cin[a, src], cout[a, src] + 1) * t_unit <= win[a, src]
-        recv_ok = (cin[a] + 1 <= max_redundant) & (np.maximum(cin[a] + 1, cout[a]) * t_unit <= win[a])
-        ok = hold | (send_ok[:, None] & recv_ok)
-        open_ = ~invalid[a, src] & (ranks != src[:, None])
-        cand = np.where(ok & open_, lat_a, np.inf)
-        dst = np.argmin(cand, axis=1)
-        found = np.isfinite(cand[rows, dst]) & ~stuck
-        lat_dst = np.where(found, lat_a[rows, dst], np.inf)
-        tried_first = (lat_a < lat_dst[:, None]) | ((lat_a == lat_dst[:, None]) & (ranks < dst[:, None]))
-        ia, ig = np.nonzero(open_ & ~ok & tried_first & ~stuck[:, None])
-        invalid[a[ia], src[ia], ig] = True
-        active[a[~found]] = False
-        if not found.any():
-            break
-        a, src, dst, e, hold, lat_a = a[found], src[found], dst[found], e[found], hold[found], lat_a[found]
-        rows = np.arange(a.size)
-        need = ~hold[rows, dst]
-        # Line 11: water-filling. First r_dst's own tokens of e* become local to its new copy.
-        col_n, col_x = n[a, e, :], x[a, :, e]  # (A, G)
-        col_m = col_n - col_x * hold
-        own = np.where(need, col_x[rows, dst], 0.0)
-        take = _take_front(col_m, src, own)  # remote tokens of e* that turn local, per rank
-        col_n1 = col_n - take
-        col_n1[rows, dst] += own
-        vin1 = vin[a] - take
-        vout1 = vout[a].copy()
-        vout1[rows, dst] -= own
-        t_old, t1 = costs.expert_time(col_n), costs.expert_time(col_n1)
-        comp1 = comp[a] - t_old + t1
-        lat1 = comp1 + c * np.maximum(vin1, vout1)
-        fill = _Fill(costs, c, comp1[rows, src] - t1[rows, src], col_n1[rows, src], vin1[rows, src],
-                     vout1[rows, src], comp1[rows, dst] - t1[rows, dst], col_n1[rows, dst], vin1[rows, dst],
-                     vout1[rows, dst], lat1.mean(axis=1), integral)
-        pool = (col_m - take)[rows, src]
-        xmove, f = fill.solve(pool)
-        # Line 12: stop on a small gain or an exhausted iteration budget.
-        bottleneck = lat_a[rows, src]
-        accept = (bottleneck - f > eps * bottleneck) & (k[a] < k_max)
-        active[a[~accept]] = False
-        if not accept.any():
-            break
-        r = np.flatnonzero(accept)
-        a, s, d, ee, xm, rr = a[r], src[r], dst[r], e[r], xmove[r], np.arange(r.size)
-        col_n1, vin1, vout1 = col_n1[r], vin1[r], vout1[r]
-        for col in (col_n1, vin1):
-            col[rr, s] -= xm
-            col[rr, d] += xm
-        comp1 = comp[a] - t_old[r] + costs.expert_time(col_n1)
-        n[a, ee, :] = col_n1
-        comp[a], vin[a], vout[a] = comp1, vin1, vout1
-        lat[a] = comp1 + c * np.maximum(vin1, vout1)
-        nd = need[r]
-        P[a[nd], ee[nd], d[nd]] = True
-        cin[a, d] += nd
-        cout[a, s] += nd
-        moves[a, k[a]] = np.stack([ee, s, d, np.rint(xm + own[r]).astype(np.int64)], axis=1)
-        k[a] += 1
-
+    eta = (float(costs.flops_per_token), float(costs.peak_flops), costs._log_tokens, costs._eta,
+           float(costs.weight_read_s))
+    _plan_all(np.ascontiguousarray(x, dtype=np.float64), P, n, comp, vin, vout, lat, np.ascontiguousarray(win),
+              cin, cout, k, moves, eta, float(c), float(costs.transfer_s), bool(integral), int(k_max),
+              int(max_redundant), float(eps))
     return Plan(
         n_LEG=n.astype(np.int64) if integral else n, placement_LEG=P, replicas_LEG=P & ~P0,
         bytes_moved_L=cin.sum(axis=1) * costs.expert_bytes,
-        transfer_s_LG=np.maximum(cin, cout) * t_unit, iterations_L=k, moves_LK4=moves[:, :k_max],
+        transfer_s_LG=np.maximum(cin, cout) * costs.transfer_s, iterations_L=k, moves_LK4=moves[:, :k_max],
         compute_LG=comp, comm_LG=c * np.maximum(vin, vout), latency_LG=lat, start_latency_LG=start_lat,
         load_LG=n.sum(axis=1), start_load_LG=start_load,
     )
@@ -367,85 +297,221 @@ def _rank_time(costs: PlanCosts, n_LEG: np.ndarray) -> np.ndarray:
     return np.bincount(idx, weights=costs.expert_time(flat[nz]), minlength=L * G).reshape(L, G)
 
 
-def _take_front(col_AG: np.ndarray, src_A: np.ndarray, amount_A: np.ndarray) -> np.ndarray:
-    """(A, G) amounts taken from col_AG: up to amount_A from rank src_A first, the rest from ranks 0, 1, ..."""
-    rows = np.arange(col_AG.shape[0])
-    from_src = np.minimum(amount_A, col_AG[rows, src_A])
-    other = col_AG.copy()
-    other[rows, src_A] = 0.0
-    before = np.cumsum(other, axis=1) - other
-    take = np.clip((amount_A - from_src)[:, None] - before, 0.0, other)
-    take[rows, src_A] = from_src
-    return take
+# ---- the loop (lines 4-18): scalar code, compiled by numba when it is installed ------------------------------
+# On one layer's small arrays a scalar loop beats any sequence of numpy calls (~1 us of dispatch each). The
+# arithmetic is the same IEEE operations, in the same order, as PlanCosts.expert_time (np.interp of np.log)
+# and np.mean (pairwise sum), so a plan does not depend on whether numba is present.
+def _t(n: float, eta: tuple) -> float:
+    """PlanCosts.expert_time of one GEMM group of n tokens; eta = (F, F_peak, log tokens, values, floor)."""
+    fpt, peak, xp, fp, floor = eta
+    m = xp.size
+    if m == 1:
+        t = n * (fpt / (fp[0] * peak))
+    else:
+        v = np.log(n) if n > 0 else (-np.inf if n == 0 else np.nan)
+        e = fp[0] if v <= xp[0] else (fp[m - 1] if v >= xp[m - 1] else np.nan)
+        if xp[0] < v < xp[m - 1]:  # xp[j] <= v < xp[j + 1]; a scan beats a binary search on a few points
+            j = 0
+            while xp[j + 1] <= v:
+                j += 1
+            e = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j]) * (v - xp[j]) + fp[j]
+        t = n * fpt / (e * peak)
+    if floor != 0.0:
+        t = max(t, floor) if n > 0 else 0.0
+    return t
 
 
-@dataclass(frozen=True)
-class _Fill:
-    """Latency of r_src and r_dst when x remote tokens of e* move from r_src to r_dst; all fields (A,).
+def _block(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of a[lo:lo + n] for n <= 128: one loop over 8 accumulators."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = a[lo:lo + 8].copy()
+    i = 8
+    while i < n - n % 8:
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
 
-    base_*: compute of the rank's other experts; n_*: tokens of e* there; vin_*, vout_*: remote tokens in,
-    tokens out; avg: the cluster-wide mean latency before the move. No other rank changes.
-    """
 
-    costs: PlanCosts
-    c: float
-    base_s: np.ndarray
-    n_s: np.ndarray
-    vin_s: np.ndarray
-    vout_s: np.ndarray
-    base_d: np.ndarray
-    n_d: np.ndarray
-    vin_d: np.ndarray
-    vout_d: np.ndarray
-    avg: np.ndarray
-    integral: bool
-
-    def _pair(self, x_AJ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(L_src, L_dst) after moving x_AJ tokens, both (A, J)."""
-        col = (slice(None), None)
-        t = self.costs.expert_time(np.concatenate([self.n_s[col] - x_AJ, self.n_d[col] + x_AJ], axis=1))
-        J = x_AJ.shape[1]
-        lat_s = self.base_s[col] + t[:, :J] + self.c * np.maximum(self.vin_s[col] - x_AJ, self.vout_s[col])
-        lat_d = self.base_d[col] + t[:, J:] + self.c * np.maximum(self.vin_d[col] + x_AJ, self.vout_d[col])
-        return lat_s, lat_d
-
-    def _cross(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """On a grid over [lo, hi], the first point where L_src <= max(avg, L_dst) and the one before it.
-
-        Returns (x_before, x_first, gap_before, gap_first) with gap = L_src - max(avg, L_dst); where no
-        point qualifies, x_first = hi and both gaps are positive (the pool runs out first).
-        """
-        x = lo[:, None] + (hi - lo)[:, None] * (np.arange(GRID + 1) / GRID)
-        lat_s, lat_d = self._pair(x)
-        gap = lat_s - np.maximum(self.avg[:, None], lat_d)
-        done = gap <= 0
-        j = np.where(done.any(axis=1), np.argmax(done, axis=1), GRID)
-        i = np.maximum(j - 1, 0)
-        rows = np.arange(x.shape[0])
-        return x[rows, i], x[rows, j], gap[rows, i], gap[rows, j]
-
-    def solve(self, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens to move (A,) in [0, pool] and the pair's peak latency after it (A,).
-
-        The water level: the smallest x with L_src(x) <= max(avg, L_dst(x)), i.e. r_src reaches the
-        cluster average or meets r_dst rising, else the whole pool. Found on a grid, refined once on the
-        bracketing interval and interpolated linearly (exact when latency is linear in tokens); integer
-        counts take whichever neighbouring integer gives the lower peak.
-        """
-        lo, hi, _, _ = self._cross(np.zeros_like(pool), pool)
-        lo, hi, g_lo, g_hi = self._cross(lo, hi)
-        crossing = (g_lo > 0) & (g_hi <= 0)
-        frac = np.where(crossing, g_lo / np.where(crossing, g_lo - g_hi, 1.0), 1.0)
-        x = np.where(g_lo <= 0, lo, lo + (hi - lo) * frac)
-        if self.integral:
-            cand = np.stack([np.floor(x), np.minimum(np.ceil(x), pool)], axis=1)
+def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of a[lo:lo + n] (what np.mean uses), bit for bit: pw(lo, n) = pw(lo, h) +
+    pw(lo + h, n - h), h = n // 2 rounded down to a multiple of 8, down to blocks of <= 128, on explicit
+    stacks (numba's cache mishandles recursion): nodes to expand, or kind 1: add the two latest sums."""
+    if n <= 128:
+        return _block(a, lo, n)
+    node = np.empty((64, 3), dtype=np.int64)
+    vals = np.empty(64)
+    node[0, 0], node[0, 1], node[0, 2] = lo, n, 0
+    top, nv = 1, 0
+    while top:
+        top -= 1
+        l0, m, kind = node[top, 0], node[top, 1], node[top, 2]
+        if kind == 1:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        elif m <= 128:
+            vals[nv] = _block(a, l0, m)
+            nv += 1
         else:
-            cand = x[:, None]
-        lat_s, lat_d = self._pair(cand)
-        peak = np.maximum(lat_s, lat_d)
-        j = np.argmin(peak, axis=1)
-        rows = np.arange(cand.shape[0])
-        return cand[rows, j], peak[rows, j]
+            h = m // 2 - (m // 2) % 8
+            node[top, 0], node[top, 1], node[top, 2] = 0, 0, 1
+            node[top + 1, 0], node[top + 1, 1], node[top + 1, 2] = l0 + h, m - h, 0
+            node[top + 2, 0], node[top + 2, 1], node[top + 2, 2] = l0, h, 0
+            top += 3
+    return vals[0]
+
+
+def _pair(xm: float, f: tuple, eta: tuple) -> tuple:
+    """(L_src, L_dst) after moving xm remote tokens of e* from r_src to r_dst (no other rank changes);
+    f = (c, base_s, n_s, vin_s, vout_s, base_d, n_d, vin_d, vout_d, avg): base_* the compute of the rank's
+    other experts, n_* its tokens of e*, vin / vout its remote tokens in / out, avg the cluster mean."""
+    c, bs, ns, vis, vos, bd, nd, vid, vod, _ = f
+    return (bs + _t(ns - xm, eta) + c * max(vis - xm, vos), bd + _t(nd + xm, eta) + c * max(vid + xm, vod))
+
+
+def _cross(lo: float, hi: float, f: tuple, eta: tuple) -> tuple:
+    """On GRID + 1 points over [lo, hi], the first x with L_src <= max(avg, L_dst) and the point before it
+    -> (x_before, x_first, gap_before, gap_first), gap = L_src - max(avg, L_dst); where no point qualifies,
+    x_first = hi and both gaps are positive (the pool runs out first)."""
+    x_prev, g_prev, xj, g = lo, 0.0, lo, 0.0
+    for j in range(GRID + 1):
+        xj = lo + (hi - lo) * (j / GRID)
+        ls, ld = _pair(xj, f, eta)
+        g = ls - max(f[9], ld)
+        if j == 0:
+            x_prev, g_prev = xj, g  # the point before the first is the first itself
+        if g <= 0 or j == GRID:
+            break
+        x_prev, g_prev = xj, g
+    return x_prev, xj, g_prev, g
+
+
+def _solve(pool: float, f: tuple, eta: tuple, integral: bool) -> tuple:
+    """Line 11's water level -> (tokens to move in [0, pool], the pair's peak latency after it): the
+    smallest x with L_src(x) <= max(avg, L_dst(x)) (r_src reaches the cluster average or meets r_dst
+    rising), else the pool; on a grid, refined once on the bracketing interval, interpolated (exact when
+    latency is linear in tokens); integer counts take the neighbouring integer with the lower peak."""
+    lo, hi, _, _ = _cross(0.0, pool, f, eta)
+    lo, hi, g_lo, g_hi = _cross(lo, hi, f, eta)
+    if g_lo <= 0:
+        x = lo
+    else:
+        x = lo + (hi - lo) * (g_lo / (g_lo - g_hi) if g_hi <= 0 else 1.0)
+    best_x, best = x, np.inf
+    for cand in ((np.floor(x), min(np.ceil(x), pool)) if integral else (x, x)):
+        ls, ld = _pair(cand, f, eta)
+        if max(ls, ld) < best:
+            best_x, best = cand, max(ls, ld)
+    return best_x, best
+
+
+def _plan_one(x, P, n, comp, vin, vout, lat, win, cin, cout, moves, eta, c, t_unit, integral, k_max, max_red, eps):
+    """Lines 4-18 for one layer, in place. x: (G, E), P / n: (E, G), the rest (G,); returns k."""
+    G, E = x.shape
+    invalid = np.zeros((G, G), dtype=np.bool_)
+    take, col, vin1, vout1, t_old, comp1, lat1 = np.empty((7, G))
+    k = 0
+    while True:
+        src = int(np.argmax(lat))
+        # Line 7: hottest expert on r_src among those with remote tokens there (n minus pinned local ones).
+        e, best = 0, -np.inf
+        for q in range(E):
+            ns = n[q, src]
+            m = ns - x[src, q] * P[q, src]
+            score = ns if m > (0.0 if integral else 1e-9 * (1.0 + ns)) else -1.0
+            if score > best:
+                e, best = q, score
+        if best <= 0:
+            return k
+        # Lines 6, 8-9: least-loaded helper that passes the dual-side budget check; failing lighter ones
+        # are marked invalid for r_src, as the sequential loop would mark them one by one.
+        send_ok = max(cin[src], cout[src] + 1) * t_unit <= win[src]
+        dst = -1
+        for g in range(G):
+            if g == src or invalid[src, g]:
+                continue
+            ok = P[e, g] or (send_ok and cin[g] + 1 <= max_red and max(cin[g] + 1, cout[g]) * t_unit <= win[g])
+            if ok and (dst < 0 or lat[g] < lat[dst]):
+                dst = g
+        for g in range(G):
+            if g == src or invalid[src, g] or P[e, g]:
+                continue
+            if not (send_ok and cin[g] + 1 <= max_red and max(cin[g] + 1, cout[g]) * t_unit <= win[g]):
+                if dst < 0 or lat[g] < lat[dst] or (lat[g] == lat[dst] and g < dst):
+                    invalid[src, g] = True
+        if dst < 0:
+            return k
+        need = not P[e, dst]
+        # Line 11: water-filling. First r_dst's own tokens of e* become local to its new copy, taken from
+        # r_src's remote tokens first, then from ranks 0, 1, ...
+        own = x[dst, e] if need else 0.0
+        m_src = n[e, src] - x[src, e] * P[e, src]
+        rest, cum = own - min(own, m_src), 0.0
+        for g in range(G):  # before_g = cumsum - own value, as np.cumsum(other) - other computes it
+            m = n[e, g] - x[g, e] * P[e, g] if g != src else 0.0
+            cum += m
+            take[g] = min(own, m_src) if g == src else min(max(rest - (cum - m), 0.0), m)
+        for g in range(G):
+            col[g] = n[e, g] - take[g]
+        col[dst] += own
+        for g in range(G):
+            vin1[g] = vin[g] - take[g]
+            vout1[g] = vout[g]
+        vout1[dst] -= own
+        for g in range(G):
+            t_old[g] = _t(n[e, g], eta)
+            comp1[g] = comp[g] - t_old[g] + _t(col[g], eta)
+        for g in range(G):
+            lat1[g] = comp1[g] + c * max(vin1[g], vout1[g])
+        ts, td = _t(col[src], eta), _t(col[dst], eta)
+        f = (c, comp1[src] - ts, col[src], vin1[src], vout1[src], comp1[dst] - td, col[dst], vin1[dst],
+             vout1[dst], _pairwise(lat1, 0, G) / G)
+        xm, peak = _solve(m_src - take[src], f, eta, integral)
+        # Line 12: stop on a small gain or an exhausted iteration budget.
+        if not (lat[src] - peak > eps * lat[src]) or k >= k_max:
+            return k
+        col[src] -= xm
+        col[dst] += xm
+        vin1[src] -= xm
+        vin1[dst] += xm
+        for g in range(G):
+            comp[g] = comp[g] - t_old[g] + _t(col[g], eta)
+            n[e, g] = col[g]
+            vin[g], vout[g] = vin1[g], vout1[g]
+            lat[g] = comp[g] + c * max(vin[g], vout[g])
+        if need:
+            P[e, dst] = True
+            cin[dst] += 1
+            cout[src] += 1
+        moves[k, 0], moves[k, 1], moves[k, 2], moves[k, 3] = e, src, dst, int(np.rint(xm + own))
+        k += 1
+
+
+def _plan_all(x, P, n, comp, vin, vout, lat, win, cin, cout, k, moves, eta, c, t_unit, integral, k_max, max_red,
+              eps):
+    """_plan_one over the L layers (x: (L, G, E), P / n: (L, E, G), per-rank arrays (L, G)), in place."""
+    if k_max <= 0:
+        return
+    for lay in range(x.shape[0]):
+        k[lay] = _plan_one(x[lay], P[lay], n[lay], comp[lay], vin[lay], vout[lay], lat[lay], win[lay], cin[lay],
+                           cout[lay], moves[lay], eta, c, t_unit, integral, k_max, max_red, eps)
+
+
+try:  # numba is optional: without it the same functions run as Python (slower, same plans)
+    from numba import njit
+except ImportError:  # pragma: no cover - depends on the environment
+    njit = None
+if njit is not None:
+    _t, _block, _pairwise, _pair, _cross, _solve, _plan_one, _plan_all = (
+        njit(cache=True)(fn) for fn in (_t, _block, _pairwise, _pair, _cross, _solve, _plan_one, _plan_all))
 
 
 # ---- what any plan could reach ------------------------------------------------------------------------------

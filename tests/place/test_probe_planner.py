@@ -98,10 +98,33 @@ def test_plan_properties(seed, G, per, L, curved, window, max_red, k_max, extra)
         assert (plan.load_LG.max(axis=1) >= bound).all()
 
 
-def _reference(x, P0, costs, win, k_max, max_red, eps):
-    """Algorithm 2 for one layer written as the paper states it: sequential, one invalid pair at a time.
+def _water_level(costs, c, rank_s, rank_d, avg, pool):
+    """Line 11's level for one move: (tokens moved, peak latency of the pair), grid + refine + interpolate."""
+    def pair(xm):
+        (bs, ns, vis, vos), (bd, nd, vid, vod) = rank_s, rank_d
+        return (bs + costs.expert_time(ns - xm) + c * np.maximum(vis - xm, vos),
+                bd + costs.expert_time(nd + xm) + c * np.maximum(vid + xm, vod))
 
-    The water-filling arithmetic (probe._Fill, probe._take_front) is shared; the control flow is not.
+    def cross(lo, hi):
+        xs = lo + (hi - lo) * (np.arange(probe.GRID + 1) / probe.GRID)
+        ls, ld = pair(xs)
+        gap = ls - np.maximum(avg, ld)
+        j = int(np.argmax(gap <= 0)) if (gap <= 0).any() else probe.GRID
+        i = max(j - 1, 0)
+        return xs[i], xs[j], gap[i], gap[j]
+
+    lo, hi, _, _ = cross(0.0, pool)
+    lo, hi, g_lo, g_hi = cross(lo, hi)
+    xm = lo if g_lo <= 0 else lo + (hi - lo) * (g_lo / (g_lo - g_hi) if g_hi <= 0 else 1.0)
+    cand = np.array([np.floor(xm), min(np.ceil(xm), pool)])
+    peak = np.maximum(*pair(cand))
+    return float(cand[np.argmin(peak)]), float(peak.min())
+
+
+def _reference(x, P0, costs, win, k_max, max_red, eps):
+    """Algorithm 2 for one layer written as the paper states it: sequential, one invalid pair at a time,
+    in numpy (the planner's loop is scalar code, compiled by numba when present): neither the control flow
+    nor the water-filling code is shared, only PlanCosts.expert_time and the initial assignment.
     """
     G, E = x.shape
     P = P0.copy()
@@ -124,19 +147,18 @@ def _reference(x, P0, costs, win, k_max, max_red, eps):
             continue
         col_m = n[e] - x[:, e] * P[e]
         own = float(x[dst, e]) if need else 0.0
-        take = probe._take_front(col_m[None], np.array([src]), np.array([own]))[0]
+        other = np.where(np.arange(G) == src, 0.0, col_m)
+        take = np.clip(own - min(own, col_m[src]) - (np.cumsum(other) - other), 0.0, other)
+        take[src] = min(own, col_m[src])
         col = n[e] - take
         col[dst] += own
         vin1, vout1 = vin - take, vout.copy()
         vout1[dst] -= own
         t1 = costs.expert_time(col)
         comp1 = comp - costs.expert_time(n[e]) + t1
-        lat1 = comp1 + c * np.maximum(vin1, vout1)
-        one = lambda v: np.array([v], dtype=np.float64)  # noqa: E731
-        fill = probe._Fill(costs, c, one(comp1[src] - t1[src]), one(col[src]), one(vin1[src]), one(vout1[src]),
-                           one(comp1[dst] - t1[dst]), one(col[dst]), one(vin1[dst]), one(vout1[dst]),
-                           one(lat1.mean()), True)
-        xm, f = (float(v[0]) for v in fill.solve(one((col_m - take)[src])))
+        avg = (comp1 + c * np.maximum(vin1, vout1)).mean()
+        xm, f = _water_level(costs, c, (comp1[src] - t1[src], col[src], vin1[src], vout1[src]),
+                             (comp1[dst] - t1[dst], col[dst], vin1[dst], vout1[dst]), avg, (col_m - take)[src])
         if lat[src] - f <= eps * lat[src] or k >= k_max:
             return n, P, k
         col[src] -= xm

@@ -1,0 +1,152 @@
+"""PROBE vs EPLB vs static EP on per-step routing, simulated on 8 H100 (NVSwitch): PROBE §6 (Figures 7-9).
+
+Claim checked (issue targets): PROBE driven by a causal forecast beats windowed EPLB on mean simulated
+MoE-layer latency after an abrupt task shift and stays within 5% of PROBE with perfect knowledge (oracle).
+
+Method: routecast.place.compare.compare_methods on each workload (see that module for the methods, the
+forecast and the latency model). Workloads, all at EP 8 on h100-sxm with probe_options (DP attention,
+deduplicated all-to-all):
+  <preset>-shift  synthetic preset (gpt-oss-120b, qwen3-235b) with its first `--layers` MoE layers,
+                  decode-heavy continuous batching (token budget and running requests = the preset's token
+                  budget; 16-token prompts, outputs of ~1.5 x the step count, so about one request per
+                  budget token decodes at once), drift (log-normal, sigma 0.15 per 32 steps) and an abrupt
+                  shift at step 200: every popularity is mixed 30/70 with a fresh draw and requests
+                  admitted from then are 'chinese' instead of 'code'; ~500 steps;
+  <preset>-prefill the same preset, 2048-token prompts with one output token (prefill only), ~40 steps;
+  repeat          gpt-oss-120b geometry, one task, 4 token ids each preferring one expert strongly
+                  (the same few tokens repeated: one very hot expert per layer), ~150 steps;
+  trace           --trace DIR (e.g. the built-in model's trace; 8 experts -> mixtral-8x7b profile,
+                  one expert per rank at EP 8).
+Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
+decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
+
+Run: python benchmarks/probe_vs_eplb.py [--trace DIR] [--quick]
+Writes out/bench/probe_vs_eplb/{results.json, table.txt, <workload>.png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from routecast.place.compare import compare_methods, plot_throughput, summarize
+from routecast.sim.hardware import load_hardware
+from routecast.sim.models import load_model
+from routecast.trace.io import read_trace
+from routecast.trace.synth import generate
+from routecast.trace.synth_presets import PRESETS
+
+SIM_MODEL = {"gpt-oss-120b": "gpt-oss-120b", "qwen3-235b": "qwen3-235b-a22b"}
+COLUMNS = ("method", "IR", "skew", "moe_us_before", "moe_us_after", "decode_vs_eplb", "prefill_speedup",
+           "MB_per_step", "planner_ms_per_step", "planner_ms_per_call")
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def workloads(quick: bool, layers: int, seed: int) -> list[tuple[str, str, dict, int]]:
+    """(name, preset, SynthConfig overrides, shift step) of each synthetic workload."""
+    steps, shift, pre_steps, rep_steps = (60, 25, 8, 30) if quick else (500, 200, 40, 150)
+    out = []
+    for preset in (("gpt-oss-120b",) if quick else ("gpt-oss-120b", "qwen3-235b")):
+        budget = 512 if quick else PRESETS[preset]().token_budget
+        base = {"num_layers": layers, "token_budget": budget, "max_running": budget, "seed": seed}
+        out.append((f"{preset}-shift", preset, {
+            **base, "num_tokens": steps * budget, "prompt_len": (16.0,), "output_len": (1.5 * steps,),
+            "prompt_sigma": 0.3, "output_sigma": 0.3, "task_mix": (0.0, 1.0, 0.0), "shift_task_mix": (1.0, 0.0, 0.0),
+            "shift_step": shift, "shift_strength": 0.7, "drift_sigma": 0.15, "drift_window": 32}, shift))
+        out.append((f"{preset}-prefill", preset, {
+            **base, "num_tokens": pre_steps * budget, "prompt_len": (2048.0,), "output_len": (1.0,),
+            "prompt_sigma": 0.3, "output_sigma": 0.0}, -1))
+    budget = 512 if quick else 4096
+    out.append(("repeat", "gpt-oss-120b", {
+        "num_layers": layers, "token_budget": budget, "max_running": budget, "seed": seed,
+        "num_tokens": rep_steps * budget, "task_mix": (0.0, 0.0, 1.0), "vocab_size": 4, "token_fanout": 1,
+        "token_strength": 6.0, "token_depth_decay": 0.0, "prompt_len": (16.0,), "output_len": (1.5 * rep_steps,)},
+        -1))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=None, help="trace directory to add as a workload (e.g. the built-in model's)")
+    ap.add_argument("--trace-model", default=None, help="sim model profile for --trace (default by expert count)")
+    ap.add_argument("--layers", type=int, default=8, help="MoE layers of each synthetic preset to simulate")
+    ap.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
+    ap.add_argument("--hardware", default="h100-sxm", help="sim hardware profile")
+    ap.add_argument("--seed", type=int, default=0, help="synthetic trace seed")
+    ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
+    ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
+    args = ap.parse_args()
+    hw = load_hardware(args.hardware)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = {"cpu": _cpu(), "cores": os.cpu_count(), "numpy": np.__version__, "python": platform.python_version(),
+               "simulated": f"{args.ep} x {hw.name} ({hw.name} profile: link per direction "
+                            f"{hw.link_bandwidth('nvlink') / 1e9:.0f} GB/s)"}
+    print(f"machine: {machine['cpu']}, {machine['cores']} cores; simulated: {machine['simulated']}")
+    jobs = []
+    for name, preset, over, shift in workloads(args.quick, 4 if args.quick else args.layers, args.seed):
+        jobs.append((name, lambda p=preset, o=over: generate(dataclasses.replace(PRESETS[p](), **o)),
+                     SIM_MODEL[preset], shift, PRESETS[preset]().num_layers))
+    if args.trace:
+        def _read(d=args.trace):
+            return read_trace(d)
+        jobs.append(("trace", _read, args.trace_model, -1, None))
+    doc = {"machine": machine, "workloads": {}}
+    lines = []
+    for name, make, model_name, shift, model_layers in jobs:
+        t0 = time.perf_counter()
+        trace = make()
+        if model_name is None:
+            model_name = {8: "mixtral-8x7b", 128: "gpt-oss-120b", 256: "deepseek-v3"}[trace.spec.num_experts]
+        model = load_model(model_name)
+        res = compare_methods(trace, ep=args.ep, hw=hw, model=model)
+        rows = summarize(res, shift_step=shift, model_layers=model_layers)
+        png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
+                              title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
+        secs = time.perf_counter() - t0
+        head = (f"== {name}: {res['settings']['steps']} steps x {res['settings']['layers']} layers, "
+                f"{int(res['tokens_T'].mean())} tokens/step, {model_name} on {args.ep} x {hw.name}, "
+                f"shift at {shift}, {secs:.0f} s")
+        lines.append(head)
+        lines.append(" ".join(f"{c:>19}" if i == 0 else f"{c:>13}" for i, c in enumerate(COLUMNS)))
+        for r in rows:
+            lines.append(" ".join(f"{r['method']:>19}" if i == 0 else
+                                  (f"{r[c]:>13.3f}" if c in r else f"{'':>13}") for i, c in enumerate(COLUMNS)))
+        by = {r["method"]: r for r in rows}
+        pr, ora, ew = by["probe_pred"], by["probe_oracle"], by["eplb_window"]
+        col = "moe_us_after" if shift >= 0 else "moe_us_before"
+        gap = pr[col] / ora[col] - 1.0
+        verdict = (f"{name}: probe_pred {pr[col]:.1f} us vs eplb_window {ew[col]:.1f} us "
+                   f"({'beats' if pr[col] < ew[col] else 'LOSES to'} EPLB), {gap * 100:+.1f}% vs oracle "
+                   f"({'within' if gap <= 0.05 else 'OUTSIDE'} 5%) [{col}]")
+        lines.append(verdict)
+        for ln in lines[-len(rows) - 3:]:
+            print(ln)
+        doc["workloads"][name] = {"rows": rows, "settings": res["settings"], "shift_step": shift, "png": png,
+                                  "seconds": secs, "verdict": verdict,
+                                  "throughput_T": {k: (res["tokens_T"] / (m["moe_s_TL"].mean(axis=1)
+                                                                          * (model_layers or res["settings"]["layers"])))
+                                                   .tolist() for k, m in res["methods"].items()}}
+    (out / "table.txt").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out / 'results.json'}, {out / 'table.txt'} and one PNG per workload")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""PROBE vs EPLB vs static EP on per-step routing: IR, skew, simulated MoE-layer latency, planner time, bytes.
+
+Legend: T steps (forward passes), L MoE layers, E experts, G EP ranks, C = T x L simulated configurations.
+
+Methods, each evaluated on the actual loads of every (step, layer):
+  static      sharded EP placement (expert e on rank e // (E / G)), no replicas;
+  eplb_once   EPLB one-shot: placement from the first `interval` steps' statistics, kept for the rest;
+              before it, EPLB of uniform loads (no statistics yet);
+  eplb_window EPLB as engines run it (vLLM --eplb-config): statistics over the last `window` steps,
+              a rebalance every `interval` steps; both default to vLLM's 1000 / 3000 scaled to the trace
+              (interval = T / 5, window = interval / 3). Both EPLB variants get `eplb_redundant` (2)
+              redundant slots per rank, as in PROBE §6.1, and split an expert's tokens evenly over its copies;
+  probe_oracle PROBE Algorithm 2 (place.probe.plan_layers) on this step's actual per-layer loads;
+  probe_pred   PROBE Algorithm 2 on a causal forecast of this step's loads; the plan (placement and each
+              expert's split over its copies) is then applied to the actual loads (tokens of an expert are
+              split over ranks in the planned proportions; an expert predicted idle stays on its home rank).
+Plus the lower bound on IR that any plan within PROBE's replica budget obeys (probe.load_lower_bound).
+
+Forecast used by probe_pred (`transition_forecast`, horizon `layer`, as PROBE's lookahead): layer l's
+counts at step t are this step's layer l-1 routing pushed through the inter-layer transition matrix
+P(e_l | e_{l-1}) counted on steps < t (exponentially decayed by `decay` per step, so it follows drift and
+shifts); layer 0, which has no previous layer, uses the decayed layer-0 distribution of past steps
+scaled to this step's token count. Rows never seen fall back to uniform. It reads only this step's
+routing of layers < l and past steps, so it is causal. A trained lookahead predictor (hidden states) can
+be plugged in through the `predicted` argument of compare_methods.
+
+Latency: sim.cost.layer_cost with probe_options (DP attention, deduplicated all-to-all) on the per-rank
+assignment each method produces; "MoE latency" is dispatch + FFN + combine + exposed transfer. PROBE's
+replica transfers are bounded by its hiding window (`window_transfers` expert transfers per rank per
+layer, PROBE §5: up to three), so none is exposed; EPLB's rebalance transfers are counted in bytes only
+(engines spread them over a few steps, PROBE §6.1), which favours EPLB.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+from routecast.place.duplication import sharded_placement
+from routecast.place.eplb import EPLBDeployment
+from routecast.place.probe import load_lower_bound, plan_layers, planner_costs, replica_budget, spread_sources
+from routecast.sim.cost import Workload, layer_cost, probe_options
+from routecast.sim.hardware import Hardware
+from routecast.sim.models import ModelProfile
+from routecast.trace.trace import Trace
+
+METHODS = ("static", "eplb_once", "eplb_window", "probe_oracle", "probe_pred")
+
+
+def step_loads(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-step loads of a trace -> (loads_TLE int64, tokens_T int64, prefill_share_T float64).
+
+    Steps are the trace's `step` values in increasing order; prefill_share is the fraction of a step's
+    tokens in phase 0 (prefill).
+    """
+    s = trace.spec
+    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
+    T, L, E = int(step_idx.max()) + 1, s.num_layers, s.num_experts
+    ids = trace.experts_TLK.astype(np.int64)
+    ok = ids >= 0
+    key = (step_idx[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids
+    loads = np.bincount(key[ok], minlength=T * L * E).reshape(T, L, E)
+    tokens = np.bincount(step_idx, minlength=T)
+    pre = np.bincount(step_idx, weights=(trace.tokens["phase"] == 0).astype(np.float64), minlength=T)
+    return loads, tokens, pre / np.maximum(tokens, 1)
+
+
+def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
+    """Causal layer-ahead forecast of every step's per-layer expert counts -> (T, L, E) float64.
+
+    See the module docstring. decay in [0, 1): weight of a past step's statistics per step of age.
+    """
+    if not 0.0 <= decay < 1.0:
+        raise ConfigError(f"decay is {decay}; expected a value in [0, 1).")
+    s = trace.spec
+    L, E, K = s.num_layers, s.num_experts, s.top_k
+    loads, tokens, _ = step_loads(trace)
+    T = loads.shape[0]
+    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
+    order = np.argsort(step_idx, kind="stable")
+    bounds = np.searchsorted(step_idx[order], np.arange(T + 1))
+    ids = trace.experts_TLK.astype(np.int64)
+    lay = np.arange(1, L)[None, :, None, None] * E * E
+    trans = np.zeros((max(L - 1, 0), E, E))  # decayed counts of (e at l-1, e' at l) pairs
+    first = np.zeros(E)  # decayed layer-0 counts
+    pred = np.empty((T, L, E))
+    for t in range(T):
+        # forecast step t from statistics of steps < t and this step's routing of the previous layer
+        p0 = first / first.sum() if first.sum() > 0 else np.full(E, 1.0 / E)
+        pred[t, 0] = p0 * tokens[t] * K
+        if L > 1:
+            rows = trans.sum(axis=2, keepdims=True)
+            R = np.where(rows > 0, trans / np.where(rows > 0, rows, 1.0), 1.0 / E)  # P(e_l | e_{l-1})
+            pred[t, 1:] = np.einsum("le,lef->lf", loads[t, :-1].astype(np.float64), R)
+        # then learn from step t
+        idx = order[bounds[t]:bounds[t + 1]]
+        trans *= decay
+        first = first * decay + loads[t, 0]
+        if L > 1 and idx.size:
+            a, b = ids[idx, :-1, :, None], ids[idx, 1:, None, :]
+            ok = (a >= 0) & (b >= 0)
+            key = np.broadcast_to(lay, ok.shape) - E * E + a * E + b
+            trans += np.bincount(key[ok], minlength=(L - 1) * E * E).reshape(L - 1, E, E)
+    return pred
+
+
+def _assignment(loads_TLE: np.ndarray, share_LEG: np.ndarray) -> np.ndarray:
+    """(T, L, E) loads split by (L, E, G) shares -> (T, L, G, E) tokens per rank."""
+    return np.einsum("tle,leg->tlge", loads_TLE.astype(np.float64), share_LEG)
+
+
+def _eplb_shares(phy2log_LS: np.ndarray, E: int, G: int) -> np.ndarray:
+    """(L, S) EPLB placement -> (L, E, G) share of each expert's tokens per rank (even over replicas)."""
+    L, S = phy2log_LS.shape
+    gpu = np.arange(S) // (S // G)
+    cnt = np.zeros((L, E, G))
+    np.add.at(cnt, (np.repeat(np.arange(L), S), phy2log_LS.reshape(-1), np.tile(gpu, L)), 1.0)
+    return cnt / np.maximum(cnt.sum(axis=2, keepdims=True), 1.0)
+
+
+def _eplb_counts(loads: np.ndarray, dep: EPLBDeployment, expert_bytes: float) -> tuple[np.ndarray, ...]:
+    """Replay an EPLB deployment -> (counts_TLGE, bytes_T, planner_s_T)."""
+    T, L, E = loads.shape
+    G = dep.num_gpus
+    bounds = [0, *dep.rebalance_steps(T), T]
+    counts = np.empty((T, L, G, E))
+    bytes_T, plan_s = np.zeros(T), np.zeros(T)
+    old = None
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        c0 = time.thread_time()
+        stats = loads[max(0, a - dep.window_steps):a].sum(axis=0) if a else np.ones((L, E))
+        p = dep.place(stats)
+        plan_s[a] = time.thread_time() - c0 if a else 0.0
+        if old is not None:
+            bytes_T[a] = float((p != old).sum()) * expert_bytes
+        old = p
+        counts[a:b] = _assignment(loads[a:b], _eplb_shares(p, E, G))
+    return counts, bytes_T, plan_s
+
+
+def _probe_counts(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, costs: Any, window: float,
+                  k_max: int, max_redundant: int) -> tuple[np.ndarray, ...]:
+    """Plan every step on plan_loads (T, L, E), apply to loads -> (counts_TLGE, bytes_T, planner_s_T)."""
+    T, L, E = loads.shape
+    G = P0.shape[1]
+    counts = np.empty((T, L, G, E))
+    bytes_T, plan_s = np.zeros(T), np.zeros(T)
+    integral = np.issubdtype(plan_loads.dtype, np.integer)
+    home = np.broadcast_to(P0.astype(np.float64), (L, E, G))
+    plan_layers(spread_sources(plan_loads[0], G), P0, costs=costs, hide_window_s=window)  # JIT warm-up
+    for t in range(T):
+        c0 = time.thread_time()
+        plan = plan_layers(spread_sources(plan_loads[t], G), P0, costs=costs, hide_window_s=window,
+                           k_max=k_max, max_redundant=max_redundant)
+        plan_s[t] = time.thread_time() - c0
+        bytes_T[t] = float(plan.bytes_moved_L.sum())
+        if integral and plan_loads is loads:
+            counts[t] = plan.n_LEG.transpose(0, 2, 1)
+            continue
+        n = plan.n_LEG.astype(np.float64)
+        tot = n.sum(axis=2, keepdims=True)
+        share = np.where(tot > 0, n / np.where(tot > 0, tot, 1.0), home)
+        counts[t] = _assignment(loads[t:t + 1], share)[0]
+    return counts, bytes_T, plan_s
+
+
+def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: ModelProfile,
+                    predicted: np.ndarray | None = None, interval: int | None = None, window: int | None = None,
+                    eplb_redundant: int = 2, window_transfers: int = 3, k_max: int = 16, max_redundant: int = 3,
+                    decay: float = 0.8) -> dict[str, Any]:
+    """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
+
+    loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
+    token-level routing to learn transitions from). ep: G ranks (E % G == 0); hw, model: sim profiles
+    (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
+    (default T // 5 and interval // 3). window_transfers: PROBE's hiding window in expert transfers.
+    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "bytes_T", "planner_s_T", "load_TLG"}},
+    "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
+    """
+    if isinstance(loads, Trace):
+        trace = loads
+        loads, tokens, pre = step_loads(trace)
+        if predicted is None:
+            predicted = transition_forecast(trace, decay=decay)
+    else:
+        loads = np.asarray(loads)
+        if loads.ndim != 3 or not np.issubdtype(loads.dtype, np.integer) or (loads < 0).any():
+            raise ConfigError(f"loads has shape {loads.shape} and dtype {loads.dtype}; expected (T, L, E) counts >= 0.")
+        if predicted is None:
+            raise ConfigError("predicted is None with a loads array; expected (T, L, E) forecast counts or a Trace.")
+        tokens = np.maximum(loads.sum(axis=2).max(axis=1) // max(model.top_k, 1), 1)
+        pre = np.zeros(loads.shape[0])
+    T, L, E = loads.shape
+    pred = np.asarray(predicted, dtype=np.float64)
+    if pred.shape != loads.shape:
+        raise ConfigError(f"predicted has shape {pred.shape}; expected {loads.shape} like the loads.")
+    if E != model.num_experts or ep < 2 or E % ep:
+        raise ConfigError(f"{E} experts at ep={ep} with model {model.name} ({model.num_experts} experts); "
+                          "expected matching expert counts and ep >= 2 dividing them.")
+    interval = interval or max(1, T // 5)
+    window = window or max(1, interval // 3)
+    P0 = sharded_placement(E, ep)
+    costs = planner_costs(model, hw)
+    hide = window_transfers * costs.transfer_s
+    eb = float(model.expert_bytes())
+
+    out: dict[str, dict[str, np.ndarray]] = {}
+    static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
+    runs = {"static": (static, np.zeros(T), np.zeros(T))}
+    once = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=interval, rebalance_every=None)
+    runs["eplb_once"] = _eplb_counts(loads, once, eb)
+    periodic = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=window,
+                              rebalance_every=interval)
+    runs["eplb_window"] = _eplb_counts(loads, periodic, eb)
+    runs["probe_oracle"] = _probe_counts(loads, loads, P0, costs, hide, k_max, max_redundant)
+    runs["probe_pred"] = _probe_counts(loads, pred, P0, costs, hide, k_max, max_redundant)
+
+    work = Workload(batch=np.repeat(tokens, L).astype(np.float64), seq_len=1, context_len=0)
+    for name, (counts, bytes_T, plan_s) in runs.items():
+        cost = layer_cost(counts.reshape(T * L, ep, E), model=model, hw=hw, work=work, opts=probe_options())
+        rank_load = counts.sum(axis=3)
+        mean = rank_load.mean(axis=2)
+        ffn = cost.ffn_CG.reshape(T, L, ep)
+        out[name] = {
+            "ir_TL": np.where(mean > 0, rank_load.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0),
+            "skew_TL": ffn.max(axis=2) / ffn.mean(axis=2),
+            "moe_s_TL": (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(T, L),
+            "bytes_T": bytes_T, "planner_s_T": plan_s, "load_TLG": rank_load,
+        }
+    budget = replica_budget(costs, hide, ep, k_max=k_max, max_redundant=max_redundant)
+    mean_load = loads.sum(axis=2) / ep
+    bound = load_lower_bound(loads.reshape(T * L, E), P0, new_replicas=budget[0]).reshape(T, L)
+    ir_bound = np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0)
+    return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
+            "settings": {"ep": ep, "hardware": hw.name, "model": model.name, "steps": T, "layers": L,
+                         "experts": E, "eplb_interval": interval, "eplb_window": window,
+                         "eplb_redundant_per_rank": eplb_redundant, "probe_hide_window_s": hide,
+                         "probe_window_transfers": window_transfers, "k_max": k_max,
+                         "max_redundant": max_redundant, "forecast_decay": decay}}
+
+
+def summarize(res: dict[str, Any], *, shift_step: int = -1, model_layers: int | None = None) -> list[dict[str, Any]]:
+    """One row per method: means before / after `shift_step` (-1 = no shift: all steps are 'before').
+
+    Columns: mean IR, skew, MoE latency (us) before / after, decode throughput (tokens/s over the MoE
+    layers of all `model_layers` layers, steps with < half prefill tokens) relative to eplb_window,
+    prefill speedup vs static (steps with >= half prefill), bytes moved per step (MB), planner CPU ms per
+    step (mean: EPLB's rebalances amortised) and per call (median over the steps that planned).
+    """
+    T, L = res["ir_bound_TL"].shape
+    t = np.arange(T)
+    cut = shift_step if 0 <= shift_step < T else T
+    before, after = t < cut, t >= cut
+    pre = res["prefill_share_T"] >= 0.5
+    dec = ~pre if (~pre).any() else np.ones(T, bool)
+    n_layers = model_layers or L
+    rows = []
+    thr = {k: res["tokens_T"][dec].sum() / (m["moe_s_TL"][dec].mean(axis=1) * n_layers).sum()
+           for k, m in res["methods"].items()}
+    static_pre = res["methods"]["static"]["moe_s_TL"][pre].sum()
+    for name, m in res["methods"].items():
+        lat = m["moe_s_TL"].mean(axis=1)
+        rows.append({
+            "method": name,
+            "IR": float(m["ir_TL"].mean()), "skew": float(m["skew_TL"].mean()),
+            "moe_us_before": float(lat[before].mean() * 1e6) if before.any() else float("nan"),
+            "moe_us_after": float(lat[after].mean() * 1e6) if after.any() else float("nan"),
+            "decode_tok_s": float(thr[name]), "decode_vs_eplb": float(thr[name] / thr["eplb_window"]),
+            "prefill_speedup": float(static_pre / m["moe_s_TL"][pre].sum()) if pre.any() else float("nan"),
+            "MB_per_step": float(m["bytes_T"].mean() / 1e6),
+            "planner_ms_per_step": float(m["planner_s_T"].mean() * 1e3),
+            "planner_ms_per_call": float(np.median(m["planner_s_T"][m["planner_s_T"] > 0]) * 1e3)
+            if (m["planner_s_T"] > 0).any() else 0.0,
+        })
+    rows.append({"method": "ir_lower_bound", "IR": float(res["ir_bound_TL"].mean())})
+    return rows
+
+
+def throughput_series(res: dict[str, Any], *, model_layers: int | None = None, smooth: int = 9) -> dict[str, np.ndarray]:
+    """Per-step simulated tokens/s of each method (moving average over `smooth` steps) -> {name: (T,)}."""
+    L = res["ir_bound_TL"].shape[1]
+    k = np.ones(max(1, smooth)) / max(1, smooth)
+    out = {}
+    for name, m in res["methods"].items():
+        tps = res["tokens_T"] / (m["moe_s_TL"].mean(axis=1) * (model_layers or L))
+        pad = np.pad(tps, (k.size // 2, k.size - 1 - k.size // 2), mode="edge")
+        out[name] = np.convolve(pad, k, mode="valid")
+    return out
+
+
+def plot_throughput(res: dict[str, Any], png: str, *, shift_step: int = -1, title: str = "",
+                    model_layers: int | None = None) -> str:
+    """Throughput over steps per method (PROBE Figure 9 style) -> writes `png`, returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, y in throughput_series(res, model_layers=model_layers).items():
+        ax.plot(np.arange(y.size), y / 1e3, label=name, lw=1.3)
+    if shift_step >= 0:
+        ax.axvline(shift_step, color="k", ls="--", lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("simulated throughput (k tokens/s, MoE layers)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def section_probe(trace: Trace, out_dir: str, *, ep: int = 8, hw: Hardware | None = None,
+                  model: ModelProfile | None = None, shift_step: int = -1) -> tuple[Any, dict[str, Any]]:
+    """Demo-report section: the comparison on `trace` -> (report.html.Section, summary dict).
+
+    hw defaults to h100-sxm; model to the sim profile with the trace's expert count (mixtral-8x7b for 8).
+    Writes probe_vs_eplb.png into out_dir.
+    """
+    from pathlib import Path
+
+    from routecast.report.html import Section, figure, paragraph, table
+    from routecast.sim.hardware import load_hardware
+    from routecast.sim.models import load_model
+
+    hw = hw or load_hardware("h100-sxm")
+    if model is None:
+        by_e = {8: "mixtral-8x7b", 128: "gpt-oss-120b", 256: "deepseek-v3"}
+        name = by_e.get(trace.spec.num_experts)
+        if name is None:
+            raise ConfigError(f"trace has {trace.spec.num_experts} experts; pass a model profile with that many.")
+        model = load_model(name)
+    res = compare_methods(trace, ep=ep, hw=hw, model=model)
+    rows = summarize(res, shift_step=shift_step)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    png = plot_throughput(res, str(Path(out_dir) / "probe_vs_eplb.png"), shift_step=shift_step,
+                          title=f"{model.name} profile, EP {ep}, {hw.name}")
+    sec = Section(key="probe", title="PROBE vs EPLB (simulated)")
+    sec.parts.append(paragraph(
+        f"Per step and layer of the trace ({res['settings']['steps']} steps), each method's per-rank assignment "
+        f"is priced by the layer cost model on {hw.name} with the {model.name} profile at EP {ep}. probe_pred "
+        "plans on a causal layer-ahead forecast (this step's previous-layer routing through past steps' "
+        "inter-layer transitions); probe_oracle on the actual loads."))
+    sec.parts.append(table(rows))
+    sec.parts.append(figure(png, "Simulated throughput over steps (MoE layers only)."))
+    return sec, {"rows": rows, "settings": res["settings"]}
