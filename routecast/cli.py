@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace directory")
     p.add_argument(
         "--predictors", default="distribution,probability,conditional-token,conditional-position,ffn,lstm",
-        help="eval: comma list of names or saved predictor directories",
+        help="eval: comma list of names (also: lookahead, needs --hidden --logits traces) or saved predictor dirs",
     )
     p.add_argument("--predictor", default=None, help="fit: the predictor name to train")
     p.add_argument("--out", default=None, help="fit: output directory (safetensors + json)")

@@ -32,7 +32,11 @@ from routecast.predict.neural import NeuralPredictor, ffn_preset, lstm_preset, t
 from routecast.predict.store import is_predictor_dir, load_predictor, save_predictor
 from routecast.trace import MoESpec, Trace
 
-PREDICTOR_NAMES = ("distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm")
+PREDICTOR_NAMES = (
+    "distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm", "lookahead",
+)
+# Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
+NEEDS_ROUTER_INPUTS = ("lookahead",)
 NEURAL = ("ffn", "lstm")
 
 
@@ -53,11 +57,22 @@ def parse_names(names: str | Sequence[str]) -> list[str]:
 def make_predictor(
     name: str, spec: MoESpec, *, embeddings: np.ndarray | None = None, embedding_source: str = "",
     seed: int = 0, threads: int = 1, progress: bool = True, epochs: int | None = None,
+    model_path: str | Path | None = None,
 ) -> Predictor:
     """An unfitted predictor by name; neural ones use `embeddings` (V, D) when given, else learn their own.
 
-    epochs: neural training epochs (None = the preset's, with early stopping).
+    epochs: neural training epochs (None = the preset's, with early stopping). model_path: the checkpoint
+    whose routers the lookahead predictor clones (required for "lookahead").
     """
+    if name == "lookahead":
+        from routecast.predict.lookahead import LookaheadConfig, LookaheadPredictor
+
+        if model_path is None:
+            raise ConfigError("predictor 'lookahead' needs the model's routers; pass --model DIR or builtin.")
+        extra = {} if epochs is None else {"epochs": epochs}
+        return LookaheadPredictor.from_model(
+            model_path, spec, config=LookaheadConfig(seed=seed, threads=threads, **extra)
+        )
     if name == "distribution":
         return DistributionPredictor(spec, mle_preset())
     if name == "probability":
@@ -80,6 +95,10 @@ def _embeddings_for(names: Sequence[str], trace: Trace, model_dir: str | Path | 
         return None, ""
     d = resolve_model_dir(model_dir, trace.provenance)
     return (None, "learned") if d is None else (load_input_embeddings(d), str(d))
+
+
+def _router_model(name: str, trace: Trace, model_dir: str | Path | None) -> Path | None:
+    return resolve_model_dir(model_dir, trace.provenance) if name in NEEDS_ROUTER_INPUTS else None
 
 
 def _nanmean(v: list[float]) -> float:
@@ -114,7 +133,8 @@ def evaluate(
             t0 = time.perf_counter()
             if name in PREDICTOR_NAMES:
                 pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
-                                      threads=threads, progress=progress, epochs=epochs)
+                                      threads=threads, progress=progress, epochs=epochs,
+                                      model_path=_router_model(name, trace, model_dir))
                 pred.fit(train)
                 fitted = f"{train.num_tokens} tokens ({train_fraction:.0%} of requests)"
             else:
@@ -199,7 +219,8 @@ def fit_and_save(
     emb, emb_source = _embeddings_for([name], trace, model_dir)
     with torch_threads(threads):
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
-                              threads=threads, progress=progress, epochs=epochs)
+                              threads=threads, progress=progress, epochs=epochs,
+                              model_path=_router_model(name, trace, model_dir))
         pred.fit(trace)
     return save_predictor(pred, out_dir)
 
@@ -212,7 +233,8 @@ def predict_eval_main(
     """`routecast predict eval TRACE --predictors A,B [--model DIR|builtin|none] [--json]`: prints, returns 0."""
     from routecast.trace.io import read_trace
 
-    trace = read_trace(trace_path, load_hidden=False, load_logits=False)
+    routers = any(n.strip() in NEEDS_ROUTER_INPUTS for n in predictors.split(","))
+    trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
     rows = evaluate(trace, predictors, model_dir=model, train_fraction=train_fraction, seed=seed,
                     progress=not quiet, threads=threads, epochs=epochs)
     print(rows_to_json(rows) if as_json else format_table(rows))
@@ -226,7 +248,8 @@ def predict_fit_main(
     """`routecast predict fit TRACE --predictor NAME --out DIR [--model DIR|builtin|none]`: prints the path."""
     from routecast.trace.io import read_trace
 
-    trace = read_trace(trace_path, load_hidden=False, load_logits=False)
+    routers = predictor in NEEDS_ROUTER_INPUTS
+    trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
     path = fit_and_save(trace, predictor, out, model_dir=model, seed=seed, threads=threads, progress=not quiet,
                         epochs=epochs)
     print(f"wrote {path}")

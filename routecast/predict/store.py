@@ -33,6 +33,7 @@ def register(cls: type[Predictor]) -> type[Predictor]:
 
 def _registry() -> dict[str, type[Predictor]]:
     from routecast.predict.frequency import ConditionalPredictor, DistributionPredictor, ProbabilityPredictor
+    from routecast.predict.lookahead import LookaheadPredictor  # noqa: F401  (registers itself)
     from routecast.predict.neural import NeuralPredictor
 
     for cls in (DistributionPredictor, ProbabilityPredictor, ConditionalPredictor, NeuralPredictor):
