@@ -29,7 +29,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXP
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -37,6 +36,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from routecast.common.errors import ConfigError  # noqa: E402
+from routecast.common.timing import median_seconds  # noqa: E402
 from routecast.predict.embeddings import load_input_embeddings, resolve_model_dir  # noqa: E402
 from routecast.predict.evaluate import PREDICTOR_NAMES, make_predictor  # noqa: E402
 from routecast.predict.harness import run_harness  # noqa: E402
@@ -59,16 +59,6 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
-def _median_s(fn, repeat: int) -> float:
-    fn()  # warm-up: first calls allocate
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def model_forward(model_dir: Path, *, prefill_len: int, decode_batch: int, repeat: int, seed: int) -> dict:
     """Median CPU forward time of the checkpoint: prefill (1 x prefill_len) and one decode step."""
     from transformers import AutoModelForCausalLM
@@ -78,12 +68,12 @@ def model_forward(model_dir: Path, *, prefill_len: int, decode_batch: int, repea
     g = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         ids = torch.randint(0, vocab, (1, prefill_len), generator=g)
-        t_prefill = _median_s(lambda: model(input_ids=ids, use_cache=False), repeat)
+        t_prefill = median_seconds(lambda: model(input_ids=ids, use_cache=False), repeat)
         ctx = torch.randint(0, vocab, (decode_batch, prefill_len), generator=g)
         past = model(input_ids=ctx, use_cache=True).past_key_values
         nxt = torch.randint(0, vocab, (decode_batch, 1), generator=g)
         # Each timed call appends one position to the cache: the context grows by `repeat` (< 10%).
-        t_decode = _median_s(lambda: model(input_ids=nxt, past_key_values=past, use_cache=True), repeat)
+        t_decode = median_seconds(lambda: model(input_ids=nxt, past_key_values=past, use_cache=True), repeat)
     return {"model_dir": str(model_dir), "prefill_len": prefill_len, "decode_batch": decode_batch,
             "prefill_us_per_token": t_prefill * 1e6 / prefill_len, "prefill_us_per_batch": t_prefill * 1e6,
             "decode_us_per_token": t_decode * 1e6 / decode_batch, "decode_us_per_batch": t_decode * 1e6}

@@ -15,6 +15,19 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)  # the test machine's cores are shared
 
 
+def server_schedule(R: int, P: int, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(request, position, phase, step) of R requests with P prompt and D decode tokens, in step order.
+
+    Each request's prompt is one step (0..R-1); decode round d batches every request's d-th token (R + d).
+    """
+    req = np.repeat(np.arange(R), P + D)
+    pos = np.tile(np.arange(P + D), R)
+    phase = np.where(pos < P, PREFILL, DECODE)
+    step = np.where(phase == PREFILL, req, R + pos - P)
+    order = np.lexsort((req, step))
+    return req[order], pos[order], phase[order], step[order]
+
+
 def build_small_trace(num_requests: int = 4, prompt_len: int = 6, decode_len: int = 4, *, num_layers: int = 3,
                       num_experts: int = 8, top_k: int = 2, logits: bool = False, hidden: int = 0,
                       tasks: tuple[str, ...] = ("qa", "code"), dropped: float = 0.0, seed: int = 0) -> Trace:
@@ -28,12 +41,7 @@ def build_small_trace(num_requests: int = 4, prompt_len: int = 6, decode_len: in
     """
     rng = np.random.default_rng(seed)
     R, P, D, L, E, K = num_requests, prompt_len, decode_len, num_layers, num_experts, top_k
-    req = np.repeat(np.arange(R), P + D)
-    pos = np.tile(np.arange(P + D), R)
-    phase = np.where(pos < P, PREFILL, DECODE)
-    step = np.where(phase == PREFILL, req, R + pos - P)
-    order = np.lexsort((req, step))
-    req, pos, phase, step = req[order], pos[order], phase[order], step[order]
+    req, pos, phase, step = server_schedule(R, P, D)
     T = req.size
     lg = (rng.standard_normal((T, L, E)) + rng.gamma(1.0, 1.5, size=(1, L, E))).astype(np.float32)
     ids = np.argsort(-lg, axis=-1, kind="stable")[..., :K]

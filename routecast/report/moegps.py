@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
 from routecast.common.errors import ConfigError
 from routecast.report.html import Section, figure, paragraph, table
+from routecast.report.plots import save_figure
 from routecast.sim.advisor import (
     FIG7_GBPS,
     PARTS,
@@ -54,14 +54,6 @@ ADVICE_PAIRS = (("mixtral-8x7b", "a100-sxm-80gb", 4, "nvlink"), ("mixtral-8x7b",
                 ("deepseek-v3", "h100-sxm", 8, "nvlink"))
 # The LSTM is left out of the demo: its harness pass alone takes tens of seconds on one core.
 DEMO_PREDICTORS = ("distribution", "probability", "conditional-token", "conditional-position", "ffn")
-
-
-def _save(fig: Figure, path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(p, format="png", dpi=DPI)
-    return p
 
 
 def plot_figure6(grid: Grid, path: str | Path, *, title: str = "", clip: float = 1.6) -> Path:
@@ -104,7 +96,7 @@ def plot_figure6(grid: Grid, path: str | Path, *, title: str = "", clip: float =
     ax.set_title(title, pad=16)
     ax.legend(loc="lower left", fontsize=7, ncol=len(parts), framealpha=0.9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_figure7(skewness: Sequence[float], gbps: Sequence[float], values_BS: Any, path: str | Path, *,
@@ -127,7 +119,7 @@ def plot_figure7(skewness: Sequence[float], gbps: Sequence[float], values_BS: An
     ax.set_title(title or "above 0: distribution-only wins")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_accuracy_overhead(points: Sequence[tuple[str, float, float, float]], path: str | Path, *,
@@ -167,7 +159,7 @@ def plot_accuracy_overhead(points: Sequence[tuple[str, float, float, float]], pa
     ax2.set_ylabel("performance (perfect free predictor = 1)")
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def section_moegps(trace: Trace, out_dir: str | Path, *, predictors: Sequence[str] = DEMO_PREDICTORS,

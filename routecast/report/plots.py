@@ -28,7 +28,8 @@ def _array(x: object, ndim: int, name: str, where: str) -> np.ndarray:
     return a
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Render a matplotlib Figure to a PNG at path (parents created); returns the path."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
@@ -109,7 +110,7 @@ def plot_expert_load(counts_LE: np.ndarray, path: str | Path, *, layer_ids: Sequ
     fig = Figure(figsize=(8, 5))
     draw_expert_load(fig.add_subplot(), counts_LE, layer_ids=layer_ids)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_ir_steps(ir_SL: np.ndarray, path: str | Path, *, ep: int | None = None, pool: int = 1) -> Path:
@@ -117,7 +118,7 @@ def plot_ir_steps(ir_SL: np.ndarray, path: str | Path, *, ep: int | None = None,
     fig = Figure(figsize=(8, 4.5))
     draw_ir_steps(fig.add_subplot(), ir_SL, ep=ep, pool=pool)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_transition(P_EE: np.ndarray, path: str | Path, *, layer: int = 0) -> Path:
@@ -125,7 +126,7 @@ def plot_transition(P_EE: np.ndarray, path: str | Path, *, layer: int = 0) -> Pa
     fig = Figure(figsize=(6, 5))
     draw_transition(fig.add_subplot(), P_EE, layer=layer)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_popularity(counts_LE: np.ndarray, path: str | Path) -> Path:
@@ -133,7 +134,7 @@ def plot_popularity(counts_LE: np.ndarray, path: str | Path) -> Path:
     fig = Figure(figsize=(6, 4.5))
     draw_popularity(fig.add_subplot(), counts_LE)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def stats_figure(trace_stats: dict, out_png: str | Path) -> Path:
@@ -164,4 +165,4 @@ def stats_figure(trace_stats: dict, out_png: str | Path) -> Path:
         f"H/Hmax {fmt('entropy_norm')}"
     )
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)

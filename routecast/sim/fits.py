@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from routecast.common.errors import ConfigError
+from routecast.common.timing import median_seconds
 
 if TYPE_CHECKING:
     from routecast.trace.trace import Trace
@@ -248,16 +247,6 @@ class PredictorMeasurement:
                 "forward_tokens": self.forward_tokens, "forward_source": self.forward_source, "split": self.split}
 
 
-def _median_s(fn: Any, repeat: int) -> float:
-    fn()  # warm-up: the first call allocates
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _forward_model(trace: Trace, model_dir: str | Path | None, seed: int) -> tuple[Any, str]:
     """The trace's model for timing: its checkpoint, else a random-init Mixtral of the built-in shape."""
     import torch
@@ -295,7 +284,7 @@ def forward_us_per_token(trace: Trace, *, model_dir: str | Path | None = None, t
     n = int(np.clip(tokens, 1, m.config.max_position_embeddings))
     ids = torch.randint(0, m.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
     with torch.inference_mode():
-        t = _median_s(lambda: m(input_ids=ids, use_cache=False), repeat)
+        t = median_seconds(lambda: m(input_ids=ids, use_cache=False), repeat)
     return t * 1e6 / n, source
 
 

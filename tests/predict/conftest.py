@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routecast.trace import DECODE, PREFILL, MoESpec, Trace, make_columns
+from routecast.trace import MoESpec, Trace, make_columns
+from tests.conftest import server_schedule
 
 
 def build_routed_trace(*, by: str = "token", num_requests: int = 40, prompt_len: int = 10, decode_len: int = 5,
@@ -19,12 +20,7 @@ def build_routed_trace(*, by: str = "token", num_requests: int = 40, prompt_len:
     """
     rng = np.random.default_rng(seed)
     R, P, D, L, E, K = num_requests, prompt_len, decode_len, num_layers, num_experts, top_k
-    req = np.repeat(np.arange(R), P + D)
-    pos = np.tile(np.arange(P + D), R)
-    phase = np.where(pos < P, PREFILL, DECODE)
-    step = np.where(phase == PREFILL, req, R + pos - P)
-    order = np.lexsort((req, step))
-    req, pos, phase, step = req[order], pos[order], phase[order], step[order]
+    req, pos, phase, step = server_schedule(R, P, D)
     T = req.size
     tid = rng.integers(0, vocab, T)
     key, n_keys = (tid, vocab) if by == "token" else (pos, P + D)
