@@ -2,8 +2,9 @@
 
 Claim: on one CPU core the PROBE planner plans a layer in <= 1 ms for 128 experts on EP 8 and for 256 experts
 on EP 32, and at least 10 x faster than routecast's EPLB baseline on the same loads. The planner's loop
-(Algorithm 2 lines 4-18) is scalar code compiled by numba (cache=True) when numba is installed; the initial
-locality-first assignment and the input checks stay numpy. The EPLB baseline is batched over layers: its
+(Algorithm 2 lines 4-18), the initial locality-first assignment, the value checks and the result arrays run as
+one call of scalar code compiled by numba (cache=True) when numba is installed; only shape checks and the
+Plan's construction are Python. The EPLB baseline is batched over layers: its
 greedy loops run once per slot for all layers together, so per layer it is far cheaper than the per-call
 numbers ANCHORS.md gives for the original (torch) and vLLM's numpy port.
 

@@ -16,11 +16,14 @@ deduplicated all-to-all):
   repeat          gpt-oss-120b geometry, one task, 4 token ids each preferring one expert strongly
                   (the same few tokens repeated: one very hot expert per layer), ~150 steps;
   trace           --trace DIR (e.g. the built-in model's trace; 8 experts -> mixtral-8x7b profile,
-                  one expert per rank at EP 8).
+                  one expert per rank at EP 8). With --model (builtin or a model directory) and a trace
+                  captured with --hidden --logits, compare_lookahead: the later half of the requests is
+                  held out and planned twice, probe_lookahead (PROBE's lookahead predictor fitted on the
+                  earlier half) and probe_transition (the transition forecast, warmed on the earlier half).
 Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
 decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
 
-Run: python benchmarks/probe_vs_eplb.py [--trace DIR] [--quick]
+Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin]] [--quick]
 Writes out/bench/probe_vs_eplb/{results.json, table.txt, <workload>.png}.
 """
 
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from routecast.place.compare import compare_methods, plot_throughput, summarize
+from routecast.place.compare import compare_lookahead, compare_methods, plot_throughput, summarize
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace.io import read_trace
@@ -85,6 +88,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=None, help="trace directory to add as a workload (e.g. the built-in model's)")
     ap.add_argument("--trace-model", default=None, help="sim model profile for --trace (default by expert count)")
+    ap.add_argument("--model", default=None,
+                    help="model of --trace (builtin or a directory): adds the lookahead forecast arm "
+                         "(needs a trace with hidden states and logits)")
+    ap.add_argument("--train-fraction", type=float, default=0.5,
+                    help="with --model: share of the trace's requests (earliest first) that train the "
+                         "predictor")
+    ap.add_argument("--epochs", type=int, default=8, help="with --model: lookahead distillation epochs")
     ap.add_argument("--layers", type=int, default=8, help="MoE layers of each synthetic preset to simulate")
     ap.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
     ap.add_argument("--hardware", default="h100-sxm", help="sim hardware profile")
@@ -104,8 +114,8 @@ def main() -> None:
         jobs.append((name, lambda p=preset, o=over: generate(dataclasses.replace(PRESETS[p](), **o)),
                      SIM_MODEL[preset], shift, PRESETS[preset]().num_layers))
     if args.trace:
-        def _read(d=args.trace):
-            return read_trace(d)
+        def _read(d=args.trace, full=args.model is not None):
+            return read_trace(d, load_hidden=full, load_logits=full)
         jobs.append(("trace", _read, args.trace_model, -1, None))
     doc = {"machine": machine, "workloads": {}}
     lines = []
@@ -115,7 +125,11 @@ def main() -> None:
         if model_name is None:
             model_name = {8: "mixtral-8x7b", 128: "gpt-oss-120b", 256: "deepseek-v3"}[trace.spec.num_experts]
         model = load_model(model_name)
-        res = compare_methods(trace, ep=args.ep, hw=hw, model=model)
+        if name == "trace" and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
+            res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
+                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed)
+        else:
+            res = compare_methods(trace, ep=args.ep, hw=hw, model=model)
         rows = summarize(res, shift_step=shift, model_layers=model_layers)
         png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
                               title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
@@ -129,14 +143,22 @@ def main() -> None:
             lines.append(" ".join(f"{r['method']:>19}" if i == 0 else
                                   (f"{r[c]:>13.3f}" if c in r else f"{'':>13}") for i, c in enumerate(COLUMNS)))
         by = {r["method"]: r for r in rows}
-        pr, ora, ew = by["probe_pred"], by["probe_oracle"], by["eplb_window"]
+        ora, ew = by["probe_oracle"], by["eplb_window"]
         col = "moe_us_after" if shift >= 0 else "moe_us_before"
-        gap = pr[col] / ora[col] - 1.0
-        verdict = (f"{name}: probe_pred {pr[col]:.1f} us vs eplb_window {ew[col]:.1f} us "
-                   f"({'beats' if pr[col] < ew[col] else 'LOSES to'} EPLB), {gap * 100:+.1f}% vs oracle "
-                   f"({'within' if gap <= 0.05 else 'OUTSIDE'} 5%) [{col}]")
-        lines.append(verdict)
-        for ln in lines[-len(rows) - 3:]:
+        arms = [m for m in res["methods"] if m.startswith("probe_") and m != "probe_oracle"]
+        err = res["settings"].get("forecast_error", {})
+        verdicts = []
+        for arm in arms:
+            pr = by[arm]
+            gap = pr[col] / ora[col] - 1.0
+            fe = f", forecast error {err[arm]:.3f}" if arm in err else ""
+            beats = "beats" if pr[col] < ew[col] else "LOSES to"
+            verdicts.append(f"{name}: {arm} {pr[col]:.1f} us vs eplb_window {ew[col]:.1f} us ({beats} EPLB), "
+                            f"{gap * 100:+.1f}% vs oracle ({'within' if gap <= 0.05 else 'OUTSIDE'} 5%) "
+                            f"[{col}]{fe}")
+        verdict = "\n".join(verdicts)
+        lines.extend(verdicts)
+        for ln in lines[-len(rows) - 2 - len(verdicts):]:
             print(ln)
         doc["workloads"][name] = {"rows": rows, "settings": res["settings"], "shift_step": shift, "png": png,
                                   "seconds": secs, "verdict": verdict,

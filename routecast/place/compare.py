@@ -21,8 +21,13 @@ counts at step t are this step's layer l-1 routing pushed through the inter-laye
 P(e_l | e_{l-1}) counted on steps < t (exponentially decayed by `decay` per step, so it follows drift and
 shifts); layer 0, which has no previous layer, uses the decayed layer-0 distribution of past steps
 scaled to this step's token count. Rows never seen fall back to uniform. It reads only this step's
-routing of layers < l and past steps, so it is causal. A trained lookahead predictor (hidden states) can
-be plugged in through the `predicted` argument of compare_methods.
+routing of layers < l and past steps, so it is causal.
+
+With router inputs (hidden_TLH) and the model, compare_lookahead runs two forecast arms on the held-out
+requests of a chronological split by request (split_requests): probe_lookahead, PROBE's gate-initialised
+lookahead predictor (predict.lookahead, §4.2) fitted on the earlier requests, each layer's counts being the
+sum of every token's predicted top-k set from its router input of the previous layer (lookahead_forecast);
+and probe_transition, the forecast above with its statistics learnt on the same earlier requests first.
 
 Latency: sim.cost.layer_cost with probe_options (DP attention, deduplicated all-to-all) on the per-rank
 assignment each method produces; "MoE latency" is dispatch + FFN + combine + exposed transfer. PROBE's
@@ -107,6 +112,118 @@ def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
     return pred
 
 
+def split_requests(trace: Trace, train_fraction: float) -> tuple[Trace, Trace]:
+    """Chronological split by request -> (train, held-out) traces.
+
+    The first round(train_fraction x R) of the R requests in request-id (arrival) order train; the later ones
+    are held out, so a forecast for the held-out part never reads a token the predictor was fitted on, and
+    in a trace captured batch by batch the held-out steps come after the training steps.
+    """
+    if not 0.0 < train_fraction < 1.0:
+        raise ConfigError(f"train_fraction is {train_fraction}; expected a value in (0, 1).")
+    req = np.unique(trace.tokens["request"])
+    n = int(round(train_fraction * req.size))
+    if not 0 < n < req.size:
+        raise ConfigError(f"train_fraction {train_fraction} of {req.size} requests leaves an empty part; "
+                          "expected at least one training and one held-out request.")
+    train = np.isin(trace.tokens["request"], req[:n])
+    return trace.select(train), trace.select(~train)
+
+
+def lookahead_forecast(trace: Trace, model_dir: Any, *, train_fraction: float = 0.5, seed: int = 0,
+                       epochs: int = 8, counts: str = "topk") -> np.ndarray:
+    """PROBE lookahead forecast of the held-out steps' per-layer expert counts -> (T_held, L, E).
+
+    Fits predict.lookahead.LookaheadPredictor (routers cloned from model_dir: a directory, "builtin" or a
+    loaded model; `epochs` distillation passes, `seed`) on the training part of
+    split_requests(trace, train_fraction) and forecasts every step of the held-out part, aligned with
+    step_loads(held-out part). Layer l >= 1 at step t: each of the step's tokens is predicted from its own
+    router input of layer l-1 (hidden_TLH[:, l-1], known one layer ahead: horizon `layer`), then
+    counts="topk" (default) adds the predicted top-k set of every token, as a top-k router picks whole sets
+    (int64 counts, so the planner splits whole tokens, as on the actual loads); counts="probs" adds k x the
+    predicted probabilities (float64 soft counts). Layer 0 has no earlier router input: the fitted layer-0
+    slot shares x the step's tokens x k (with "topk" rounded to integers by largest remainder). Both conserve
+    k slots per token.
+    """
+    import torch
+
+    from routecast.predict.lookahead import LookaheadConfig, LookaheadPredictor
+
+    if counts not in ("topk", "probs"):
+        raise ConfigError(f"counts is {counts!r}; expected 'topk' or 'probs'.")
+    if trace.hidden_TLH is None or trace.logits_TLE is None:
+        raise ConfigError("the trace has no hidden_TLH or logits_TLE; the lookahead forecast needs both: "
+                          "capture with --hidden --logits (or use transition_forecast).")
+    train, held = split_requests(trace, train_fraction)
+    s = held.spec
+    L, E, K = s.num_layers, s.num_experts, s.top_k
+    cfg = LookaheadConfig(epochs=epochs, seed=seed)
+    pred = LookaheadPredictor.from_model(model_dir, s, config=cfg).fit(train)
+    loads, tokens, _ = step_loads(held)
+    T = loads.shape[0]
+    _, step_idx = np.unique(held.tokens["step"], return_inverse=True)
+    out = np.empty((T, L, E))
+    out[:, 0] = pred.layer0_dist()[None, :] * (tokens * K)[:, None]
+    if counts == "topk":  # largest remainder: floor, then one more slot to the largest fractional parts
+        low = np.floor(out[:, 0])
+        short = (tokens * K - low.sum(axis=1)).round().astype(np.int64)
+        rank = np.argsort(np.argsort(low - out[:, 0], axis=1, kind="stable"), axis=1, kind="stable")
+        out[:, 0] = low + (rank < short[:, None])
+    with torch.no_grad():
+        for layer in range(1, L):
+            logits = torch.from_numpy(pred.predict_logits(layer, held.hidden_TLH[:, layer - 1]))
+            probs = pred.rule.forecast(logits, pred.net.correction[layer - 1]).double()
+            if counts == "topk":
+                key, w = step_idx[:, None] * E + probs.topk(K, dim=1).indices.numpy(), None
+            else:
+                key, w = step_idx[:, None] * E + np.arange(E), K * probs.numpy().reshape(-1)
+            out[:, layer] = np.bincount(key.reshape(-1), weights=w, minlength=T * E).reshape(T, E)
+    return out.astype(np.int64) if counts == "topk" else out
+
+
+def _transition_after(train: Trace, held: Trace, decay: float) -> np.ndarray:
+    """transition_forecast of the held-out steps, statistics warmed on the training steps -> (T_held, L, E).
+
+    The training requests' steps are placed before the held-out ones (both keep their own order), so the
+    online forecast has learnt from the same requests the lookahead predictor was fitted on.
+    """
+    s_tr, s_ho = train.tokens["step"], held.tokens["step"]
+    tokens = {k: np.concatenate([train.tokens[k], held.tokens[k]]) for k in held.tokens}
+    tokens["step"] = np.concatenate([s_tr, s_ho + (int(s_tr.max()) + 1 - int(s_ho.min()))])
+    both = Trace(spec=held.spec, tokens=tokens,
+                 experts_TLK=np.concatenate([train.experts_TLK, held.experts_TLK]),
+                 weights_TLK=np.concatenate([train.weights_TLK, held.weights_TLK]),
+                 task_names=held.task_names, source_names=held.source_names)
+    return transition_forecast(both, decay=decay)[np.unique(s_tr).size:]
+
+
+def compare_lookahead(trace: Trace, model_dir: Any, *, ep: int, hw: Hardware, model: ModelProfile,
+                      train_fraction: float = 0.5, seed: int = 0, epochs: int = 8, counts: str = "topk",
+                      decay: float = 0.8, **kw: Any) -> dict[str, Any]:
+    """compare_methods on the held-out part of split_requests(trace, train_fraction) with two forecast arms.
+
+    probe_lookahead: lookahead_forecast (hidden states; predictor fitted on the training requests);
+    probe_transition: transition_forecast, its statistics learnt on the training steps first, then online.
+    Both plan the same held-out steps; the oracle, EPLB and static rows are as in compare_methods (kw).
+    settings gains train / held-out request and step counts and each arm's forecast error
+    sum |forecast - loads| / sum loads over the held-out steps and layers (0 = perfect; layer 0 included).
+    """
+    train, held = split_requests(trace, train_fraction)
+    arms = {"probe_lookahead": lookahead_forecast(trace, model_dir, train_fraction=train_fraction, seed=seed,
+                                                  epochs=epochs, counts=counts),
+            "probe_transition": _transition_after(train, held, decay)}
+    res = compare_methods(held, ep=ep, hw=hw, model=model, predicted=arms, decay=decay, **kw)
+    loads = res["loads_TLE"]
+    res["settings"].update({
+        "train_fraction": train_fraction, "train_requests": int(np.unique(train.tokens["request"]).size),
+        "held_out_requests": int(np.unique(held.tokens["request"]).size),
+        "train_steps": int(np.unique(train.tokens["step"]).size), "lookahead_epochs": epochs,
+        "lookahead_counts": counts, "lookahead_seed": seed,
+        "forecast_error": {k: float(np.abs(v - loads).sum() / max(loads.sum(), 1)) for k, v in arms.items()},
+    })
+    return res
+
+
 def _assignment(loads_TLE: np.ndarray, share_LEG: np.ndarray) -> np.ndarray:
     """(T, L, E) loads split by (L, E, G) shares -> (T, L, G, E) tokens per rank."""
     return np.einsum("tle,leg->tlge", loads_TLE.astype(np.float64), share_LEG)
@@ -168,13 +285,16 @@ def _probe_counts(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, cos
 
 
 def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: ModelProfile,
-                    predicted: np.ndarray | None = None, interval: int | None = None, window: int | None = None,
-                    eplb_redundant: int = 2, window_transfers: int = 3, k_max: int = 16, max_redundant: int = 3,
+                    predicted: np.ndarray | dict[str, np.ndarray] | None = None, interval: int | None = None,
+                    window: int | None = None, eplb_redundant: int = 2, window_transfers: int = 3,
+                    k_max: int = 16, max_redundant: int = 3,
                     decay: float = 0.8) -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
-    token-level routing to learn transitions from). ep: G ranks (E % G == 0); hw, model: sim profiles
+    token-level routing to learn transitions from). predicted: (T, L, E) forecast counts planned as
+    "probe_pred", or {method name: (T, L, E)} for one PROBE row per forecast (e.g. compare_lookahead's arms);
+    None = transition_forecast. ep: G ranks (E % G == 0); hw, model: sim profiles
     (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
     (default T // 5 and interval // 3). window_transfers: PROBE's hiding window in expert transfers.
     Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "bytes_T", "planner_s_T", "load_TLG"}},
@@ -194,9 +314,13 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
         tokens = np.maximum(loads.sum(axis=2).max(axis=1) // max(model.top_k, 1), 1)
         pre = np.zeros(loads.shape[0])
     T, L, E = loads.shape
-    pred = np.asarray(predicted, dtype=np.float64)
-    if pred.shape != loads.shape:
-        raise ConfigError(f"predicted has shape {pred.shape}; expected {loads.shape} like the loads.")
+    arms = predicted if isinstance(predicted, dict) else {"probe_pred": predicted}
+    preds = {k: np.asarray(v) for k, v in arms.items()}  # integer forecasts are planned in whole tokens
+    preds = {k: v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64) for k, v in preds.items()}
+    for k, v in preds.items():
+        if v.shape != loads.shape or k in METHODS[:4]:
+            raise ConfigError(f"predicted[{k!r}] has shape {v.shape}; expected {loads.shape} like the loads "
+                              f"and a name other than {METHODS[:4]}.")
     if E != model.num_experts or ep < 2 or E % ep:
         raise ConfigError(f"{E} experts at ep={ep} with model {model.name} ({model.num_experts} experts); "
                           "expected matching expert counts and ep >= 2 dividing them.")
@@ -216,7 +340,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
                               rebalance_every=interval)
     runs["eplb_window"] = _eplb_counts(loads, periodic, eb)
     runs["probe_oracle"] = _probe_counts(loads, loads, P0, costs, hide, k_max, max_redundant)
-    runs["probe_pred"] = _probe_counts(loads, pred, P0, costs, hide, k_max, max_redundant)
+    for k, v in preds.items():
+        runs[k] = _probe_counts(loads, v, P0, costs, hide, k_max, max_redundant)
 
     work = Workload(batch=np.repeat(tokens, L).astype(np.float64), seq_len=1, context_len=0)
     for name, (counts, bytes_T, plan_s) in runs.items():

@@ -30,9 +30,12 @@ P' (the static sharding). Per layer, as in the paper (§4.3, Algorithm 2):
 
 Remote tokens of one expert are interchangeable between source ranks (any source without a local copy
 sends them over the network either way), so the assignment A is kept as tokens per (expert, rank), n_LEG;
-a cell's remote part is n minus the pinned local tokens x * P. Lines 2-3 (and the checks) are numpy,
-vectorised over layers; lines 4-18 a scalar loop per layer (numba-compiled when installed; an iteration
-touches one expert's column and two ranks), latencies updated incrementally (a test recomputes them).
+a cell's remote part is n minus the pinned local tokens x * P. Everything after the shape checks runs as one
+compiled call (numba when installed; plain Python otherwise, same plans): the value checks, lines 2-3, lines
+4-18 as a scalar loop per layer (an iteration touches one expert's column and two ranks, latencies updated
+incrementally; a test recomputes them) and the result arrays. The PROBE runtime plans one layer per call, so
+the fixed cost of a call (numpy dispatch, a few us each) matters as much as the loop; the sums keep numpy's
+order, so the plans are bit for bit those of the numpy formulation (tests check it against a reference).
 """
 
 from __future__ import annotations
@@ -181,66 +184,27 @@ def spread_sources(load_LE: np.ndarray, num_ranks: int) -> np.ndarray:
     return np.repeat(a[:, None, :] / num_ranks, num_ranks, axis=1)
 
 
-def _prepare(load_LGE: Any, placement: Any, hide_window_s: Any, k_max: int, max_redundant: int):
-    """Validate; returns (x_LGE as given, integral, P_LEG writable copy, P0_LEG read-only view, win_LG)."""
+def _inputs(load_LGE: Any, placement: Any, hide_window_s: Any, k_max: int, max_redundant: int):
+    """Shape and type checks (the value checks run compiled in _plan_call).
+
+    Returns (x_LGE float64 C-contiguous, integral, P (1 or L, E, G) bool view, win (1 or L, 1 or G) float64).
+    """
     x = np.asarray(load_LGE)
-    if x.ndim != 3 or 0 in x.shape or not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+    kind = x.dtype.kind
+    if x.ndim != 3 or 0 in x.shape or kind not in "iuf":
         raise ConfigError(f"load_LGE has shape {x.shape} and dtype {x.dtype}; expected (layers, ranks, experts) numbers.")
-    integral = np.issubdtype(x.dtype, np.integer)
-    if (not integral and not np.isfinite(x).all()) or (x < 0).any():
-        raise ConfigError("load_LGE holds a negative or non-finite count; expected token counts >= 0.")
     L, G, E = x.shape
     P = np.asarray(placement, dtype=bool)
-    if P.shape not in ((E, G), (L, E, G)):
+    if P.shape != (E, G) and P.shape != (L, E, G):
         raise ConfigError(f"placement has shape {np.shape(placement)}; expected ({E}, {G}) or ({L}, {E}, {G}).")
-    P0 = np.broadcast_to(P, (L, E, G))
-    homeless = (x.sum(axis=1) > 0) & ~P0.any(axis=2)
-    if homeless.any():
-        lay, e = np.argwhere(homeless)[0]
-        raise ConfigError(f"expert {e} of layer {lay} has tokens but no copy in placement; expected one.")
     w = np.asarray(hide_window_s, dtype=np.float64)
-    try:
-        win = np.broadcast_to(w[:, None] if w.ndim == 1 else w, (L, G))
-    except ValueError:
-        raise ConfigError(f"hide_window_s has shape {w.shape}; expected (), ({L},) or ({L}, {G}).") from None
-    if (win < 0).any() or np.isnan(win).any():
-        raise ConfigError("hide_window_s holds a negative or NaN window; expected seconds >= 0.")
+    win = w.reshape(1, 1) if w.ndim == 0 else (w[:, None] if w.ndim == 1 else w)
+    if win.ndim != 2 or win.shape[0] not in (1, L) or win.shape[1] not in (1, G):
+        raise ConfigError(f"hide_window_s has shape {w.shape}; expected (), ({L},) or ({L}, {G}).")
     if k_max < 0 or max_redundant < 0:
         raise ConfigError(f"k_max is {k_max} and max_redundant {max_redundant}; expected both >= 0.")
-    return x, integral, P0.copy(), P0, win
-
-
-def _initial(x: np.ndarray, P: np.ndarray, costs: PlanCosts, integral: bool):
-    """Line 2 (locality-first) and line 3: (n_LEG, comp_LG, vin_LG, vout_LG).
-
-    x: (L, G, E) tokens per source rank; P: (L, E, G) copies. A token whose source holds a copy of its
-    expert stays there; an expert's other (remote) tokens are split evenly over its copies.
-    """
-    L, G, E = x.shape
-    tot = x.sum(axis=1, dtype=np.float64)  # (L, E)
-    sent = x.sum(axis=2, dtype=np.float64)  # (L, G)
-    copies = P.sum(axis=2)
-    if (copies <= 1).all():
-        # One copy per expert (sharding): every token of e is processed on its home rank.
-        home = np.argmax(P, axis=2)  # (L, E)
-        own = x[np.arange(L)[:, None], home, np.arange(E)] * (copies > 0)  # (fancy indexing beats take_along_axis)
-        idx = (np.arange(L)[:, None] * G + home).reshape(-1)
-        n = P * tot[:, :, None]
-        comp = np.bincount(idx, costs.expert_time(tot).reshape(-1), L * G).reshape(L, G)
-        vin = np.bincount(idx, (tot - own).reshape(-1), L * G).reshape(L, G)
-        vout = sent - np.bincount(idx, own.reshape(-1), L * G).reshape(L, G)
-        return n, comp, vin, vout
-    n = np.multiply(x.transpose(0, 2, 1), P, dtype=np.float64)  # local tokens
-    remote = tot - n.sum(axis=2)
-    vout = sent - n.sum(axis=1)
-    c1 = np.maximum(copies, 1)
-    if integral:
-        base, rem = remote // c1, remote % c1
-        m = P * (base[:, :, None] + (np.cumsum(P, axis=2) - 1 < rem[:, :, None]))
-    else:
-        m = P * (remote / c1)[:, :, None]
-    n += m
-    return n, _rank_time(costs, n), m.sum(axis=1), vout
+    return (np.ascontiguousarray(x, dtype=np.float64), kind != "f", P if P.ndim == 3 else P[None],
+            np.ascontiguousarray(win))
 
 
 def plan_layers(
@@ -261,40 +225,22 @@ def plan_layers(
     scalar, (L,) or (L, G) (np.inf = unlimited); eps: minimum gain relative to the bottleneck latency.
     Returns a Plan.
     """
-    x, integral, P, P0, win = _prepare(load_LGE, placement, hide_window_s, k_max, max_redundant)
-    L, G, E = x.shape
-    n, comp, vin, vout = _initial(x, P, costs, integral)  # n: (L, E, G)
-    c = costs.comm_s_per_token
-    lat = comp + c * np.maximum(vin, vout)
-    start_lat, start_load = lat.copy(), n.sum(axis=1)
-    cin = np.zeros((L, G), dtype=np.int64)
-    cout = np.zeros((L, G), dtype=np.int64)
-    k = np.zeros(L, dtype=np.int64)
-    moves = np.full((L, max(k_max, 1), 4), -1, dtype=np.int64)
-    eta = (float(costs.flops_per_token), float(costs.peak_flops), costs._log_tokens, costs._eta,
-           float(costs.weight_read_s))
-    _plan_all(np.ascontiguousarray(x, dtype=np.float64), P, n, comp, vin, vout, lat, np.ascontiguousarray(win),
-              cin, cout, k, moves, eta, float(c), float(costs.transfer_s), bool(integral), int(k_max),
-              int(max_redundant), float(eps))
-    return Plan(
-        n_LEG=n.astype(np.int64) if integral else n, placement_LEG=P, replicas_LEG=P & ~P0,
-        bytes_moved_L=cin.sum(axis=1) * costs.expert_bytes,
-        transfer_s_LG=np.maximum(cin, cout) * costs.transfer_s, iterations_L=k, moves_LK4=moves[:, :k_max],
-        compute_LG=comp, comm_LG=c * np.maximum(vin, vout), latency_LG=lat, start_latency_LG=start_lat,
-        load_LG=n.sum(axis=1), start_load_LG=start_load,
-    )
-
-
-def _rank_time(costs: PlanCosts, n_LEG: np.ndarray) -> np.ndarray:
-    """(L, E, G) tokens -> (L, G) seconds: eq. 2 summed over each rank's active GEMM groups."""
-    L, E, G = n_LEG.shape
-    flat = n_LEG.reshape(-1)
-    nz = np.flatnonzero(flat)
-    if nz.size * 2 > flat.size:
-        return costs.expert_time(n_LEG).sum(axis=1)
-    # Replicated placements still leave most (expert, rank) cells empty: price only the active ones.
-    idx = nz // (E * G) * G + nz % G
-    return np.bincount(idx, weights=costs.expert_time(flat[nz]), minlength=L * G).reshape(L, G)
+    x, integral, P_in, w_in = _inputs(load_LGE, placement, hide_window_s, k_max, max_redundant)
+    err, lay, e, n, n_int, P, replicas, k, moves, moved, lg = _plan_call(
+        x, P_in, w_in, integral, int(k_max), int(max_redundant), float(eps), float(costs.comm_s_per_token),
+        float(costs.transfer_s), float(costs.flops_per_token), float(costs.peak_flops), costs._log_tokens,
+        costs._eta, float(costs.weight_read_s), float(costs.expert_bytes))
+    if err == 1:
+        raise ConfigError("load_LGE holds a negative or non-finite count; expected token counts >= 0.")
+    if err == 2:
+        raise ConfigError(f"expert {e} of layer {lay} has tokens but no copy in placement; expected one.")
+    if err == 3:
+        raise ConfigError("hide_window_s holds a negative or NaN window; expected seconds >= 0.")
+    comp, comm, lat, start_lat, load, start_load, trans = lg
+    return Plan(n_LEG=n_int if integral else n, placement_LEG=P, replicas_LEG=replicas, bytes_moved_L=moved,
+                transfer_s_LG=trans, iterations_L=k, moves_LK4=moves[:, :k_max], compute_LG=comp,
+                comm_LG=comm,
+                latency_LG=lat, start_latency_LG=start_lat, load_LG=load, start_load_LG=start_load)
 
 
 # ---- the loop (lines 4-18): scalar code, compiled by numba when it is installed ------------------------------
@@ -303,6 +249,8 @@ def _rank_time(costs: PlanCosts, n_LEG: np.ndarray) -> np.ndarray:
 # and np.mean (pairwise sum), so a plan does not depend on whether numba is present.
 def _t(n: float, eta: tuple) -> float:
     """PlanCosts.expert_time of one GEMM group of n tokens; eta = (F, F_peak, log tokens, values, floor)."""
+    if n == 0.0:  # what the formula gives for n = 0 (up to the sign of zero); most cells are empty
+        return 0.0
     fpt, peak, xp, fp, floor = eta
     m = xp.size
     if m == 1:
@@ -468,7 +416,7 @@ def _plan_one(x, P, n, comp, vin, vout, lat, win, cin, cout, moves, eta, c, t_un
         vout1[dst] -= own
         for g in range(G):
             t_old[g] = _t(n[e, g], eta)
-            comp1[g] = comp[g] - t_old[g] + _t(col[g], eta)
+            comp1[g] = comp[g] - t_old[g] + (t_old[g] if col[g] == n[e, g] else _t(col[g], eta))
         for g in range(G):
             lat1[g] = comp1[g] + c * max(vin1[g], vout1[g])
         ts, td = _t(col[src], eta), _t(col[dst], eta)
@@ -483,7 +431,7 @@ def _plan_one(x, P, n, comp, vin, vout, lat, win, cin, cout, moves, eta, c, t_un
         vin1[src] -= xm
         vin1[dst] += xm
         for g in range(G):
-            comp[g] = comp[g] - t_old[g] + _t(col[g], eta)
+            comp[g] = comp[g] - t_old[g] + (t_old[g] if col[g] == n[e, g] else _t(col[g], eta))
             n[e, g] = col[g]
             vin[g], vout[g] = vin1[g], vout1[g]
             lat[g] = comp[g] + c * max(vin[g], vout[g])
@@ -495,14 +443,149 @@ def _plan_one(x, P, n, comp, vin, vout, lat, win, cin, cout, moves, eta, c, t_un
         k += 1
 
 
-def _plan_all(x, P, n, comp, vin, vout, lat, win, cin, cout, k, moves, eta, c, t_unit, integral, k_max, max_red,
-              eps):
-    """_plan_one over the L layers (x: (L, G, E), P / n: (L, E, G), per-rank arrays (L, G)), in place."""
-    if k_max <= 0:
-        return
-    for lay in range(x.shape[0]):
-        k[lay] = _plan_one(x[lay], P[lay], n[lay], comp[lay], vin[lay], vout[lay], lat[lay], win[lay], cin[lay],
-                           cout[lay], moves[lay], eta, c, t_unit, integral, k_max, max_red, eps)
+def _initial(x, tot, P, single, integral, eta, n, comp, vin, vout, load, own):
+    """Lines 2-3 for one layer, into zeroed n (E, G), comp / vin / load (G,) and vout (G,); own (G,) scratch.
+
+    x: (G, E) tokens per source rank; tot (E,) their sums over ranks; P: (E, G) copies; single: no expert of
+    any layer has two copies (then an expert's tokens all go to its home rank). load: tokens per rank after.
+    Sums run in numpy's order for the same arrays (sequential over the reduced axis, pairwise along a
+    contiguous row), so the start state does not depend on whether numba is present.
+    """
+    G, E = x.shape
+    for g in range(G):  # tokens each source sends, before subtracting its local ones
+        if integral:  # integer sums are exact in any order: four independent chains, not one long one
+            a0, a1, a2, a3, row, e4 = 0.0, 0.0, 0.0, 0.0, x[g], E - E % 4
+            for e in range(0, e4, 4):
+                a0 += row[e]
+                a1 += row[e + 1]
+                a2 += row[e + 2]
+                a3 += row[e + 3]
+            for e in range(e4, E):
+                a0 += row[e]
+            vout[g] = (a0 + a1) + (a2 + a3)
+        else:
+            vout[g] = _pairwise(x[g], 0, E)
+        own[g] = 0.0
+    if single:
+        for e in range(E):
+            h, o = 0, 0.0
+            for g in range(G):
+                if P[e, g]:
+                    h, o = g, x[g, e]
+                    n[e, g] = tot[e]
+                    load[g] += tot[e]
+                    break
+            comp[h] += _t(tot[e], eta)
+            vin[h] += tot[e] - o
+            own[h] += o
+    else:
+        for e in range(E):
+            cnt = 0
+            for g in range(G):
+                if P[e, g]:
+                    n[e, g] = x[g, e]
+                    own[g] += x[g, e]
+                    cnt += 1
+            remote = tot[e] - _pairwise(n[e], 0, G)
+            c1 = max(cnt, 1)
+            base, rem, cs = remote // c1, remote % c1, 0
+            for g in range(G):
+                if P[e, g]:
+                    cs += 1
+                    m = (base + (1.0 if cs - 1 < rem else 0.0)) if integral else remote / c1
+                    n[e, g] += m
+                    vin[g] += m
+                if n[e, g] != 0.0:
+                    comp[g] += _t(n[e, g], eta)
+                    load[g] += n[e, g]
+    for g in range(G):
+        vout[g] -= own[g]
+
+
+def _plan_call(x, P_in, w_in, integral, k_max, max_red, eps, c, t_unit, fpt, peak, xp, fp, floor,
+               expert_bytes):
+    """Checks, lines 2-3 and the loop for L layers -> (error code, its layer, expert or rank, Plan arrays).
+
+    x: (L, G, E) float64; P_in: (1 or L, E, G) baseline copies; w_in: (1 or L, 1 or G) windows (seconds).
+    Error codes: 1 a negative or non-finite load, 2 an expert with tokens and no copy (the first in layer,
+    expert order), 3 a negative or NaN window; the arrays are then unfilled. n_int is n as int64 when
+    integral (else empty). The per-rank results share one array, lg (7, L, G): compute, comm, latency,
+    start latency, load, start load, transfer seconds (returning one array instead of seven saves the
+    boxing of six on every call).
+    """
+    L, G, E = x.shape
+    eta = (fpt, peak, xp, fp, floor)
+    many_p, rows_w, cols_w = P_in.shape[0] > 1, w_in.shape[0] > 1, w_in.shape[1] > 1
+    P = np.empty((L, E, G), dtype=np.bool_)
+    replicas = np.zeros((L, E, G), dtype=np.bool_)
+    n = np.zeros((L, E, G))
+    n_int = np.empty((L, E, G) if integral else (0, 0, 0), dtype=np.int64)
+    tot, win = np.zeros((L, E)), np.empty((L, G))
+    vin, vout = np.zeros((L, G)), np.empty((L, G))
+    lg = np.zeros((7, L, G))
+    comp, comm, lat, start_lat, load, start_load, trans = lg[0], lg[1], lg[2], lg[3], lg[4], lg[5], lg[6]
+    cin, cout = np.zeros((L, G), dtype=np.int64), np.zeros((L, G), dtype=np.int64)
+    k, moved = np.zeros(L, dtype=np.int64), np.zeros(L)
+    moves = np.full((L, max(k_max, 1), 4), -1, dtype=np.int64)
+    out = (n, n_int, P, replicas, k, moves, moved, lg)
+    valid = 0  # counted, not tested with an early exit, so that the loop vectorises
+    for lay in range(L):
+        t = tot[lay]
+        for g in range(G):
+            row = x[lay, g]
+            for e in range(E):
+                v = row[e]
+                valid += (v >= 0.0) & (v < np.inf)
+                t[e] += v  # sequential over source ranks, as numpy sums over a non-contiguous axis
+    if valid != L * G * E:
+        return (1, 0, 0) + out
+    single = True
+    for lay in range(L):
+        src = lay if many_p else 0
+        for e in range(E):
+            cnt = 0
+            for g in range(G):
+                P[lay, e, g] = P_in[src, e, g]
+                cnt += P_in[src, e, g]
+            single = single and cnt <= 1
+            if tot[lay, e] > 0.0 and cnt == 0:
+                return (2, lay, e) + out
+    for lay in range(L):
+        for g in range(G):
+            w = w_in[lay if rows_w else 0, g if cols_w else 0]
+            if not w >= 0.0:
+                return (3, lay, g) + out
+            win[lay, g] = w
+    own = np.empty(G)
+    for lay in range(L):
+        _initial(x[lay], tot[lay], P[lay], single, integral, eta, n[lay], comp[lay], vin[lay], vout[lay],
+                 start_load[lay], own)
+        for g in range(G):
+            lat[lay, g] = comp[lay, g] + c * max(vin[lay, g], vout[lay, g])
+            start_lat[lay, g] = lat[lay, g]
+        if k_max > 0:
+            k[lay] = _plan_one(x[lay], P[lay], n[lay], comp[lay], vin[lay], vout[lay], lat[lay], win[lay],
+                               cin[lay], cout[lay], moves[lay], eta, c, t_unit, integral, k_max, max_red, eps)
+        if k[lay] == 0:
+            load[lay] = start_load[lay]
+        else:
+            for e in range(E):
+                for g in range(G):
+                    load[lay, g] += n[lay, e, g]
+        received = 0
+        for j in range(k[lay]):
+            e, g = moves[lay, j, 0], moves[lay, j, 2]
+            replicas[lay, e, g] = replicas[lay, e, g] or not P_in[lay if many_p else 0, e, g]
+        for g in range(G):
+            comm[lay, g] = c * max(vin[lay, g], vout[lay, g])
+            trans[lay, g] = max(cin[lay, g], cout[lay, g]) * t_unit
+            received += cin[lay, g]
+        moved[lay] = received * expert_bytes
+        if integral:
+            for e in range(E):
+                for g in range(G):
+                    n_int[lay, e, g] = np.int64(n[lay, e, g])
+    return (0, 0, 0) + out
 
 
 try:  # numba is optional: without it the same functions run as Python (slower, same plans)
@@ -510,8 +593,9 @@ try:  # numba is optional: without it the same functions run as Python (slower, 
 except ImportError:  # pragma: no cover - depends on the environment
     njit = None
 if njit is not None:
-    _t, _block, _pairwise, _pair, _cross, _solve, _plan_one, _plan_all = (
-        njit(cache=True)(fn) for fn in (_t, _block, _pairwise, _pair, _cross, _solve, _plan_one, _plan_all))
+    _t, _block, _pairwise, _pair, _cross, _solve, _plan_one, _initial, _plan_call = (
+        njit(cache=True)(fn)
+        for fn in (_t, _block, _pairwise, _pair, _cross, _solve, _plan_one, _initial, _plan_call))
 
 
 # ---- what any plan could reach ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from routecast.place.compare import (
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace.synth import SynthConfig, generate
+from tests.trace.test_capture import tokenizer  # noqa: F401  (a fixture)
 
 HW, MODEL = load_hardware("h100-sxm"), load_model("mixtral-8x7b")
 
@@ -95,3 +96,88 @@ def test_summary_plot_section_and_errors(trace, res, tmp_path):
     # with the truth as the forecast, the predictor-driven plan is the oracle's
     same = compare_methods(loads[:6], ep=4, hw=HW, model=MODEL, predicted=loads[:6])
     np.testing.assert_allclose(same["methods"]["probe_pred"]["moe_s_TL"], same["methods"]["probe_oracle"]["moe_s_TL"])
+
+
+# ---------------------------------------------------------------------- lookahead forecast arm
+@pytest.fixture(scope="module")
+def hidden_trace(tokenizer, tmp_path_factory):  # noqa: F811
+    """A tiny random 8-expert Mixtral (tests.trace.test_capture.build): 16 requests, hidden + logits."""
+    import torch
+
+    from routecast.trace.capture import capture
+    from routecast.trace.capture_arch import spec_from_model
+    from routecast.trace.io import TraceWriter, read_trace
+    from tests.trace.test_capture import build
+
+    torch.set_num_threads(1)
+    model = build("mixtral", seed=5, num_hidden_layers=3, num_local_experts=8)
+    model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(1)
+    words = "the a cat dog sat on mat ran fast slow red blue green one two three if else".split()
+    prompts = [{"prompt": " ".join(rng.choice(words, int(rng.integers(3, 8)))), "max_new_tokens": 5}
+               for _ in range(16)]
+    w = TraceWriter(tmp_path_factory.mktemp("cmp") / "t", spec_from_model(model))
+    capture(model, tokenizer, prompts, w, max_new_tokens=5, batch_size=4, hidden=True, logits=True,
+            progress=False)
+    return model, read_trace(w.close())
+
+
+def test_lookahead_forecast_is_the_top_k_of_the_cloned_router_on_held_out_steps(hidden_trace):
+    from routecast.place.compare import lookahead_forecast, split_requests
+    from routecast.trace.capture_arch import find_blocks
+
+    model, tr = hidden_trace
+    train, held = split_requests(tr, 0.5)
+    req = np.unique(tr.tokens["request"])
+    assert set(np.unique(train.tokens["request"])) == set(req[:8])
+    assert held.num_tokens + train.num_tokens == tr.num_tokens
+    loads, tokens, _ = step_loads(held)
+    K, E = tr.spec.top_k, tr.spec.num_experts
+    pred = lookahead_forecast(tr, model, epochs=0)
+    assert pred.shape == loads.shape
+    np.testing.assert_allclose(pred.sum(axis=2), tokens[:, None] * K * np.ones(tr.spec.num_layers))
+    # untrained: layer l's counts are the top-k of layer l's router applied to layer l-1's router input
+    _, step_idx = np.unique(held.tokens["step"], return_inverse=True)
+    routers = [b.router.weight.detach().numpy() for b in find_blocks(model)]
+    for layer in range(1, tr.spec.num_layers):
+        top = np.argsort(-(np.asarray(held.hidden_TLH[:, layer - 1]) @ routers[layer].T), axis=1)[:, :K]
+        want = np.zeros((loads.shape[0], E))
+        np.add.at(want, (np.repeat(step_idx, K), top.reshape(-1)), 1.0)
+        np.testing.assert_array_equal(pred[:, layer], want)
+    # layer 0: the training part's layer-0 slot shares times the step's slots, rounded to whole slots
+    share = np.bincount(train.experts_TLK[:, 0].reshape(-1), minlength=E).astype(float)
+    assert pred.dtype == np.int64
+    assert (np.abs(pred[:, 0] - (tokens * K)[:, None] * share / share.sum()) < 1).all()
+    # causal: the held-out routing and the last layer's router input are never read
+    held_rows = np.isin(tr.tokens["request"], req[8:])
+    other = dataclasses.replace(tr, experts_TLK=tr.experts_TLK.copy(), hidden_TLH=np.array(tr.hidden_TLH))
+    other.experts_TLK[held_rows] = (other.experts_TLK[held_rows] + 1) % E
+    other.hidden_TLH[:, -1] = 0.0
+    np.testing.assert_array_equal(lookahead_forecast(other, model, epochs=0), pred)
+    soft = lookahead_forecast(tr, model, epochs=1, counts="probs")
+    np.testing.assert_allclose(soft.sum(axis=2), tokens[:, None] * K * np.ones(tr.spec.num_layers))
+    assert not np.array_equal(soft, pred)
+    with pytest.raises(ConfigError, match="hidden_TLH"):
+        lookahead_forecast(dataclasses.replace(tr, hidden_TLH=None), model)
+    with pytest.raises(ConfigError, match="train_fraction"):
+        split_requests(tr, 1.0)
+
+
+def test_compare_lookahead_plans_both_arms_on_the_held_out_steps(hidden_trace):
+    from routecast.place.compare import compare_lookahead, split_requests
+
+    model, tr = hidden_trace
+    res = compare_lookahead(tr, model, ep=4, hw=HW, model=MODEL, epochs=1)
+    held = split_requests(tr, 0.5)[1]
+    loads = step_loads(held)[0]
+    np.testing.assert_array_equal(res["loads_TLE"], loads)
+    assert set(res["methods"]) == {*METHODS[:4], "probe_lookahead", "probe_transition"}
+    for m in res["methods"].values():
+        np.testing.assert_allclose(m["load_TLG"].sum(axis=2), loads.sum(axis=2), rtol=1e-9)
+    s = res["settings"]
+    assert (s["train_requests"], s["held_out_requests"]) == (8, 8)
+    assert all(0 <= v < 2 for v in s["forecast_error"].values())
+    rows = {r["method"]: r for r in summarize(res)}
+    assert rows["probe_oracle"]["moe_us_before"] <= rows["static"]["moe_us_before"] * (1 + 1e-9)
+    with pytest.raises(ConfigError, match="other than"):
+        compare_methods(loads, ep=4, hw=HW, model=MODEL, predicted={"static": loads})

@@ -121,14 +121,27 @@ def _water_level(costs, c, rank_s, rank_d, avg, pool):
     return float(cand[np.argmin(peak)]), float(peak.min())
 
 
+def _start(x, P, costs):
+    """Lines 2-3 for one layer of integer loads x (G, E), copies P (E, G) -> (n (E, G), comp, vin, vout (G,)):
+    local tokens stay, an expert's remote ones are split evenly over its copies (remainder to the first)."""
+    local = x.T * P
+    remote = x.sum(axis=0) - local.sum(axis=1)
+    copies = np.maximum(P.sum(axis=1), 1)
+    rank_of_copy = np.cumsum(P, axis=1) - 1
+    m = P * (remote[:, None] // copies[:, None] + (rank_of_copy < remote[:, None] % copies[:, None]))
+    n = (local + m).astype(np.float64)
+    vout = (x.sum(axis=1) - local.sum(axis=0)).astype(np.float64)
+    return n, costs.expert_time(n).sum(axis=0), m.sum(axis=0).astype(np.float64), vout
+
+
 def _reference(x, P0, costs, win, k_max, max_red, eps):
     """Algorithm 2 for one layer written as the paper states it: sequential, one invalid pair at a time,
     in numpy (the planner's loop is scalar code, compiled by numba when present): neither the control flow
-    nor the water-filling code is shared, only PlanCosts.expert_time and the initial assignment.
+    nor the water-filling code nor the initial assignment (_start) is shared, only PlanCosts.expert_time.
     """
     G, E = x.shape
     P = P0.copy()
-    n, comp, vin, vout = (a[0] for a in probe._initial(x[None], P[None], costs, True))
+    n, comp, vin, vout = _start(x, P, costs)
     c, t = costs.comm_s_per_token, costs.transfer_s
     cin, cout, invalid, k = np.zeros(G, int), np.zeros(G, int), set(), 0
     while True:
@@ -318,6 +331,38 @@ def test_expected_counts_plan_in_floats():
         assert (plan.latency_LG.max(axis=1) < plan.start_latency_LG.max(axis=1)).all()
 
 
+@pytest.mark.parametrize("extra", [False, True])
+def test_compiled_start_state_and_result_arrays_match_numpy(extra):
+    """The compiled call (checks, lines 2-3, results) against numpy: bit for bit on integer loads."""
+    rng = np.random.default_rng(11)
+    L, G, E = 5, 4, 16
+    x = _loads(rng, L, G, E)
+    P0 = np.broadcast_to(sharded_placement(E, G), (L, E, G)) | (extra & (rng.random((L, E, G)) < 0.25))
+    for costs in (token_costs(expert_bytes=10.0, link_bandwidth=5.0), CURVED):
+        win = np.array([0.0, 1.0, 2.0, 3.0, np.inf]) * costs.transfer_s
+        plan = plan_layers(x, P0, costs=costs, hide_window_s=win)
+        start = [_start(x[lay], P0[lay], costs) for lay in range(L)]
+        np.testing.assert_array_equal(plan.start_load_LG, [n.sum(axis=0) for n, *_ in start])
+        np.testing.assert_array_equal(plan.start_latency_LG, [cp + costs.comm_s_per_token * np.maximum(vi, vo)
+                                                              for _, cp, vi, vo in start])
+        # the final arrays are what the assignment and the move log say
+        np.testing.assert_array_equal(plan.load_LG, plan.n_LEG.sum(axis=1))
+        np.testing.assert_array_equal(plan.replicas_LEG, plan.placement_LEG & ~P0)
+        recv, sent = _transfers(plan, P0)
+        np.testing.assert_array_equal(plan.bytes_moved_L, recv.sum(axis=1) * costs.expert_bytes)
+        np.testing.assert_array_equal(plan.transfer_s_LG, np.maximum(recv, sent) * costs.transfer_s)
+        np.testing.assert_allclose(plan.latency_LG, _latencies(x, plan, costs)[0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(plan.compute_LG + plan.comm_LG, plan.latency_LG, rtol=1e-12)
+        assert not plan.replicas_LEG[0].any() and plan.replicas_LEG[4].any()  # windows of 0 and inf
+        # the same values in another dtype or memory layout plan the same way
+        frac = (x / 3.0).astype(np.float32)
+        for a, b in ((x, np.asfortranarray(x.astype(np.int32))), (frac.astype(np.float64), frac)):
+            p = plan_layers(a, P0, costs=costs, hide_window_s=win)
+            q = plan_layers(b, P0, costs=costs, hide_window_s=win)
+            np.testing.assert_array_equal(p.n_LEG, q.n_LEG)
+            np.testing.assert_array_equal(p.latency_LG, q.latency_LG)
+
+
 def test_spread_sources_and_errors():
     s = spread_sources(np.array([[5, 0, 3]]), 2)
     assert s.tolist() == [[[3, 0, 2], [2, 0, 1]]]
@@ -332,5 +377,15 @@ def test_spread_sources_and_errors():
         plan_layers(np.ones((1, 2, 2), int), sharded_placement(2, 2), costs=c, hide_window_s=-1.0)
     with pytest.raises(ConfigError, match="negative"):
         plan_layers(-np.ones((1, 2, 2), int), sharded_placement(2, 2), costs=c, hide_window_s=1.0)
+    with pytest.raises(ConfigError, match="non-finite"):
+        plan_layers(np.array([[[1.0, np.nan], [2.0, 1.0]]]), sharded_placement(2, 2), costs=c,
+                    hide_window_s=1.0)
+    with pytest.raises(ConfigError, match="expert 1 of layer 1"):
+        P = np.stack([sharded_placement(2, 2), [[True, False], [False, False]]])
+        plan_layers(np.ones((2, 2, 2), int), P, costs=c, hide_window_s=1.0)
+    with pytest.raises(ConfigError, match="NaN window"):
+        plan_layers(np.ones((2, 2, 2), int), sharded_placement(2, 2), costs=c, hide_window_s=[1.0, np.nan])
+    with pytest.raises(ConfigError, match=r"hide_window_s has shape \(3,\)"):
+        plan_layers(np.ones((2, 2, 2), int), sharded_placement(2, 2), costs=c, hide_window_s=[1.0, 1.0, 1.0])
     with pytest.raises(ConfigError, match="link"):
         planner_costs(load_model("mixtral-8x7b"), load_hardware("h100-sxm"), link="infiniband")
