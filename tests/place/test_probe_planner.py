@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from routecast.common.errors import ConfigError
-from routecast.place import probe
+from routecast.place import probe_kernel
 from routecast.place.duplication import sharded_placement
 from routecast.place.probe import (
     PlanCosts,
@@ -106,10 +106,10 @@ def _water_level(costs, c, rank_s, rank_d, avg, pool):
                 bd + costs.expert_time(nd + xm) + c * np.maximum(vid + xm, vod))
 
     def cross(lo, hi):
-        xs = lo + (hi - lo) * (np.arange(probe.GRID + 1) / probe.GRID)
+        xs = lo + (hi - lo) * (np.arange(probe_kernel.GRID + 1) / probe_kernel.GRID)
         ls, ld = pair(xs)
         gap = ls - np.maximum(avg, ld)
-        j = int(np.argmax(gap <= 0)) if (gap <= 0).any() else probe.GRID
+        j = int(np.argmax(gap <= 0)) if (gap <= 0).any() else probe_kernel.GRID
         i = max(j - 1, 0)
         return xs[i], xs[j], gap[i], gap[j]
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from routecast.common.errors import ConfigError, TraceError
-from routecast.trace import io as trace_io
+from routecast.trace import shards as trace_shards
 from routecast.trace.io import TraceWriter, inspect_trace, read_shard, read_trace, write_trace
 from routecast.trace.trace import COLUMNS
 
@@ -176,7 +176,7 @@ def test_existing_trace_needs_overwrite_and_survives_a_failed_one(tmp_path, smal
 
 
 def test_overwrite_without_renameat2_uses_two_renames(tmp_path, small_trace, assert_trace_equal, monkeypatch):
-    monkeypatch.setattr(trace_io, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(trace_shards, "_exchange", lambda a, b: False)
     write_trace(small_trace(seed=1), tmp_path / "t")
     new = small_trace(seed=3)
     write_trace(new, tmp_path / "t", overwrite=True)
