@@ -125,7 +125,7 @@ def run_demo(
     if synthetic:
         origin = _synthetic(trace_dir, synthetic, requests or 64, seed)
     else:
-        origin = _capture_builtin(trace_dir, requests or 40, seed, max_new_tokens)
+        origin = _capture_builtin(trace_dir, requests or 80, seed, max_new_tokens)
     trace = read_trace(trace_dir)
     print(f"trace: {trace!r}")
     sections = [Section("trace", "Trace", [paragraph(f"{origin['source']}: {trace!r}"), table([_trace_row(trace)])])]
@@ -140,7 +140,7 @@ def run_demo(
         print(f"[{key}] done in {timings[key]:.1f}s")
     summary["timings_s"] = {**timings, "total": time.perf_counter() - t_start}
     summary["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    write_atomic(out / "summary.json", json.dumps(_finite(summary), indent=2, default=_json_default, allow_nan=False))
     report = write_report(out / "report.html", "routecast demo", sections, meta={"trace": origin["source"]})
     print(_summary_table(summary))
     print(f"wrote {report} and {out / 'summary.json'}")
@@ -165,11 +165,28 @@ def _summary_table(summary: dict[str, Any]) -> str:
         for k, v in vals.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 lines.append(f"{sec:<12} {k:<34} {v:>10.4g}")
-            elif isinstance(v, dict):
+            elif k == "rows" and isinstance(v, list):
+                for r in v:
+                    if isinstance(r, dict) and "method" in r and isinstance(r.get("moe_us_before"), float):
+                        lines.append(f"{sec:<12} {(r['method'] + '.moe_us')[:34]:<34} {r['moe_us_before']:>10.4g}")
+            elif isinstance(v, dict) and k != "settings":  # settings are in summary.json, not the table
                 for k2, v2 in v.items():
                     if isinstance(v2, (int, float)) and not isinstance(v2, bool):
                         lines.append(f"{sec:<12} {(k + '.' + k2)[:34]:<34} {v2:>10.4g}")
     return "\n".join(lines)
+
+
+def _finite(o: Any) -> Any:
+    """NaN/inf -> None, recursively: summary.json stays strict JSON."""
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if isinstance(o, (float, np.floating)):
+        return float(o) if np.isfinite(o) else None
+    if isinstance(o, np.ndarray):
+        return _finite(o.tolist())
+    return o
 
 
 def _json_default(o: Any) -> Any:

@@ -1,0 +1,41 @@
+"""`routecast demo` end to end: report and summary written, every section present, strict JSON."""
+
+import json
+
+import pytest
+
+from routecast.demo import SECTIONS, run_demo
+
+
+def _check(out):
+    html = (out / "report.html").read_text()
+    for key, _ in SECTIONS:
+        assert f'id="{key}"' in html, f"section {key} missing from the report"
+    assert html.count("data:image/png;base64,") >= 2
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert {k for k, _ in SECTIONS} <= set(summary) and summary["trace"]["tokens"] > 0
+    return summary
+
+
+def test_demo_on_a_synthetic_preset(tmp_path, capsys):
+    summary = _check_run(tmp_path / "demo", synthetic="mixtral-8x7b", requests=12)
+    assert summary["trace"]["experts"] == 8 and "wrote" in capsys.readouterr().out
+
+
+def _check_run(out, **kw):
+    run_demo(out, **kw)
+    first = _check(out)
+    run_demo(out, **kw)  # a rerun replaces the demo's own trace instead of failing on it
+    assert _check(out)["trace"]["tokens"] == first["trace"]["tokens"]
+    return first
+
+
+@pytest.mark.slow
+def test_demo_on_the_builtin_model(tmp_path):
+    summary = _check(_run(tmp_path / "demo"))
+    assert summary["trace"]["moe_layers"] == 4 and summary["trace"]["requests"] == 16
+
+
+def _run(out):
+    run_demo(out, requests=16, max_new_tokens=8)
+    return out
