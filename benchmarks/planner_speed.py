@@ -45,6 +45,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from routecast.common.machine import cpu_name  # noqa: E402
 from routecast.place.duplication import sharded_placement  # noqa: E402
 from routecast.place.eplb import placement_ir, rebalance_experts  # noqa: E402
 from routecast.place.probe import plan_layers, planner_costs  # noqa: E402
@@ -59,16 +60,6 @@ CASES = [
     ("128 experts / EP 8", "qwen3-235b-a22b", "h100-sxm", 94, 8, 144, 1, 1, 1024),
     ("256 experts / EP 32", "deepseek-v3", "h100-sxm", 58, 32, 288, 8, 4, 1024),
 ]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 _JIT_PROBE = """
@@ -111,7 +102,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     jit = jit_seconds()
-    print(f"machine: {_cpu_name()}, {os.cpu_count()} cores (1 used), numpy {np.__version__}, "
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores (1 used), numpy {np.__version__}, "
           f"Python {platform.python_version()}, numba {jit['numba']}")
     if jit["numba"]:
         print(f"first call in a fresh process (import + JIT, excluded below): {jit['first_call_compile_s']:.1f} s "
@@ -171,7 +162,7 @@ def main() -> None:
         })
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
+    doc = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
                        "numpy": np.__version__, "python": platform.python_version()}, "jit": jit,
            "reps": args.reps, "timer": "time.thread_time, median of interleaved repeats", "cases": rows}
     (out / "planner_speed.json").write_text(json.dumps(doc, indent=2))

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routecast.common.machine import cpu_name
 from routecast.place.compare import compare_lookahead, compare_methods, plot_throughput, summarize
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
@@ -49,16 +50,6 @@ from routecast.trace.synth_presets import PRESETS
 SIM_MODEL = {"gpt-oss-120b": "gpt-oss-120b", "qwen3-235b": "qwen3-235b-a22b"}
 COLUMNS = ("method", "IR", "skew", "moe_us_before", "moe_us_after", "decode_vs_eplb", "prefill_speedup",
            "MB_per_step", "planner_ms_per_step", "planner_ms_per_call")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def workloads(quick: bool, layers: int, seed: int) -> list[tuple[str, str, dict, int]]:
@@ -105,7 +96,7 @@ def main() -> None:
     hw = load_hardware(args.hardware)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"cpu": _cpu(), "cores": os.cpu_count(), "numpy": np.__version__, "python": platform.python_version(),
+    machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "numpy": np.__version__, "python": platform.python_version(),
                "simulated": f"{args.ep} x {hw.name} ({hw.name} profile: link per direction "
                             f"{hw.link_bandwidth('nvlink') / 1e9:.0f} GB/s)"}
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; simulated: {machine['simulated']}")
