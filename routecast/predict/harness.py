@@ -34,7 +34,24 @@ _VIEW_COLUMNS = ("request", "position", "token_id", "phase", "task")
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepView:
+class StepTokens:
+    """One step's token columns (T,): request int64, position int32, token_id int32, phase int8, task int16."""
+
+    spec: MoESpec
+    step: int
+    request: np.ndarray
+    position: np.ndarray
+    token_id: np.ndarray
+    phase: np.ndarray
+    task: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_id.shape[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepView(StepTokens):
     """What a predictor may see when it predicts one step (T = tokens of the step, in trace order).
 
     request int64, position int32, token_id int32, phase int8, task int16: (T,) token columns.
@@ -43,13 +60,6 @@ class StepView:
     hidden_TlH float: router inputs of layers < layer (None when the trace has none).
     """
 
-    spec: MoESpec
-    step: int
-    request: np.ndarray
-    position: np.ndarray
-    token_id: np.ndarray
-    phase: np.ndarray
-    task: np.ndarray
     task_names: tuple[str, ...] = ()
     layer: int | None = None
     experts_TlK: np.ndarray | None = None
@@ -57,30 +67,15 @@ class StepView:
     logits_TlE: np.ndarray | None = None
     hidden_TlH: np.ndarray | None = None
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_id.shape[0])
-
 
 @dataclass(frozen=True, kw_only=True)
-class StepRouting:
+class StepRouting(StepTokens):
     """A finished step revealed to the predictor: its token columns and its full routing (T, L, ·)."""
 
-    spec: MoESpec
-    step: int
-    request: np.ndarray
-    position: np.ndarray
-    token_id: np.ndarray
-    phase: np.ndarray
-    task: np.ndarray
     experts_TLK: np.ndarray
     weights_TLK: np.ndarray
     logits_TLE: np.ndarray | None = None
     hidden_TLH: np.ndarray | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_id.shape[0])
 
 
 class Predictor:
