@@ -14,12 +14,13 @@ import json
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
+from safetensors.numpy import save as save_bytes
 
 from routecast.common.errors import TraceError
 from routecast.trace.spec import MoESpec
@@ -251,17 +252,20 @@ def _load_shard(file: Path, spec: MoESpec | None, *, rows: int | None = None, nb
         raise _oserr(file, e, "a readable routing shard") from None
     if raw.size != size:
         raise TraceError(f"{file}: file changed size while being read; expected {size} bytes.")
+    info["raw"] = raw  # the whole file's bytes (a memory map or a buffer), for the CRC check
     return {k: raw[start + a: start + b].view(dt).reshape(sh)
             for k, (dt, sh, a, b) in entries.items() if want is None or k in want}, info
 
 
 def _write_shard(file: Path, spec: MoESpec, task_names: tuple[str, ...], source_names: tuple[str, ...],
-                 arrays: dict[str, np.ndarray]) -> None:
+                 arrays: dict[str, np.ndarray]) -> int:
+    """Write one shard durably; returns the CRC-32 of its bytes (recorded in trace.json, checked on read)."""
     meta = {"format": "routecast-trace-shard", "schema_version": str(SCHEMA_VERSION),
             "spec": json.dumps(spec.to_dict()), "task_names": json.dumps(list(task_names)),
             "source_names": json.dumps(list(source_names))}
-    tensors = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-    _atomic_write(file, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+    data = save_bytes({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=meta)
+    _atomic_write(file, data)
+    return zlib.crc32(data)
 
 
 # ---------------------------------------------------------------- trace.json and tokens.parquet

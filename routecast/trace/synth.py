@@ -69,6 +69,7 @@ import numpy as np
 from routecast.common.errors import ConfigError
 from routecast.trace.spec import MoESpec
 from routecast.trace.synth_batching import schedule
+from routecast.trace.synth_sampling import _CandidatePool, _gumbel, _rowtake, _topk_sorted
 from routecast.trace.trace import Trace, make_columns
 
 _PER_TASK = ("task_mix", "task_sharpness", "prompt_len", "output_len", "shift_task_mix")
@@ -226,23 +227,26 @@ def generate(cfg: SynthConfig) -> Trace:
     Returns a Trace with experts_TLK int16 (each row K distinct experts, ordered by weight descending),
     weights_TLK float32 (sum 1 over K), and every token column filled; no logits or hidden states.
     """
+    cols, provenance, rngs = prepare(cfg)
+    experts_TLK, weights_TLK = _route(cfg, cols, *rngs)
+    return Trace(spec=cfg.spec(), tokens=cols, experts_TLK=experts_TLK, weights_TLK=weights_TLK,
+                 task_names=cfg.task_names, source_names=("synthetic",), provenance=provenance)
+
+
+def prepare(cfg: SynthConfig) -> tuple[dict[str, np.ndarray], dict[str, Any], tuple]:
+    """The serving layout of cfg's trace before routing -> (token columns (T,), provenance, routing rngs).
+
+    The columns (~37 bytes a token) are held whole; routing (L x K x 6 bytes a token) comes from
+    route_blocks(cfg, cols, *rngs, rows=...) or _route(cfg, cols, *rngs).
+    """
     streams = np.random.SeedSequence(cfg.seed).spawn(6)
     rng_req, rng_tok, rng_pop, rng_drift, rng_route = (np.random.default_rng(s) for s in streams[:5])
     salts = streams[5].generate_state(2, dtype=np.uint32)
-
     cols, task_R = schedule(cfg, rng_req)  # token layout first: routing depends on step and task
     T = cols["request"].shape[0]
     cols["token_id"] = _draw_token_ids(cfg, rng_tok, T)
-    experts_TLK, weights_TLK = _route(cfg, cols, rng_pop, rng_drift, rng_route, salts)
-    return Trace(
-        spec=cfg.spec(),
-        tokens=make_columns(T, **cols),
-        experts_TLK=experts_TLK,
-        weights_TLK=weights_TLK,
-        task_names=cfg.task_names,
-        source_names=("synthetic",),
-        provenance={"generator": "routecast.trace.synth", "config": cfg.to_dict(), "requests": int(task_R.size)},
-    )
+    provenance = {"generator": "routecast.trace.synth", "config": cfg.to_dict(), "requests": int(task_R.size)}
+    return make_columns(T, **cols), provenance, (rng_pop, rng_drift, rng_route, salts)
 
 
 def _draw_token_ids(cfg: SynthConfig, rng: np.random.Generator, T: int) -> np.ndarray:
@@ -318,12 +322,14 @@ class _Contexts:
         self.c_task, rest = uniq % nt, uniq // nt
         self.c_window, self.c_post = rest % W, rest // W
 
-    def layer(self, l: int) -> dict[str, np.ndarray]:
+    def layer(self, l: int, sub: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Tables of layer l: logp (C*E,) flat float32 log-probabilities, p_CG group masses, cdf (C*E,)
         per-context CDFs and guide (C*B,), the first index whose CDF exceeds b/B (a guide table, so a
-        categorical draw costs O(1) expected steps)."""
+        categorical draw costs O(1) expected steps). sub: only these contexts, in this order (C = len(sub))."""
         cfg = self.cfg
-        logp = self.lp_PNLE[self.c_post, self.c_task, l] + self.drift_WLE[self.c_window, l]
+        sub = np.arange(self.c_task.size) if sub is None else sub
+        c_post, c_task, c_window = self.c_post[sub], self.c_task[sub], self.c_window[sub]
+        logp = self.lp_PNLE[c_post, c_task, l] + self.drift_WLE[c_window, l]
         logp = logp - _logsumexp(logp)
         p = np.exp(logp)
         C, E = p.shape
@@ -339,65 +345,62 @@ class _Contexts:
                 "cdf": cdf.ravel(), "guide": guide, "B": B}
 
 
-def _gumbel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Standard Gumbel noise, float32 (two in-place float32 logs are the cheapest exact route)."""
-    g = rng.random(shape, dtype=np.float32)
-    np.maximum(g, np.float32(2.0**-25), out=g)  # rng.random can return 0; keep log finite
-    np.log(g, out=g)
-    np.negative(g, out=g)
-    np.log(g, out=g)
-    return np.negative(g, out=g)
-
-
-def _rowtake(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """x[r, idx[r, j]] for 2-D x and idx (a flat np.take: much cheaper than take_along_axis)."""
-    return np.take(x.ravel(), idx + (np.arange(x.shape[0]) * x.shape[1])[:, None])
-
-
-def _topk_sorted(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Values and column indices of the k largest entries of each row of x (n, m >= k), descending."""
-    if x.shape[1] > k:
-        idx = np.argpartition(-x, k - 1, axis=1)[:, :k]
-    else:
-        idx = np.broadcast_to(np.arange(k), x.shape).copy()
-    val = _rowtake(x, idx)
-    o = np.argsort(-val, axis=1, kind="stable")
-    return _rowtake(val, o), _rowtake(idx, o)
-
-
 def _profile(m: int) -> np.ndarray:
     return (m - np.arange(m, dtype=np.float64)) / m  # bonus of preferred expert j of m, relative
 
 
 def _route(cfg: SynthConfig, cols, rng_pop, rng_drift, rng: np.random.Generator, salts):
-    """Layer-by-layer lazy Gumbel-top-k routing (module docstring, step 10). Returns int16 / float32 (T, L, K)."""
+    """Lazy Gumbel-top-k routing of the whole trace in one block (module docstring, step 10).
+
+    Returns int16 / float32 (T, L, K); the same draws as route_blocks with one block of all T rows.
+    """
+    T = cols["request"].shape[0]
+    for _, experts, weights in route_blocks(cfg, cols, rng_pop, rng_drift, rng, salts, rows=max(T, 1)):
+        return experts, weights
+    L, K = cfg.num_layers, cfg.top_k
+    return np.zeros((0, L, K), np.int16), np.zeros((0, L, K), np.float32)
+
+
+def route_blocks(cfg: SynthConfig, cols, rng_pop, rng_drift, rng: np.random.Generator, salts, *, rows: int):
+    """Route `rows` tokens at a time through every layer: yield (first row, experts int16 (n, L, K),
+    weights float32 (n, L, K)) in row order, so a trace is written as it is generated.
+
+    Memory is O(rows x L x K) plus the per-token columns: a token's layers depend only on its own earlier
+    layers, so blocks of tokens are independent given the shared tables (popularity, drift, successors).
+    Inside a block layers go one by one over cache-sized sub-chunks as before; the draws depend on `rows`.
+    """
     T, L, E, K = cols["request"].shape[0], cfg.num_layers, cfg.num_experts, cfg.top_k
     ctx = _Contexts(cfg, cols, rng_pop, rng_drift)
     succ = _successors(cfg, rng_pop)
-    experts = np.zeros((T, L, K), dtype=np.int16)
-    weights = np.zeros((T, L, K), dtype=np.float32)
     chunk = max(1024, (1 << 23) // E)
-    rows = min(chunk, max(T, 1))
-    # Scratch (rows, E) maps, flat: `owner` dedupes bonus entries, `stamp` marks experts already taken
+    n_max = min(chunk, max(min(rows, T), 1))
+    # Scratch (n_max, E) maps, flat: `owner` dedupes bonus entries, `stamp` marks experts already taken
     # (equal to the current tag); a fresh tag per (layer, chunk) avoids clearing them.
-    scratch = {"owner": np.empty(rows * E, dtype=np.int16), "stamp": np.zeros(rows * E, dtype=np.int32), "tag": 0,
+    scratch = {"owner": np.empty(n_max * E, dtype=np.int16), "stamp": np.zeros(n_max * E, dtype=np.int32), "tag": 0,
                "tok_pref": None}
-    for l in range(L):
-        tables = ctx.layer(l)
-        # Token paths: a token id's preferred experts at layer 0 are a hash of the id; at each next layer
-        # they are the primary successors of the previous ones, so a token id routes along fixed paths.
-        if cfg.token_strength > 0:
-            scratch["tok_pref"] = (_token_start(cfg, cols["token_id"], salts[0]) if l == 0
-                                   else succ[l][scratch["tok_pref"], 0])
-        for lo in range(0, T, chunk):
-            hi = min(T, lo + chunk)
-            scratch["tag"] += 1
-            ids, vals = _route_rows(cfg, l, lo, hi, cols, ctx.ctx_T[lo:hi], tables, succ, experts, rng, salts,
-                                    scratch)
-            experts[lo:hi, l] = ids
-            w = np.exp(vals - vals[:, :1])
-            weights[lo:hi, l] = w / w.sum(axis=1, keepdims=True)
-    return experts, weights
+    for b0 in range(0, T, rows):
+        b1 = min(T, b0 + rows)
+        n = b1 - b0
+        bcols = {k: v[b0:b1] for k, v in cols.items()}
+        sub, c_blk = np.unique(ctx.ctx_T[b0:b1], return_inverse=True)  # contexts present in this block
+        experts = np.zeros((n, L, K), dtype=np.int16)
+        weights = np.zeros((n, L, K), dtype=np.float32)
+        for l in range(L):
+            tables = ctx.layer(l, sub)
+            # Token paths: a token id's preferred experts at layer 0 are a hash of the id; at each next layer
+            # they are the primary successors of the previous ones, so a token id routes along fixed paths.
+            if cfg.token_strength > 0:
+                scratch["tok_pref"] = (_token_start(cfg, bcols["token_id"], salts[0]) if l == 0
+                                       else succ[l][scratch["tok_pref"], 0])
+            for lo in range(0, n, chunk):
+                hi = min(n, lo + chunk)
+                scratch["tag"] += 1
+                ids, vals = _route_rows(cfg, l, lo, hi, bcols, c_blk[lo:hi], tables, succ, experts, rng, salts,
+                                        scratch)
+                experts[lo:hi, l] = ids
+                w = np.exp(vals - vals[:, :1])
+                weights[lo:hi, l] = w / w.sum(axis=1, keepdims=True)
+        yield b0, experts, weights
 
 
 def _successors(cfg: SynthConfig, rng: np.random.Generator) -> np.ndarray:
@@ -524,77 +527,3 @@ def _route_rows(cfg, l, lo, hi, cols, c, tb, succ, experts, rng, salts, scratch)
     eid = np.where(from_u, u_ids, _rowtake(v_ids, shift))
     o = np.argsort(-val, axis=1, kind="stable")
     return _rowtake(eid, o), _rowtake(val, o)
-
-
-class _CandidatePool:
-    """Per row, the experts of its complement draws in order. By default i.i.d. draws from the row's
-    context base distribution, made in bulk (n, width) and consumed in order: skipping stamped experts and
-    experts of unchosen groups turns them into sequential sampling without replacement from the base
-    restricted to the chosen groups. A row whose drawable mass gets small switches to an exact list: one
-    dense Gumbel-top-k over what is left gives all its remaining draws in order at once."""
-
-    def __init__(self, cfg, rng, c, tb, chosen, width: int) -> None:
-        self.cfg, self.rng, self.c, self.tb, self.chosen, self.width = cfg, rng, c, tb, chosen, width
-        self.cand = self._draw(np.arange(c.size))
-        self.ptr = np.zeros(c.size, np.int64)
-        self.exact = np.zeros(c.size, bool)
-
-    def _draw(self, rows: np.ndarray) -> np.ndarray:
-        tb, w, E, B = self.tb, self.width, self.cfg.num_experts, self.tb["B"]
-        c = np.repeat(self.c[rows], w)
-        u = self.rng.random(c.size)
-        i = tb["guide"].take(c * B + (u * B).astype(np.int64))
-        todo = np.nonzero(tb["cdf"].take(c * E + i) <= u)[0]
-        while todo.size:  # guide-table walk, only for the few draws past their bucket's first index
-            i[todo] += 1
-            todo = todo[tb["cdf"].take(c[todo] * E + i[todo]) <= u[todo]]
-        return i.reshape(rows.size, w)
-
-    def _make_exact(self, rows: np.ndarray, stamp: np.ndarray, tag: int) -> None:
-        E, G = self.cfg.num_experts, self.cfg.n_group
-        lp = self.tb["logp"].reshape(-1, E)[self.c[rows]]
-        lp = np.where(stamp.reshape(-1, E)[rows] == tag, -np.inf, lp)
-        if G > 1:
-            lp[~np.repeat(self.chosen.reshape(-1, G)[rows], E // G, axis=1)] = -np.inf
-        k = min(self.cfg.top_k, E)
-        self.cand[rows, :k] = _topk_sorted(lp + _gumbel(self.rng, lp.shape), k)[1]
-        self.ptr[rows] = 0
-        self.exact[rows] = True
-
-    def next_free(self, rows: np.ndarray, free_mass: np.ndarray, stamp: np.ndarray, tag: int) -> np.ndarray:
-        """The next draw of each row that is neither stamped nor in an unchosen group.
-
-        free_mass: (rows,) base mass still drawable (the acceptance rate of a pool draw). Rows where it is
-        small enough that rejection would cost more than O(E) work switch to an exact list.
-        """
-        E, w = self.cfg.num_experts, self.width
-        switch = ~self.exact[rows] & (free_mass < min(0.5, 16.0 / E))
-        if switch.any():
-            self._make_exact(rows[switch], stamp, tag)
-        out = np.empty(rows.size, np.int64)
-        ex = self.exact[rows]
-        rr = rows[ex]
-        out[ex] = self.cand.ravel().take(rr * w + self.ptr[rr])
-        self.ptr[rr] += 1
-        todo = np.nonzero(~ex)[0]
-        for _ in range(4 * w):
-            if todo.size == 0:
-                return out
-            rr = rows[todo]
-            dry = self.ptr[rr] >= w
-            if dry.any():
-                self.cand[rr[dry]] = self._draw(rr[dry])
-                self.ptr[rr[dry]] = 0
-            e = self.cand.ravel().take(rr * w + self.ptr[rr])
-            self.ptr[rr] += 1
-            ok = stamp.take(rr * E + e) != tag
-            if self.chosen is not None:
-                G = self.cfg.n_group
-                ok &= self.chosen.take(rr * G + e // (E // G))
-            out[todo[ok]] = e[ok]
-            todo = todo[~ok]
-        # Still unlucky after many draws: the exact list (its first entry is the next draw).
-        self._make_exact(rows[todo], stamp, tag)
-        out[todo] = self.cand[rows[todo], 0]
-        self.ptr[rows[todo]] = 1
-        return out

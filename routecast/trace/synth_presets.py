@@ -33,7 +33,7 @@ import numpy as np
 
 from routecast.common.errors import ConfigError
 from routecast.trace.stats import imbalance_ratio, skewness
-from routecast.trace.synth import SynthConfig, generate
+from routecast.trace.synth import SynthConfig, generate, prepare, route_blocks
 from routecast.trace.trace import DECODE, PREFILL, Trace
 
 
@@ -449,14 +449,23 @@ def preset_config(preset: str, *, tokens: int | None = None, requests: int | Non
 
 
 def synth_to_disk(preset: str, out: str | Path, *, tokens: int | None = None, requests: int | None = None,
-                  seed: int = 0, overrides: dict[str, Any] | None = None) -> Path:
-    """Generate a preset's trace (see preset_config) and write it with routecast.trace.io.write_trace.
+                  seed: int = 0, overrides: dict[str, Any] | None = None, shard_tokens: int = 65536) -> Path:
+    """Generate a preset's trace (see preset_config) and write it shard by shard as it is generated.
 
-    Returns the trace directory. Bad preset names, sizes or knobs raise a ConfigError before any work.
+    Routing is drawn shard_tokens rows at a time (synth.route_blocks) and each block committed as one
+    shard, so memory holds one block plus the token columns, never the trace. The draws depend on
+    shard_tokens (blocks are routed independently). Returns the trace directory. Bad preset names, sizes
+    or knobs raise a ConfigError before any work.
     """
     cfg = preset_config(preset, tokens=tokens, requests=requests, seed=seed, overrides=overrides)
-    from routecast.trace.io import write_trace  # written alongside; imported late to keep this module light
+    from routecast.trace.io import TraceWriter  # imported late to keep this module light
 
-    trace = generate(cfg)
-    trace.provenance["preset"] = preset
-    return write_trace(trace, out)
+    cols, provenance, rngs = prepare(cfg)
+    provenance["preset"] = preset
+    provenance["block_tokens"] = shard_tokens
+    with TraceWriter(out, cfg.spec(), task_names=cfg.task_names, source_names=("synthetic",),
+                     provenance=provenance, shard_tokens=shard_tokens) as w:
+        for b0, ex, wt in route_blocks(cfg, cols, *rngs, rows=shard_tokens):
+            w.append({k: v[b0:b0 + len(ex)] for k, v in cols.items()}, ex, wt)
+            w.flush()
+    return Path(out)

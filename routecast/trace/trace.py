@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from routecast.common.errors import TraceError
+from routecast.trace.lazy import ShardedArray
 from routecast.trace.spec import MoESpec
 
 PREFILL, DECODE = 0, 1
@@ -85,7 +86,10 @@ class Trace:
         """Check shapes, dtypes, id ranges and finiteness; raise TraceError naming `where` and the field."""
         s = self.spec
         e = self.experts_TLK
-        if not isinstance(e, np.ndarray) or e.ndim != 3 or e.shape[1:] != (s.num_layers, s.top_k):
+        # A lazy multi-shard array is checked shard by shard when a scan first maps it (lazy.py): here
+        # only its shape and dtype, so opening a trace larger than memory reads no routing bytes.
+        lazy = isinstance(e, ShardedArray)
+        if not isinstance(e, (np.ndarray, ShardedArray)) or e.ndim != 3 or e.shape[1:] != (s.num_layers, s.top_k):
             shape = getattr(e, "shape", None)
             raise TraceError(f"{where}: experts_TLK has shape {shape}; expected (T, {s.num_layers}, {s.top_k}).")
         if e.dtype != np.int16:
@@ -102,11 +106,11 @@ class Trace:
             if col.dtype != dt:
                 raise TraceError(f"{where}: token column '{name}' has dtype {col.dtype}; expected {dt}.")
         w = self.weights_TLK
-        if not isinstance(w, np.ndarray) or w.shape != e.shape:
+        if not isinstance(w, (np.ndarray, ShardedArray)) or w.shape != e.shape:
             raise TraceError(f"{where}: weights_TLK has shape {getattr(w, 'shape', None)}; expected {e.shape}.")
         if w.dtype.kind != "f":
             raise TraceError(f"{where}: weights_TLK has dtype {w.dtype}; expected a float dtype.")
-        if T:
+        if T and not lazy:
             lo, hi = int(e.min()), int(e.max())
             if lo < -1 or hi >= s.num_experts:
                 bad = lo if lo < -1 else hi
@@ -115,6 +119,7 @@ class Trace:
                 )
             if not np.isfinite(w).all():
                 raise TraceError(f"{where}: weights_TLK holds NaN or inf; expected finite routing weights.")
+        if T:
             for name in ("phase",):
                 col = self.tokens[name]
                 if col.min() < 0 or col.max() > 1:
@@ -135,7 +140,7 @@ class Trace:
                 raise TraceError(
                     f"{where}: logits_TLE has shape {lg.shape} dtype {lg.dtype}; expected float ({T}, {s.num_layers}, {s.num_experts})."
                 )
-            if T and not np.isfinite(lg).all():
+            if T and not lazy and not np.isfinite(lg).all():
                 raise TraceError(f"{where}: logits_TLE holds NaN or inf; expected finite router logits.")
         if self.hidden_TLH is not None:
             h = self.hidden_TLH
@@ -224,6 +229,94 @@ class Trace:
         """Yield (request id, token indices) in increasing request-id order, trace order within a request."""
         if self.num_tokens:
             yield from self._groups(self.tokens["request"])
+
+    # ---------------------------------------------------------------- streaming
+    @property
+    def is_lazy(self) -> bool:
+        """True when the routing tensors are lazy multi-shard arrays (a trace read from several shards)."""
+        return isinstance(self.experts_TLK, ShardedArray)
+
+    def _rows(self, a: int, b: int) -> Trace:
+        """Rows a..b as a Trace of views (no validation: the rows of a valid trace are valid)."""
+        t = object.__new__(Trace)
+        t.__dict__.update(
+            spec=self.spec, tokens={k: v[a:b] for k, v in self.tokens.items()},
+            experts_TLK=self.experts_TLK[a:b], weights_TLK=self.weights_TLK[a:b],
+            logits_TLE=None if self.logits_TLE is None else self.logits_TLE[a:b],
+            hidden_TLH=None if self.hidden_TLH is None else self.hidden_TLH[a:b],
+            task_names=self.task_names, source_names=self.source_names, provenance=self.provenance)
+        return t
+
+    def chunks(self, rows: int = 65536) -> Iterator[tuple[int, Trace]]:
+        """Yield (first row, Trace of at most `rows` consecutive rows) over the trace, in row order.
+
+        Chunks never cross a shard boundary of a lazy trace, so each is a view of one memory-mapped shard
+        and memory stays bounded by `rows` (or the shard), not by the trace.
+        """
+        if rows < 1:
+            raise TraceError(f"chunks: rows is {rows}; expected a positive number of rows.")
+        T = self.num_tokens
+        cuts = self.experts_TLK.source.offsets.tolist() if self.is_lazy else [0, T]
+        for a0, b0 in zip(cuts[:-1], cuts[1:], strict=True):
+            for a in range(a0, b0, rows):
+                yield a, self._rows(a, min(b0, a + rows))
+
+    def steps_sorted(self) -> bool:
+        """True when step values never decrease in row order (every step is one contiguous row range)."""
+        st = self.tokens["step"]
+        return bool((st[1:] >= st[:-1]).all())
+
+    def step_chunks(self, rows: int = 65536) -> Iterator[tuple[int, Trace]]:
+        """Yield (first row, Trace of whole consecutive steps) covering the trace in row order.
+
+        Each chunk holds about `rows` rows (more when one step is larger) and ends at a step boundary; a
+        step cut by a shard boundary is copied into one piece. Needs steps_sorted(); otherwise the trace
+        comes as one chunk (its steps regrouped by the caller; a lazy trace is then materialised).
+        """
+        T = self.num_tokens
+        if not self.steps_sorted():
+            yield 0, self if not self.is_lazy else self.materialise()
+            return
+        st = self.tokens["step"]
+        held = None  # first row of a step that started in an earlier chunk and is not finished yet
+        for a, ch in self.chunks(rows):
+            b = a + ch.num_tokens
+            if held is not None:
+                end = a + int(np.searchsorted(st[a:b], st[a - 1], side="right"))  # where the held step ends
+                if end == b and b < T:
+                    continue  # the step goes on into the next chunk too
+                yield held, self._copy_rows(held, end)
+                held, a = None, end
+                if a == b:
+                    continue
+            if b == T:
+                yield a, self._rows(a, b)
+                return
+            cut = a + int(np.searchsorted(st[a:b], st[b], side="left"))  # the step running past b starts here
+            if cut > a:
+                yield a, self._rows(a, cut)
+            held = cut if cut < b else None
+
+    def _copy_rows(self, a: int, b: int) -> Trace:
+        """Rows a..b that may span shards, copied into memory (only the rows asked for)."""
+        if not self.is_lazy:
+            return self._rows(a, b)
+        t = self._rows(a, a)
+        t.__dict__.update({k: getattr(self, k)[a:b] for k in ("experts_TLK", "weights_TLK", "logits_TLE",
+                                                               "hidden_TLH") if getattr(self, k) is not None})
+        t.tokens = {k: v[a:b] for k, v in self.tokens.items()}
+        return t
+
+    def materialise(self) -> Trace:
+        """This trace with every routing tensor in memory (a copy of a lazy trace; self if already in memory)."""
+        if not self.is_lazy:
+            return self
+        t = self._rows(0, self.num_tokens)
+        for k in ("experts_TLK", "weights_TLK", "logits_TLE", "hidden_TLH"):
+            a = getattr(self, k)
+            if a is not None:
+                setattr(t, k, a.materialise())
+        return t
 
     def select(self, mask: np.ndarray | Sequence[int]) -> Trace:
         """A new Trace holding only the tokens in mask (bool (T,) or integer indices), in that order."""

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from routecast.common.errors import ConfigError, TraceError
 from routecast.trace import shards as trace_shards
-from routecast.trace.io import TraceWriter, inspect_trace, read_shard, read_trace, write_trace
+from routecast.trace.io import TraceWriter, inspect_trace, read_shard, read_trace, verify_trace, write_trace
 from routecast.trace.trace import COLUMNS
 
 
@@ -318,7 +318,7 @@ def test_validation_error_names_file_and_field(tmp_path, small_trace, case):
     write_trace(small_trace(logits=True), d, shard_tokens=16)
     damage(d)
     with pytest.raises(TraceError) as ei:
-        read_trace(d)
+        verify_trace(read_trace(d))  # a multi-shard trace checks each shard's values when first mapped
     msg = str(ei.value)
     for n in needles:
         assert n in msg, (n, msg)

@@ -1,0 +1,122 @@
+"""Traces larger than memory: synth, stats, predict eval and place compare on a ~30 GB DeepSeek-V3 trace.
+
+Each command runs in its own child process through the real CLI (`routecast ...`), and the child reports
+its own peak resident set (resource.getrusage(RUSAGE_SELF).ru_maxrss: anonymous and file-backed pages,
+memory-mapped shards included) and wall time. Printed per command and size:
+    COMMAND: N GB in S s, peak RSS R GB
+then, per command, the time ratio of the large to the small trace against their size ratio (linear time:
+the two ratios agree). Targets (issue 10): peak RSS <= 4 GB for every command; time linear in size.
+
+Sizes are GB of trace on disk (routing shards + token columns); tokens = GB / 2821 bytes (DeepSeek-V3:
+58 layers x top-8 x (int16 id + float32 weight) + 37 bytes of token columns). Stages can run separately
+(--stages), results merge into the JSON, so a slow synthesis is not repeated. Scratch traces are deleted
+at the end unless --keep.
+
+Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
+       [--stages synth,stats,eval,compare] [--keep] [--out out/bench/trace_scale.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
+STAGES = ("synth", "stats", "eval", "compare")
+
+
+def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
+    return {
+        "synth": ["synth", "--preset", "deepseek-v3", "--tokens", str(tokens), "--seed", "0", "--out", str(trace)],
+        "stats": ["stats", str(trace), "--ep", "8", "--json"],
+        "eval": ["predict", "eval", str(trace), "--predictors", "distribution,probability,conditional-position",
+                 "--quiet", "--json"],
+        "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
+                    "--out", str(scratch / f"compare-{trace.name}"), "--overwrite"],
+    }
+
+
+def child(argv: list[str]) -> None:
+    """Run one routecast command in this process; print its wall time and own peak RSS as JSON last."""
+    from routecast.cli import main
+
+    t0 = time.perf_counter()
+    with open(os.devnull, "w") as sink:
+        old, sys.stdout = sys.stdout, sink  # the command's table is not the benchmark's output
+        try:
+            rc = main(argv)
+        finally:
+            sys.stdout = old
+    wall = time.perf_counter() - t0
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"rc": rc, "seconds": wall, "peak_rss_gb": peak_kb * 1024 / 1e9}))
+
+
+def run(stage: str, argv: list[str]) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"{stage} failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, nargs="+", default=[3.0, 30.0], help="trace sizes in GB (small, large)")
+    ap.add_argument("--scratch", required=True, help="directory for the traces (deleted at the end unless --keep)")
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    ap.add_argument("--keep", action="store_true", help="keep the traces (to run later stages separately)")
+    ap.add_argument("--out", default="out/bench/trace_scale.json", help="JSON output (merged with an existing one)")
+    a = ap.parse_args()
+    from routecast.common.machine import machine_info
+
+    stages = [s for s in a.stages.split(",") if s]
+    scratch = Path(a.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out)
+    res = json.loads(out.read_text()) if out.is_file() else {}
+    res["machine"] = machine_info()
+    rows = res.setdefault("rows", {})
+    for gb in a.gb:
+        tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
+        trace = scratch / f"dsv3-{gb:g}gb"
+        cmds = _commands(trace, tokens, scratch)
+        for st in stages:
+            if st == "synth" and trace.exists():
+                shutil.rmtree(trace)
+            r = run(st, cmds[st])
+            r["gb"] = sum(f.stat().st_size for f in trace.iterdir()) / 1e9 if trace.is_dir() else gb
+            r["tokens"] = tokens
+            rows[f"{st}@{gb:g}"] = r
+            print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s, "
+                  f"peak RSS {r['peak_rss_gb']:.2f} GB", flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(res, indent=1))
+    if len(a.gb) >= 2:
+        lo, hi = f"{min(a.gb):g}", f"{max(a.gb):g}"
+        for st in STAGES:
+            if f"{st}@{lo}" in rows and f"{st}@{hi}" in rows:
+                r0, r1 = rows[f"{st}@{lo}"], rows[f"{st}@{hi}"]
+                print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x for size ratio "
+                      f"{r1['gb'] / r0['gb']:.1f}x; peak RSS {r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
+    m = res["machine"]
+    print(f"machine: {m}")
+    if not a.keep:
+        for gb in a.gb:
+            shutil.rmtree(scratch / f"dsv3-{gb:g}gb", ignore_errors=True)
+            shutil.rmtree(scratch / f"compare-dsv3-{gb:g}gb", ignore_errors=True)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
