@@ -50,27 +50,88 @@ from routecast.place.probe import load_lower_bound, plan_layers, planner_costs, 
 from routecast.sim.cost import Workload, layer_cost, probe_options
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
+from routecast.trace.stats_kernels import add_group_counts, add_transitions
 from routecast.trace.trace import Trace
 
 METHODS = ("static", "eplb_once", "eplb_window", "probe_oracle", "probe_pred")
+
+
+# Steps per window of compare_methods: per-window (W, L, G, E) float64 rank assignments stay ~100 MB at
+# DeepSeek-V3 geometry with EP 32 (the whole-trace arrays reached 3.9 GB each on a 16-request demo).
+WINDOW_STEPS = 32
+# Rows of routing read at a time when a trace is streamed (Trace.step_chunks).
+CHUNK_ROWS = 65536
+
+
+def _step_meta(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Token columns only -> (tokens_T int64, prefill_share_T float64) per step in increasing step order."""
+    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
+    T = int(step_idx.max()) + 1 if step_idx.size else 0
+    tokens = np.bincount(step_idx, minlength=T)
+    pre = np.bincount(step_idx, weights=(trace.tokens["phase"] == 0).astype(np.float64), minlength=T)
+    return tokens, pre / np.maximum(tokens, 1)
+
+
+def iter_steps(trace: Trace, chunk_rows: int = CHUNK_ROWS):
+    """Stream a trace step by step in increasing step order -> yields (experts_nLK of the step, loads_LE int64).
+
+    Reads one window of whole steps at a time (Trace.step_chunks), so memory is bounded by chunk_rows.
+    """
+    s = trace.spec
+    L, E = s.num_layers, s.num_experts
+    for _, ch in trace.step_chunks(chunk_rows):
+        for _, idx in ch.batches():
+            ids = np.asarray(ch.experts_TLK[idx])
+            loads = np.zeros((L, E), np.int64)
+            add_group_counts(ids, np.zeros(len(idx), np.int64), loads[None])
+            yield ids, loads
 
 
 def step_loads(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-step loads of a trace -> (loads_TLE int64, tokens_T int64, prefill_share_T float64).
 
     Steps are the trace's `step` values in increasing order; prefill_share is the fraction of a step's
-    tokens in phase 0 (prefill).
+    tokens in phase 0 (prefill). The (T, L, E) result is whole: compare_methods streams instead.
     """
     s = trace.spec
-    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
-    T, L, E = int(step_idx.max()) + 1, s.num_layers, s.num_experts
-    ids = trace.experts_TLK.astype(np.int64)
-    ok = ids >= 0
-    key = (step_idx[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids
-    loads = np.bincount(key[ok], minlength=T * L * E).reshape(T, L, E)
-    tokens = np.bincount(step_idx, minlength=T)
-    pre = np.bincount(step_idx, weights=(trace.tokens["phase"] == 0).astype(np.float64), minlength=T)
-    return loads, tokens, pre / np.maximum(tokens, 1)
+    tokens, pre = _step_meta(trace)
+    loads = np.zeros((tokens.size, s.num_layers, s.num_experts), np.int64)
+    for t, (_, lo) in enumerate(iter_steps(trace)):
+        loads[t] = lo
+    return loads, tokens, pre
+
+
+class TransitionForecaster:
+    """The causal layer-ahead forecast of the module docstring, one step at a time.
+
+    forecast(loads_LE, tokens) -> (L, E) float64 counts for this step from statistics of earlier steps and
+    this step's routing of the previous layer; learn(experts_nLK, loads_LE) then adds this step. State:
+    decayed (L-1, E, E) transition counts and decayed layer-0 counts.
+    """
+
+    def __init__(self, L: int, E: int, K: int, decay: float) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ConfigError(f"decay is {decay}; expected a value in [0, 1).")
+        self.L, self.E, self.K, self.decay = L, E, K, decay
+        self.trans = np.zeros((max(L - 1, 0), E, E))  # decayed counts of (e at l-1, e' at l) pairs
+        self.first = np.zeros(E)  # decayed layer-0 counts
+
+    def forecast(self, loads_LE: np.ndarray, tokens: int) -> np.ndarray:
+        L, E = self.L, self.E
+        out = np.empty((L, E))
+        tot = self.first.sum()
+        out[0] = (self.first / tot if tot > 0 else np.full(E, 1.0 / E)) * tokens * self.K
+        if L > 1:
+            rows = self.trans.sum(axis=2, keepdims=True)
+            R = np.where(rows > 0, self.trans / np.where(rows > 0, rows, 1.0), 1.0 / E)  # P(e_l | e_{l-1})
+            out[1:] = np.einsum("le,lef->lf", loads_LE[:-1].astype(np.float64), R)
+        return out
+
+    def learn(self, experts_nLK: np.ndarray, loads_LE: np.ndarray) -> None:
+        self.trans *= self.decay
+        self.first = self.first * self.decay + loads_LE[0]
+        if self.L > 1 and len(experts_nLK):
+            add_transitions(experts_nLK, self.trans)
 
 
 def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
@@ -78,37 +139,13 @@ def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
 
     See the module docstring. decay in [0, 1): weight of a past step's statistics per step of age.
     """
-    if not 0.0 <= decay < 1.0:
-        raise ConfigError(f"decay is {decay}; expected a value in [0, 1).")
     s = trace.spec
-    L, E, K = s.num_layers, s.num_experts, s.top_k
-    loads, tokens, _ = step_loads(trace)
-    T = loads.shape[0]
-    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
-    order = np.argsort(step_idx, kind="stable")
-    bounds = np.searchsorted(step_idx[order], np.arange(T + 1))
-    ids = trace.experts_TLK.astype(np.int64)
-    lay = np.arange(1, L)[None, :, None, None] * E * E
-    trans = np.zeros((max(L - 1, 0), E, E))  # decayed counts of (e at l-1, e' at l) pairs
-    first = np.zeros(E)  # decayed layer-0 counts
-    pred = np.empty((T, L, E))
-    for t in range(T):
-        # forecast step t from statistics of steps < t and this step's routing of the previous layer
-        p0 = first / first.sum() if first.sum() > 0 else np.full(E, 1.0 / E)
-        pred[t, 0] = p0 * tokens[t] * K
-        if L > 1:
-            rows = trans.sum(axis=2, keepdims=True)
-            R = np.where(rows > 0, trans / np.where(rows > 0, rows, 1.0), 1.0 / E)  # P(e_l | e_{l-1})
-            pred[t, 1:] = np.einsum("le,lef->lf", loads[t, :-1].astype(np.float64), R)
-        # then learn from step t
-        idx = order[bounds[t]:bounds[t + 1]]
-        trans *= decay
-        first = first * decay + loads[t, 0]
-        if L > 1 and idx.size:
-            a, b = ids[idx, :-1, :, None], ids[idx, 1:, None, :]
-            ok = (a >= 0) & (b >= 0)
-            key = np.broadcast_to(lay, ok.shape) - E * E + a * E + b
-            trans += np.bincount(key[ok], minlength=(L - 1) * E * E).reshape(L - 1, E, E)
+    fc = TransitionForecaster(s.num_layers, s.num_experts, s.top_k, decay)
+    tokens, _ = _step_meta(trace)
+    pred = np.empty((tokens.size, s.num_layers, s.num_experts))
+    for t, (ids, loads) in enumerate(iter_steps(trace)):
+        pred[t] = fc.forecast(loads, int(tokens[t]))
+        fc.learn(ids, loads)
     return pred
 
 
@@ -238,24 +275,40 @@ def _eplb_shares(phy2log_LS: np.ndarray, E: int, G: int) -> np.ndarray:
     return cnt / np.maximum(cnt.sum(axis=2, keepdims=True), 1.0)
 
 
-def _eplb_counts(loads: np.ndarray, dep: EPLBDeployment, expert_bytes: float) -> tuple[np.ndarray, ...]:
-    """Replay an EPLB deployment -> (counts_TLGE, bytes_T, planner_s_T)."""
-    T, L, E = loads.shape
-    G = dep.num_gpus
-    bounds = [0, *dep.rebalance_steps(T), T]
-    counts = np.empty((T, L, G, E))
-    bytes_T, plan_s = np.zeros(T), np.zeros(T)
-    old = None
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        c0 = time.thread_time()
-        stats = loads[max(0, a - dep.window_steps):a].sum(axis=0) if a else np.ones((L, E))
-        p = dep.place(stats)
-        plan_s[a] = time.thread_time() - c0 if a else 0.0
-        if old is not None:
-            bytes_T[a] = float((p != old).sum()) * expert_bytes
-        old = p
-        counts[a:b] = _assignment(loads[a:b], _eplb_shares(p, E, G))
-    return counts, bytes_T, plan_s
+class _EplbReplay:
+    """Replay an EPLB deployment window by window -> counts_WLGE, bytes_W, planner_s_W per window.
+
+    A rebalance at step a uses the loads of steps [a - window_steps, a): the running cumulative load is
+    snapshotted at exactly the steps those sums need, so no per-step history is kept.
+    """
+
+    def __init__(self, dep: EPLBDeployment, T: int, L: int, E: int, expert_bytes: float) -> None:
+        self.dep, self.L, self.E, self.eb = dep, L, E, expert_bytes
+        self.rebal = dep.rebalance_steps(T)
+        self.need = {x for a in self.rebal for x in (a, max(0, a - dep.window_steps))}
+        self.snap: dict[int, np.ndarray] = {}
+        self.cum = np.zeros((L, E), np.int64)
+        self.place = dep.place(np.ones((L, E)))  # before any statistics: EPLB of uniform loads
+        self.share = _eplb_shares(self.place, E, dep.num_gpus)
+
+    def window(self, loads: np.ndarray, t0: int) -> tuple[np.ndarray, ...]:
+        W, L, E = loads.shape
+        counts = np.empty((W, L, self.dep.num_gpus, E))
+        bytes_W, plan_s = np.zeros(W), np.zeros(W)
+        for i in range(W):
+            t = t0 + i
+            if t in self.need:
+                self.snap[t] = self.cum.copy()
+            if t in self.rebal:
+                c0 = time.thread_time()
+                stats = self.snap[t] - self.snap[max(0, t - self.dep.window_steps)]
+                p = self.dep.place(stats)
+                plan_s[i] = time.thread_time() - c0
+                bytes_W[i] = float((p != self.place).sum()) * self.eb
+                self.place, self.share = p, _eplb_shares(p, E, self.dep.num_gpus)
+            counts[i] = _assignment(loads[i:i + 1], self.share)[0]
+            self.cum += loads[i]
+        return counts, bytes_W, plan_s
 
 
 def _probe_counts(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, costs: Any, window: float,
@@ -284,11 +337,36 @@ def _probe_counts(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, cos
     return counts, bytes_T, plan_s
 
 
+def _windows(trace: Trace, W: int, decay: float, predicted: dict[str, np.ndarray] | None):
+    """Stream a trace in windows of W steps -> yields (t0, loads_WLE int64, {arm: forecast_WLE}).
+
+    Without `predicted`, the probe_pred arm is the streaming TransitionForecaster; with it, its arrays
+    are sliced per window. Memory: one window plus one chunk of rows.
+    """
+    s = trace.spec
+    tokens, _ = _step_meta(trace)
+    fc = None if predicted is not None else TransitionForecaster(s.num_layers, s.num_experts, s.top_k, decay)
+    buf, pbuf, t0 = [], [], 0
+    for t, (ids, loads) in enumerate(iter_steps(trace)):
+        if fc is not None:
+            pbuf.append(fc.forecast(loads, int(tokens[t])))
+            fc.learn(ids, loads)
+        buf.append(loads)
+        if len(buf) == W or t == tokens.size - 1:
+            lw = np.stack(buf)
+            pw = {"probe_pred": np.stack(pbuf)} if fc is not None else \
+                {k: v[t0:t0 + len(buf)] for k, v in predicted.items()}
+            yield t0, lw, pw
+            t0 += len(buf)
+            buf, pbuf = [], []
+
+
 def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: ModelProfile,
                     predicted: np.ndarray | dict[str, np.ndarray] | None = None, interval: int | None = None,
                     window: int | None = None, eplb_redundant: int = 2, window_transfers: int = 3,
                     k_max: int = 16, max_redundant: int = 3,
-                    decay: float = 0.8) -> dict[str, Any]:
+                    decay: float = 0.8, window_steps: int = WINDOW_STEPS,
+                    keep_loads: bool | None = None) -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
@@ -297,74 +375,94 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     None = transition_forecast. ep: G ranks (E % G == 0); hw, model: sim profiles
     (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
     (default T // 5 and interval // 3). window_transfers: PROBE's hiding window in expert transfers.
-    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "bytes_T", "planner_s_T", "load_TLG"}},
-    "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
+    A Trace is streamed: steps are read, forecast, planned and priced `window_steps` at a time, so memory
+    holds per-step (T, L) results, not (T, L, G, E) assignments or the trace. keep_loads: also return the
+    (T, L, E) loads and per-rank (T, L, G) loads (None = when they take under 256 MB).
+    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "bytes_T", "planner_s_T"[, "load_TLG"]}},
+    "ir_bound_TL", "loads_TLE" (or None), "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
     """
+    arms_in = predicted if isinstance(predicted, dict) or predicted is None else {"probe_pred": predicted}
     if isinstance(loads, Trace):
         trace = loads
-        loads, tokens, pre = step_loads(trace)
-        if predicted is None:
-            predicted = transition_forecast(trace, decay=decay)
+        s = trace.spec
+        tokens, pre = _step_meta(trace)
+        T, L, E = tokens.size, s.num_layers, s.num_experts
+        preds_in = None if arms_in is None else {k: np.asarray(v) for k, v in arms_in.items()}
+        stream = _windows(trace, window_steps, decay, preds_in)
+        arm_names = ["probe_pred"] if preds_in is None else list(preds_in)
     else:
         loads = np.asarray(loads)
         if loads.ndim != 3 or not np.issubdtype(loads.dtype, np.integer) or (loads < 0).any():
             raise ConfigError(f"loads has shape {loads.shape} and dtype {loads.dtype}; expected (T, L, E) counts >= 0.")
-        if predicted is None:
+        if arms_in is None:
             raise ConfigError("predicted is None with a loads array; expected (T, L, E) forecast counts or a Trace.")
+        T, L, E = loads.shape
         tokens = np.maximum(loads.sum(axis=2).max(axis=1) // max(model.top_k, 1), 1)
-        pre = np.zeros(loads.shape[0])
-    T, L, E = loads.shape
-    arms = predicted if isinstance(predicted, dict) else {"probe_pred": predicted}
-    preds = {k: np.asarray(v) for k, v in arms.items()}  # integer forecasts are planned in whole tokens
-    preds = {k: v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64) for k, v in preds.items()}
-    for k, v in preds.items():
-        if v.shape != loads.shape or k in METHODS[:4]:
-            raise ConfigError(f"predicted[{k!r}] has shape {v.shape}; expected {loads.shape} like the loads "
+        pre = np.zeros(T)
+        preds_in = {k: np.asarray(v) for k, v in arms_in.items()}
+        arm_names = list(preds_in)
+        stream = ((t0, loads[t0:t0 + window_steps], {k: v[t0:t0 + window_steps] for k, v in preds_in.items()})
+                  for t0 in range(0, T, window_steps))
+    for k, v in (preds_in or {}).items():
+        if v.shape != (T, L, E) or k in METHODS[:4]:
+            raise ConfigError(f"predicted[{k!r}] has shape {v.shape}; expected {(T, L, E)} like the loads "
                               f"and a name other than {METHODS[:4]}.")
     if E != model.num_experts or ep < 2 or E % ep:
         raise ConfigError(f"{E} experts at ep={ep} with model {model.name} ({model.num_experts} experts); "
                           "expected matching expert counts and ep >= 2 dividing them.")
     interval = interval or max(1, T // 5)
     window = window or max(1, interval // 3)
+    keep = keep_loads if keep_loads is not None else T * L * E * 8 + 5 * T * L * ep * 8 < 256 << 20
     P0 = sharded_placement(E, ep)
     costs = planner_costs(model, hw)
     hide = window_transfers * costs.transfer_s
     eb = float(model.expert_bytes())
-
-    out: dict[str, dict[str, np.ndarray]] = {}
-    static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
-    runs = {"static": (static, np.zeros(T), np.zeros(T))}
-    once = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=interval, rebalance_every=None)
-    runs["eplb_once"] = _eplb_counts(loads, once, eb)
-    periodic = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=window,
-                              rebalance_every=interval)
-    runs["eplb_window"] = _eplb_counts(loads, periodic, eb)
-    runs["probe_oracle"] = _probe_counts(loads, loads, P0, costs, hide, k_max, max_redundant)
-    for k, v in preds.items():
-        runs[k] = _probe_counts(loads, v, P0, costs, hide, k_max, max_redundant)
-
-    work = Workload(batch=np.repeat(tokens, L).astype(np.float64), seq_len=1, context_len=0)
-    for name, (counts, bytes_T, plan_s) in runs.items():
-        cost = layer_cost(counts.reshape(T * L, ep, E), model=model, hw=hw, work=work, opts=probe_options())
-        rank_load = counts.sum(axis=3)
-        mean = rank_load.mean(axis=2)
-        ffn = cost.ffn_CG.reshape(T, L, ep)
-        out[name] = {
-            "ir_TL": np.where(mean > 0, rank_load.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0),
-            "skew_TL": ffn.max(axis=2) / ffn.mean(axis=2),
-            "moe_s_TL": (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(T, L),
-            "bytes_T": bytes_T, "planner_s_T": plan_s, "load_TLG": rank_load,
-        }
     budget = replica_budget(costs, hide, ep, k_max=k_max, max_redundant=max_redundant)
-    mean_load = loads.sum(axis=2) / ep
-    bound = load_lower_bound(loads.reshape(T * L, E), P0, new_replicas=budget[0]).reshape(T, L)
-    ir_bound = np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0)
-    return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
+    static_share = np.broadcast_to(P0.astype(np.float64), (L, E, ep))
+    eplb = {"eplb_once": _EplbReplay(EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant,
+                                                    window_steps=interval, rebalance_every=None), T, L, E, eb),
+            "eplb_window": _EplbReplay(EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant,
+                                                      window_steps=window, rebalance_every=interval), T, L, E, eb)}
+    names = ["static", *eplb, "probe_oracle", *arm_names]
+    out = {n: {"ir_TL": np.empty((T, L)), "skew_TL": np.empty((T, L)), "moe_s_TL": np.empty((T, L)),
+               "bytes_T": np.zeros(T), "planner_s_T": np.zeros(T), **({"load_TLG": np.empty((T, L, ep))} if keep else {})}
+           for n in names}
+    ir_bound = np.empty((T, L))
+    all_loads = np.empty((T, L, E), np.int64) if keep else None
+    for t0, lw, pw in stream:
+        W = lw.shape[0]
+        sl = slice(t0, t0 + W)
+        pw = {k: v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64) for k, v in pw.items()}
+        runs = {"static": (_assignment(lw, static_share), np.zeros(W), np.zeros(W)),
+                **{k: r.window(lw, t0) for k, r in eplb.items()},
+                "probe_oracle": _probe_counts(lw, lw, P0, costs, hide, k_max, max_redundant)}
+        runs.update({k: _probe_counts(lw, v, P0, costs, hide, k_max, max_redundant) for k, v in pw.items()})
+        work = Workload(batch=np.repeat(tokens[sl], L).astype(np.float64), seq_len=1, context_len=0)
+        for name in names:
+            counts, bytes_W, plan_W = runs.pop(name)  # priced, then dropped: one window's assignment at a time
+            cost = layer_cost(counts.reshape(W * L, ep, E), model=model, hw=hw, work=work, opts=probe_options())
+            rank_load = counts.sum(axis=3)
+            mean = rank_load.mean(axis=2)
+            ffn = cost.ffn_CG.reshape(W, L, ep)
+            m = out[name]
+            m["ir_TL"][sl] = np.where(mean > 0, rank_load.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0)
+            m["skew_TL"][sl] = ffn.max(axis=2) / ffn.mean(axis=2)
+            m["moe_s_TL"][sl] = (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(W, L)
+            m["bytes_T"][sl], m["planner_s_T"][sl] = bytes_W, plan_W
+            if keep:
+                m["load_TLG"][sl] = rank_load
+            del counts, cost
+        mean_load = lw.sum(axis=2) / ep
+        bound = load_lower_bound(lw.reshape(W * L, E), P0, new_replicas=budget[0]).reshape(W, L)
+        ir_bound[sl] = np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0)
+        if keep:
+            all_loads[sl] = lw
+    return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": all_loads, "tokens_T": tokens, "prefill_share_T": pre,
             "settings": {"ep": ep, "hardware": hw.name, "model": model.name, "steps": T, "layers": L,
                          "experts": E, "eplb_interval": interval, "eplb_window": window,
                          "eplb_redundant_per_rank": eplb_redundant, "probe_hide_window_s": hide,
                          "probe_window_transfers": window_transfers, "k_max": k_max,
-                         "max_redundant": max_redundant, "forecast_decay": decay}}
+                         "max_redundant": max_redundant, "forecast_decay": decay, "window_steps": window_steps}}
 
 
 def summarize(res: dict[str, Any], *, shift_step: int = -1, model_layers: int | None = None) -> list[dict[str, Any]]:

@@ -120,8 +120,10 @@ def evaluate(
     names = parse_names(predictor_names)
     if not 0 < train_fraction < 1:
         raise ConfigError(f"train_fraction is {train_fraction}; expected a number strictly between 0 and 1.")
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
-    if train.num_tokens == 0 or test.num_tokens == 0:
+    # Row masks, not copies: the fit and the scoring stream the trace window by window (a trace larger
+    # than memory is never loaded whole; predictors that train on all rows at once copy their rows).
+    train, test = trace.split_masks("request", (train_fraction, 1 - train_fraction), seed=seed)
+    if not train.any() or not test.any():
         raise ConfigError(
             f"trace has {len(np.unique(trace.request))} request(s); a {train_fraction:.2f}/{1 - train_fraction:.2f} "
             "request split left one side empty; expected more requests."
@@ -135,13 +137,13 @@ def evaluate(
                 pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                                       threads=threads, progress=progress, epochs=epochs,
                                       model_path=_router_model(name, trace, model_dir))
-                pred.fit(train)
-                fitted = f"{train.num_tokens} tokens ({train_fraction:.0%} of requests)"
+                pred.fit_rows(trace, train)
+                fitted = f"{int(train.sum())} tokens ({train_fraction:.0%} of requests)"
             else:
                 pred = load_predictor(name)
                 fitted = f"loaded from {name}"
             fit_s = time.perf_counter() - t0
-            res = run_harness(pred, test, progress=progress)
+            res = run_harness(pred, trace, rows=test, progress=progress)
             row: dict[str, Any] = {
                 "predictor": name if name in PREDICTOR_NAMES else f"{pred.name} ({Path(name).name})",
                 "horizon": pred.horizon,

@@ -24,6 +24,7 @@ from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast
 from routecast.predict.harness import REQUEST, Predictor, StepRouting, StepView
 from routecast.trace import MoESpec, Trace
+from routecast.trace.stats_kernels import add_group_counts
 
 
 def slot_counts_LE(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
@@ -32,6 +33,16 @@ def slot_counts_LE(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
     ids = experts_TLK.astype(np.int64)
     flat = (ids + np.arange(L, dtype=np.int64)[None, :, None] * num_experts)[ids >= 0]
     return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts).astype(np.float64)
+
+
+def stream_slot_counts_LE(trace: Trace, rows: np.ndarray | None, chunk_rows: int = 65536) -> np.ndarray:
+    """slot_counts_LE over the rows of trace in the bool (T,) mask (None = all), one chunk at a time."""
+    s = trace.spec
+    out = np.zeros((s.num_layers, s.num_experts))
+    for a, ch in trace.chunks(chunk_rows):
+        ex = ch.experts_TLK if rows is None else ch.experts_TLK[rows[a:a + ch.num_tokens]]
+        out += slot_counts_LE(ex, s.num_experts)
+    return out
 
 
 def _normalise(counts_xE: np.ndarray) -> np.ndarray:
@@ -86,7 +97,11 @@ class DistributionPredictor(Predictor):
         self._cur_LE = self._fit_LE.copy()
 
     def fit(self, trace: Trace) -> DistributionPredictor:
-        counts = slot_counts_LE(trace.experts_TLK, self.spec.num_experts)
+        return self.fit_rows(trace, None)
+
+    def fit_rows(self, trace: Trace, rows: np.ndarray | None) -> DistributionPredictor:
+        """Streams the trace chunk by chunk (counts only)."""
+        counts = stream_slot_counts_LE(trace, rows)
         # The EMA state is a distribution; the cumulative state keeps raw counts so new batches weigh by size.
         self._fit_LE = counts if self.config.decay == 0 else _normalise(counts) * (counts.sum(-1, keepdims=True) > 0)
         self.reset()
@@ -134,7 +149,11 @@ class ProbabilityPredictor(Predictor):
         self.p_LE = np.full((spec.num_layers, spec.num_experts), 1.0 / spec.num_experts)
 
     def fit(self, trace: Trace) -> ProbabilityPredictor:
-        self.p_LE = _normalise(slot_counts_LE(trace.experts_TLK, self.spec.num_experts))
+        return self.fit_rows(trace, None)
+
+    def fit_rows(self, trace: Trace, rows: np.ndarray | None) -> ProbabilityPredictor:
+        """Streams the trace chunk by chunk (counts only)."""
+        self.p_LE = _normalise(stream_slot_counts_LE(trace, rows))
         return self
 
     def predict(self, view: StepView) -> Forecast:
@@ -199,15 +218,24 @@ class ConditionalPredictor(Predictor):
         return (token_id if self.config.key == "token" else position).astype(np.int64)
 
     def fit(self, trace: Trace) -> ConditionalPredictor:
+        return self.fit_rows(trace, None)
+
+    def fit_rows(self, trace: Trace, rows: np.ndarray | None) -> ConditionalPredictor:
+        """Streams the trace chunk by chunk into a (keys, L, E) count table (memory set by the distinct
+        keys, not the trace: int32 counts, float32 probabilities)."""
         L, E = self.spec.num_layers, self.spec.num_experts
-        keys, inv = np.unique(self._key(trace.token_id, trace.position), return_inverse=True)
-        ids = trace.experts_TLK.astype(np.int64)
-        cell = (inv[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids
-        counts = np.bincount(cell[ids >= 0], minlength=len(keys) * L * E).reshape(len(keys), L, E).astype(np.float64)
-        glob = _normalise(counts.sum(axis=0))
-        mixed = counts + self.config.prior_weight * glob[None]
+        key_T = self._key(trace.token_id, trace.position)
+        keys = np.unique(key_T if rows is None else key_T[rows])
+        counts = np.zeros((len(keys), L, E), np.int32)
+        for a, ch in trace.chunks(65536):
+            m = slice(None) if rows is None else rows[a:a + ch.num_tokens]
+            add_group_counts(ch.experts_TLK[m], np.searchsorted(keys, key_T[a:a + ch.num_tokens][m]), counts)
+        glob = _normalise(counts.sum(axis=0, dtype=np.float64))
         self.keys_U = keys
-        self.probs_ULE = _normalise(mixed).astype(np.float32)
+        self.probs_ULE = np.empty(counts.shape, np.float32)
+        for u0 in range(0, len(keys), 1024):  # normalise in blocks: no float64 copy of the whole table
+            mixed = counts[u0:u0 + 1024] + self.config.prior_weight * glob[None]
+            self.probs_ULE[u0:u0 + 1024] = _normalise(mixed)
         self.global_LE = glob.astype(np.float32)
         return self
 

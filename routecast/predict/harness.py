@@ -99,6 +99,15 @@ class Predictor:
     def fit(self, trace: Trace) -> Predictor:
         return self
 
+    def fit_rows(self, trace: Trace, rows: np.ndarray) -> Predictor:
+        """Fit on the rows of trace where the bool (T,) mask `rows` is set.
+
+        Default: those rows are copied into memory and passed to fit() (neural and lookahead predictors
+        train on all their rows at once). Counting predictors override it to stream the trace chunk by
+        chunk, so their memory does not grow with the trace.
+        """
+        return self.fit(trace.select(rows))
+
     def reset(self) -> None:
         return None
 
@@ -166,11 +175,15 @@ def run_harness(
     collect: bool = False,
     progress: bool = False,
     stop_after_step: int | None = None,
+    rows: np.ndarray | None = None,
+    chunk_rows: int = 65536,
 ) -> HarnessResult:
     """Walk trace's steps in order: view -> predict (timed) -> score -> observe(true routing).
 
     collect: keep every step's Forecast (memory T·L·E floats) for inspection and the leak check.
     stop_after_step: stop once this step has been predicted (the leak check needs no later steps).
+    rows: bool (T,) mask of the rows to score (None = all), e.g. the held-out requests, read window by
+    window. chunk_rows: rows per window of whole steps (Trace.step_chunks), which bounds the memory.
     """
     if predictor.horizon not in HORIZONS:
         raise ConfigError(f"predictor '{predictor.name}' has horizon {predictor.horizon!r}; expected one of {HORIZONS}.")
@@ -185,10 +198,30 @@ def run_harness(
     cost, obs_cost = CostMeter(), CostMeter()
     forecasts: list[tuple[int, Forecast]] | None = [] if collect else None
     kinds: set[str] = set()
+    n_steps = len(np.unique(trace.step if rows is None else trace.step[rows])) if trace.num_tokens else 0
+    bar = tqdm(total=n_steps, desc=f"eval {predictor.name}", disable=not progress, leave=False)
+    for a, part in trace.step_chunks(chunk_rows):
+        # One window of whole steps in memory at a time (a view of one shard of a lazy trace); scored rows
+        # only, copied out of it when a row mask is given.
+        if rows is not None:
+            part = part.select(rows[a:a + part.num_tokens])
+        if _walk(predictor, part, acc, cost, obs_cost, forecasts, kinds, stop_after_step, bar):
+            break
+    bar.close()
+    return HarnessResult(
+        metrics=acc.result(), us_per_token=cost.us_per_token, us_per_batch=cost.us_per_batch,
+        observe_us_per_batch=obs_cost.us_per_batch, num_tokens=cost.tokens, num_steps=cost.batches,
+        forecast_kind=kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else ""), forecasts=forecasts,
+    )
+
+
+def _walk(predictor: Predictor, trace: Trace, acc: MetricAccumulator, cost: CostMeter, obs_cost: CostMeter,
+          forecasts: list | None, kinds: set[str], stop_after_step: int | None, bar: Any) -> bool:
+    """Predict, score and observe every step of `trace` (whole steps, in memory); True once stopped."""
+    s = trace.spec
     cols = trace.tokens
-    batches = trace.batches()
-    n_steps = len(np.unique(trace.step)) if trace.num_tokens else 0
-    for step, idx in tqdm(batches, total=n_steps, desc=f"eval {predictor.name}", disable=not progress, leave=False):
+    for step, idx in trace.batches():
+        bar.update(1)
         T = len(idx)
         tok = {c: _frozen(cols[c][idx]) for c in _VIEW_COLUMNS}
         experts = trace.experts_TLK[idx]
@@ -228,12 +261,8 @@ def run_harness(
         predictor.observe(routing)
         obs_cost.add(time.perf_counter_ns() - t0, T)
         if stop_after_step is not None and step >= stop_after_step:
-            break
-    return HarnessResult(
-        metrics=acc.result(), us_per_token=cost.us_per_token, us_per_batch=cost.us_per_batch,
-        observe_us_per_batch=obs_cost.us_per_batch, num_tokens=cost.tokens, num_steps=cost.batches,
-        forecast_kind=kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else ""), forecasts=forecasts,
-    )
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------------------------- leak check

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from routecast.common.errors import ConfigError
+from routecast.trace.stats_kernels import add_group_counts, top1_TL, transition_counts
 
 if TYPE_CHECKING:
     from routecast.trace.trace import Trace
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 CHUNK_TOKENS = 1024
 # Count entries (groups x L x (E+1)) per chunk: ~2 MB of int64, close to one core's L2 + L3 share.
 COUNT_BLOCK_ENTRIES = 1 << 18
+# Rows per chunk when a whole-trace pass streams a trace (Trace.chunks): 64 MB of DeepSeek-V3 routing ids.
+CHUNK_ROWS = 65536
 
 
 # ---------------------------------------------------------------------------------------- count-level
@@ -325,13 +328,6 @@ def sequence_skewness(trace: Trace, seq_len: int = 512) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------- token level
-def top1_TL(experts_TLK: np.ndarray, weights_TLK: np.ndarray) -> np.ndarray:
-    """Each token's highest-weight routed expert per layer: int16 (T, L), -1 where every slot was dropped."""
-    w = np.where(experts_TLK >= 0, weights_TLK, -np.inf)
-    idx = np.argmax(w, axis=-1)[..., None]
-    return np.take_along_axis(experts_TLK, idx, axis=-1)[..., 0]
-
-
 def half_masks(trace: Trace, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Fit/score halves by whole requests (shuffled with seed, as Trace.split does): bool (T,), (T,).
 
@@ -424,17 +420,10 @@ def transition_matrix(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
     Every (a in set_l, b in set_l+1) pair of a token counts once; rows are normalised to sum to 1, and
     an expert never chosen at layer l gets a uniform row (no evidence, no preference).
     """
-    T, L, K = experts_TLK.shape
-    E, E1 = num_experts, num_experts + 1
-    out = np.empty((max(L - 1, 0), E, E))
-    for l in range(L - 1):
-        a = experts_TLK[:, l, :].astype(np.int64) + 1
-        b = experts_TLK[:, l + 1, :].astype(np.int64) + 1
-        key = (a[:, :, None] * E1 + b[:, None, :]).ravel()
-        c = np.bincount(key, minlength=E1 * E1).reshape(E1, E1)[1:, 1:].astype(np.float64)
-        rows = c.sum(axis=1, keepdims=True)
-        out[l] = np.where(rows > 0, c / np.where(rows > 0, rows, 1.0), 1.0 / E)
-    return out
+    E = num_experts
+    c = transition_counts(experts_TLK, E).astype(np.float64)
+    rows = c.sum(axis=2, keepdims=True)
+    return np.where(rows > 0, c / np.where(rows > 0, rows, 1.0), 1.0 / E)
 
 
 def transition_accuracy(
@@ -491,11 +480,15 @@ def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | lis
     first = np.searchsorted(ptask[by_task], ptask[by_task])
     half = np.empty(len(pairs), np.int64)
     half[by_task] = (np.arange(len(pairs)) - first) % 2
-    key = task[known] * 2 + half[pair_rank]
-    vals, c = group_counts(trace.experts_TLK[known], key, E)
+    key = np.full(trace.num_tokens, -1, np.int64)  # group task * 2 + half per token; -1 = unknown task
+    key[known] = task[known] * 2 + half[pair_rank]
     tasks_u = np.unique(task[known])
-    halves = np.zeros((len(tasks_u), 2, L, E), np.int64)
-    halves[np.searchsorted(tasks_u, vals // 2), vals % 2] = c
+    dense = np.searchsorted(tasks_u, np.maximum(key, 0) // 2) * 2 + np.maximum(key, 0) % 2
+    dense[key < 0] = -1
+    c = np.zeros((2 * len(tasks_u), L, E), np.int64)
+    for a, ch in trace.chunks(CHUNK_ROWS):  # streamed: one chunk (or shard) of routing in memory at a time
+        add_group_counts(ch.experts_TLK, dense[a:a + ch.num_tokens], c)
+    halves = c.reshape(len(tasks_u), 2, L, E)
     whole = halves.sum(axis=1)
     return {
         "tasks": names,

@@ -154,21 +154,23 @@ def routing_stats(
     fit = sample_indices(fit_m, max_tokens // 2, rng)
     ev = sample_indices(eval_m, max_tokens // 2, rng)
     tok = trace.tokens["token_id"]
+    # Only the sampled rows are read (a gather per shard of a lazy trace), never a (T, L) array.
     both = np.sort(np.concatenate([fit, ev]))
-    top1 = np.full((trace.num_tokens, L), -1, np.int16)  # only sampled rows are ever read
-    top1[both] = top1_TL(trace.experts_TLK[both], trace.weights_TLK[both])
+    ex_b = trace.experts_TLK[both]
+    top1_b = top1_TL(ex_b, trace.weights_TLK[both])
+    fit_b, ev_b = np.searchsorted(both, fit), np.searchsorted(both, ev)
     if len(fit) and len(ev) and (tok >= 0).any():
-        per.update(token_table_accuracy(tok[fit], top1[fit], tok[ev], top1[ev], trace.experts_TLK[ev], E))
+        per.update(token_table_accuracy(tok[fit], top1_b[fit_b], tok[ev], top1_b[ev_b], ex_b[ev_b], E))
     else:
         per.update({k: np.full(L, np.nan) for k in ("table_top1", "table_hit", "global_top1")})
-    kid, kurt = token_kurtosis(tok[both], trace.experts_TLK[both], E)
+    kid, kurt = token_kurtosis(tok[both], ex_b, E)
     known_k = kid >= 0  # id -1 (unknown token) is not a token
     per["kurtosis_median"] = _nan_reduce(np.nanmedian, kurt[known_k], axis=0) if known_k.any() else np.full(L, np.nan)
-    P = transition_matrix(trace.experts_TLK[fit], E)
+    P = transition_matrix(ex_b[fit_b], E)
     # Scoring costs T x K x E per layer pair: a random subset of TRANSITION_EVAL_TOKENS scored tokens
     # keeps it under a second at DeepSeek-V3 geometry (standard error < 0.6 points).
-    ev_t = ev if len(ev) <= TRANSITION_EVAL_TOKENS else np.sort(rng.choice(ev, TRANSITION_EVAL_TOKENS, replace=False))
-    per["transition_top1"] = np.r_[np.nan, transition_accuracy(P, trace.experts_TLK[ev_t], top1[ev_t])]
+    ev_t = ev_b if len(ev) <= TRANSITION_EVAL_TOKENS else np.sort(rng.choice(ev_b, TRANSITION_EVAL_TOKENS, replace=False))
+    per["transition_top1"] = np.r_[np.nan, transition_accuracy(P, ex_b[ev_t], top1_b[ev_t])]
 
     td = task_distances(trace, seed=seed)
     n_tasks = len(td["tasks"])

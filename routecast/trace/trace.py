@@ -345,8 +345,14 @@ class Trace:
         by="request": each request goes wholly to one part (held-out requests, same tasks);
         by="task": each task goes wholly to one part (held-out tasks, for shift experiments).
         Parts get round(fraction * groups) groups (the last part takes the rest); order inside a part
-        follows the trace.
+        follows the trace. Each part is copied into memory: split_masks gives the same parts as row masks.
         """
+        return tuple(self.select(m) for m in self.split_masks(by, fractions, seed))
+
+    def split_masks(
+        self, by: str = "request", fractions: Sequence[float] = (0.8, 0.2), seed: int = 0
+    ) -> tuple[np.ndarray, ...]:
+        """The parts of split() as bool (T,) row masks (reads only the token columns)."""
         if by not in ("request", "task"):
             raise TraceError(f"split: by is {by!r}; expected 'request' or 'task'.")
         fr = np.asarray(fractions, dtype=float)
@@ -358,7 +364,7 @@ class Trace:
         bounds = np.round(np.cumsum(fr) * len(groups)).astype(int)
         bounds[-1] = len(groups)
         parts = np.split(perm, bounds[:-1])
-        return tuple(self.select(np.isin(key, p)) for p in parts)
+        return tuple(np.isin(key, p) for p in parts)
 
     @classmethod
     def concat(cls, traces: Sequence[Trace]) -> Trace:
