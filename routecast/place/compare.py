@@ -59,8 +59,6 @@ METHODS = ("static", "eplb_once", "eplb_window", "probe_oracle", "probe_pred")
 # Steps per window of compare_methods: per-window (W, L, G, E) float64 rank assignments stay ~100 MB at
 # DeepSeek-V3 geometry with EP 32 (the whole-trace arrays reached 3.9 GB each on a 16-request demo).
 WINDOW_STEPS = 32
-# Rows of routing read at a time when a trace is streamed (Trace.step_chunks).
-CHUNK_ROWS = 65536
 
 
 def _step_meta(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -72,10 +70,11 @@ def _step_meta(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return tokens, pre / np.maximum(tokens, 1)
 
 
-def iter_steps(trace: Trace, chunk_rows: int = CHUNK_ROWS):
+def iter_steps(trace: Trace, chunk_rows: int | None = None):
     """Stream a trace step by step in increasing step order -> yields (experts_nLK of the step, loads_LE int64).
 
-    Reads one window of whole steps at a time (Trace.step_chunks), so memory is bounded by chunk_rows.
+    Reads one window of whole steps at a time (Trace.step_chunks), so memory is bounded by chunk_rows
+    (None = Trace's default).
     """
     s = trace.spec
     L, E = s.num_layers, s.num_experts

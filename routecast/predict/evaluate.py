@@ -138,7 +138,7 @@ def evaluate(
                                       threads=threads, progress=progress, epochs=epochs,
                                       model_path=_router_model(name, trace, model_dir))
                 pred.fit_rows(trace, train)
-                fitted = f"{int(train.sum())} tokens ({train_fraction:.0%} of requests)"
+                fitted = pred.fit_note or f"{int(train.sum())} tokens ({train_fraction:.0%} of requests)"
             else:
                 pred = load_predictor(name)
                 fitted = f"loaded from {name}"
@@ -223,7 +223,7 @@ def fit_and_save(
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                               threads=threads, progress=progress, epochs=epochs,
                               model_path=_router_model(name, trace, model_dir))
-        pred.fit(trace)
+        pred.fit_rows(trace, np.ones(trace.num_tokens, bool))  # streams, or fits a bounded sample (fit_note)
     return save_predictor(pred, out_dir)
 
 

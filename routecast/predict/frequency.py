@@ -35,11 +35,11 @@ def slot_counts_LE(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
     return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts).astype(np.float64)
 
 
-def stream_slot_counts_LE(trace: Trace, rows: np.ndarray | None, chunk_rows: int = 65536) -> np.ndarray:
+def stream_slot_counts_LE(trace: Trace, rows: np.ndarray | None) -> np.ndarray:
     """slot_counts_LE over the rows of trace in the bool (T,) mask (None = all), one chunk at a time."""
     s = trace.spec
     out = np.zeros((s.num_layers, s.num_experts))
-    for a, ch in trace.chunks(chunk_rows):
+    for a, ch in trace.chunks():
         ex = ch.experts_TLK if rows is None else ch.experts_TLK[rows[a:a + ch.num_tokens]]
         out += slot_counts_LE(ex, s.num_experts)
     return out
@@ -227,7 +227,7 @@ class ConditionalPredictor(Predictor):
         key_T = self._key(trace.token_id, trace.position)
         keys = np.unique(key_T if rows is None else key_T[rows])
         counts = np.zeros((len(keys), L, E), np.int32)
-        for a, ch in trace.chunks(65536):
+        for a, ch in trace.chunks():
             m = slice(None) if rows is None else rows[a:a + ch.num_tokens]
             add_group_counts(ch.experts_TLK[m], np.searchsorted(keys, key_T[a:a + ch.num_tokens][m]), counts)
         glob = _normalise(counts.sum(axis=0, dtype=np.float64))

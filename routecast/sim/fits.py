@@ -311,8 +311,8 @@ def measure_predictors(
     """
     from routecast.predict.evaluate import evaluate
 
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
-    n_fwd = max(1, round(test.num_tokens / max(np.unique(test.step).size, 1)))
+    _, test = trace.split_masks("request", (train_fraction, 1 - train_fraction), seed=seed)
+    n_fwd = max(1, round(int(test.sum()) / max(np.unique(trace.step[test]).size, 1)))
     model = _forward_model(trace, model_dir, seed)
     before, source = forward_us_per_token(trace, tokens=n_fwd, repeat=repeat, seed=seed, model=model)
     rows = evaluate(trace, names, model_dir=model_dir, train_fraction=train_fraction, seed=seed, progress=False,
@@ -329,7 +329,7 @@ def measure_predictors(
             "distribution_error_total": float(r["distribution_error_total"]), "fit_s": float(r["fit_s"]),
         })
     split = (f"fitted on {train_fraction:.0%} of {np.unique(trace.request).size} requests, scored on "
-             f"{test.num_tokens} tokens in {np.unique(test.step).size} steps; forward {before:.1f} / {after:.1f} "
+             f"{int(test.sum())} tokens in {np.unique(trace.step[test]).size} steps; forward {before:.1f} / {after:.1f} "
              "µs/token before / after")
     return PredictorMeasurement(rows=tuple(out), forward_us_per_token=fwd_us, forward_tokens=n_fwd,
                                 forward_source=source, split=split)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from routecast.common.errors import ConfigError
-from routecast.trace.stats_kernels import add_group_counts, top1_TL, transition_counts
+from routecast.trace.stats_kernels import add_group_counts, top1_TL, transition_counts  # noqa: F401 (top1_TL re-exported)
 
 if TYPE_CHECKING:
     from routecast.trace.trace import Trace
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 CHUNK_TOKENS = 1024
 # Count entries (groups x L x (E+1)) per chunk: ~2 MB of int64, close to one core's L2 + L3 share.
 COUNT_BLOCK_ENTRIES = 1 << 18
-# Rows per chunk when a whole-trace pass streams a trace (Trace.chunks): 64 MB of DeepSeek-V3 routing ids.
-CHUNK_ROWS = 65536
 
 
 # ---------------------------------------------------------------------------------------- count-level
@@ -427,11 +425,11 @@ def transition_matrix(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 def transition_accuracy(
-    P_LEE: np.ndarray, experts_TLK: np.ndarray, top1_TL: np.ndarray, *, chunk_tokens: int = 1024
+    P_LEE: np.ndarray, experts_TLK: np.ndarray, true_top1_TL: np.ndarray, *, chunk_tokens: int = 1024
 ) -> np.ndarray:
     """Top-1 accuracy of "layer l+1's expert = argmax_b sum_{a in set_l} P[l, a, b]".
 
-    P_LEE: (L-1, E, E) from transition_matrix; experts_TLK, top1_TL: the scored tokens. Returns (L-1,)
+    P_LEE: (L-1, E, E) from transition_matrix; experts_TLK, true_top1_TL: the scored tokens. Returns (L-1,)
     float64 (NaN where no token has a top-1 expert at l+1).
     """
     T, L, _ = experts_TLK.shape
@@ -448,7 +446,7 @@ def transition_accuracy(
             score = P_ext[ex[:, 0]]
             for k in range(1, ex.shape[1]):
                 score += P_ext[ex[:, k]]
-            true = top1_TL[t0 : t0 + chunk_tokens, l + 1]
+            true = true_top1_TL[t0 : t0 + chunk_tokens, l + 1]
             ok = (true >= 0) & (ex >= 0).any(axis=1)
             hits[l] += int(((score.argmax(axis=1) == true) & ok).sum())
             total[l] += int(ok.sum())
@@ -486,7 +484,7 @@ def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | lis
     dense = np.searchsorted(tasks_u, np.maximum(key, 0) // 2) * 2 + np.maximum(key, 0) % 2
     dense[key < 0] = -1
     c = np.zeros((2 * len(tasks_u), L, E), np.int64)
-    for a, ch in trace.chunks(CHUNK_ROWS):  # streamed: one chunk (or shard) of routing in memory at a time
+    for a, ch in trace.chunks():  # streamed: one chunk (or shard) of routing in memory at a time
         add_group_counts(ch.experts_TLK, dense[a:a + ch.num_tokens], c)
     halves = c.reshape(len(tasks_u), 2, L, E)
     whole = halves.sum(axis=1)

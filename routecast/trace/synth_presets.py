@@ -33,6 +33,7 @@ import numpy as np
 
 from routecast.common.errors import ConfigError
 from routecast.trace.stats import imbalance_ratio, skewness
+from routecast.trace.stats_kernels import add_group_counts
 from routecast.trace.synth import SynthConfig, generate, prepare, route_blocks
 from routecast.trace.trace import DECODE, PREFILL, Trace
 
@@ -59,9 +60,26 @@ def moegps_skewness(trace: Trace, seq_len: int = 512, task: int | None = None) -
     nb = idx.size // seq_len
     if nb == 0:
         return float("nan")
-    idx = idx[: nb * seq_len]
-    counts = _block_counts(trace, idx, np.arange(idx.size) // seq_len, nb)
-    return float(np.nanmean(skewness(counts)))
+    block = np.full(trace.num_tokens, -1, np.int64)
+    block[idx[: nb * seq_len]] = np.arange(nb * seq_len) // seq_len
+    last_row = idx[np.arange(1, nb + 1) * seq_len - 1]  # a block is complete once its last row is read
+    L, E = trace.spec.num_layers, trace.spec.num_experts
+    total, count, done = 0.0, 0, 0
+    open_c = np.zeros((0, L, E), np.int64)  # counts of blocks done .. done + len(open_c) - 1
+    for a, ch in trace.chunks():  # streamed: only the blocks still open are held
+        b = a + ch.num_tokens
+        hi = int(np.searchsorted(idx, b - 1, side="right"))  # prefill rows read so far
+        n_open = min(nb, -(-hi // seq_len)) - done
+        if n_open > len(open_c):
+            open_c = np.concatenate([open_c, np.zeros((n_open - len(open_c), L, E), np.int64)])
+        bl = block[a:b]
+        add_group_counts(ch.experts_TLK, np.where(bl >= 0, bl - done, -1), open_c)
+        fin = int(np.searchsorted(last_row, b - 1, side="right")) - done  # blocks now complete
+        if fin > 0:
+            sk = skewness(open_c[:fin])
+            total, count = total + float(np.nansum(sk)), count + int(np.isfinite(sk).sum())
+            open_c, done = open_c[fin:], done + fin
+    return total / count if count else float("nan")
 
 
 def step_ir(trace: Trace, ep: int = 8, phase: int | None = None, min_tokens: int = 1) -> np.ndarray:

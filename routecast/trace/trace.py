@@ -33,6 +33,9 @@ COLUMNS: dict[str, np.dtype] = {
     "source": np.dtype(np.int16),
     "arrival_s": np.dtype(np.float64),
 }
+# Rows of routing a streaming pass reads at a time (Trace.chunks / step_chunks default): 64 MB of routing
+# ids at DeepSeek-V3 geometry. Tests shrink it to exercise the chunk boundaries.
+CHUNK_ROWS = 65536
 _DEFAULTS = {"token_id": -1, "phase": PREFILL, "task": -1, "source": -1, "arrival_s": 0.0}
 
 
@@ -247,12 +250,13 @@ class Trace:
             task_names=self.task_names, source_names=self.source_names, provenance=self.provenance)
         return t
 
-    def chunks(self, rows: int = 65536) -> Iterator[tuple[int, Trace]]:
+    def chunks(self, rows: int | None = None) -> Iterator[tuple[int, Trace]]:
         """Yield (first row, Trace of at most `rows` consecutive rows) over the trace, in row order.
 
-        Chunks never cross a shard boundary of a lazy trace, so each is a view of one memory-mapped shard
-        and memory stays bounded by `rows` (or the shard), not by the trace.
+        rows: default CHUNK_ROWS. Chunks never cross a shard boundary of a lazy trace, so each is a view
+        of one memory-mapped shard and memory stays bounded by `rows` (or the shard), not by the trace.
         """
+        rows = CHUNK_ROWS if rows is None else rows
         if rows < 1:
             raise TraceError(f"chunks: rows is {rows}; expected a positive number of rows.")
         T = self.num_tokens
@@ -266,11 +270,11 @@ class Trace:
         st = self.tokens["step"]
         return bool((st[1:] >= st[:-1]).all())
 
-    def step_chunks(self, rows: int = 65536) -> Iterator[tuple[int, Trace]]:
+    def step_chunks(self, rows: int | None = None) -> Iterator[tuple[int, Trace]]:
         """Yield (first row, Trace of whole consecutive steps) covering the trace in row order.
 
-        Each chunk holds about `rows` rows (more when one step is larger) and ends at a step boundary; a
-        step cut by a shard boundary is copied into one piece. Needs steps_sorted(); otherwise the trace
+        Each chunk holds about `rows` rows (default CHUNK_ROWS; more when a step is larger) and ends at
+        a step boundary; a step cut by a shard boundary is copied into one piece. Needs steps_sorted(); otherwise the trace
         comes as one chunk (its steps regrouped by the caller; a lazy trace is then materialised).
         """
         T = self.num_tokens
