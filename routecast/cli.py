@@ -55,7 +55,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def cmd_stats(a: argparse.Namespace) -> int:
-    from routecast.trace.stats_cli import stats_main
+    from routecast.report.stats import stats_main
 
     return stats_main(a.trace, ep=a.ep, window=a.window, as_json=a.json, plot=a.plot, seq_len=a.seq_len)
 

@@ -1,17 +1,15 @@
 """`routecast stats TRACE`: every routing statistic of a trace, bundled, tabulated, printed, plotted.
 
 routing_stats bundles the metrics of stats.py into one JSON-serialisable dict (per-layer lists and an
-overall row); format_stats renders it as a compact text table; stats_main is the command.
+overall row); format_stats renders it as a compact text table. The `routecast stats` command (table,
+JSON, --plot) is report/stats.py.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -230,31 +228,3 @@ def format_stats(d: dict) -> str:
     table = [" ".join([r[0].ljust(lw), *r[1:]]) for r in rows]
     table.insert(len(table) - 1, "-" * len(table[0]))
     return "\n".join([*head, "", *table, "", textwrap.fill(LEGEND, width=100)])
-
-
-def stats_main(
-    trace_path: str | Path, *, ep: int = 8, window: int | None = None, as_json: bool = False,
-    plot: str | Path | None = None, seq_len: int | None = None, out: TextIO | None = None,
-) -> int:
-    """Run `routecast stats`: read the trace, compute routing_stats, print table or JSON, write --plot PNG.
-
-    Errors on bad input (missing trace, ep not dividing E, bad window) raise RoutecastError subclasses
-    with one sentence; the CLI turns them into exit code 2. Returns 0 on success.
-    """
-    from routecast.trace.io import read_trace  # lazy: keeps `routecast --help` fast
-
-    stream = sys.stdout if out is None else out
-    # Statistics read only the routing ids, weights and token columns: skip hidden states and logits.
-    trace = read_trace(trace_path, load_hidden=False, load_logits=False)
-    d = routing_stats(trace, ep=ep, window=window, seq_len=seq_len)
-    if plot is not None:
-        from routecast.report.plots import stats_figure
-
-        stats_figure(d, plot)
-    if as_json:
-        stream.write(json.dumps(d, separators=(",", ":")) + "\n")
-    else:
-        stream.write(format_stats(d) + "\n")
-        if plot is not None:
-            stream.write(f"plot: {plot}\n")
-    return 0

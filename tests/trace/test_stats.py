@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -13,7 +12,7 @@ from hypothesis import strategies as st
 from routecast.common.errors import ConfigError
 from routecast.trace import MoESpec, Trace, make_columns
 from routecast.trace import stats as rs
-from routecast.trace.stats_cli import format_stats, routing_stats, stats_main
+from routecast.trace.stats_cli import format_stats, routing_stats
 
 
 def make_trace(experts_TLK, num_experts: int, weights=None, task_names=(), **cols) -> Trace:
@@ -276,28 +275,3 @@ def test_routing_stats_sees_planted_token_and_task_structure():
     assert o["table_top1"] > o["global_top1"] + 0.4 and o["table_top1"] > 0.75
     assert o["task_l1_mean"] > 1.9 and o["task_half_l1_mean"] < 0.2
     assert o["kurtosis_median"] > 2 * d["reference"]["kurtosis_fixed_set"] / 3
-
-
-def test_stats_main_prints_table_json_and_plot(monkeypatch, tmp_path):
-    import routecast.trace.io as tio
-
-    tr = random_trace(8, T=200)
-    monkeypatch.setattr(tio, "read_trace", lambda path, **kw: tr)
-    buf = io.StringIO()
-    assert stats_main("x", ep=2, window=None, as_json=False, plot=tmp_path / "s.png", out=buf) == 0
-    assert "routing statistics" in buf.getvalue() and (tmp_path / "s.png").stat().st_size > 0
-    buf = io.StringIO()
-    assert stats_main("x", ep=2, window=3, as_json=True, plot=None, out=buf) == 0
-    assert json.loads(buf.getvalue())["window"] == 3
-
-
-def test_stats_main_on_a_trace_written_to_disk(tmp_path, capsys):
-    from routecast.trace.io import write_trace
-
-    tr = random_trace(9, T=150)
-    write_trace(tr, tmp_path / "t")
-    assert stats_main(tmp_path / "t", ep=4, window=2) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("routing statistics: test  T=150  L=3  E=8  K=2")
-    with pytest.raises(ConfigError, match="ep is 3"):
-        stats_main(tmp_path / "t", ep=3)
