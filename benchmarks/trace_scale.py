@@ -12,6 +12,10 @@ Sizes are GB of trace on disk (routing shards + token columns); tokens = GB / 28
 (--stages), results merge into the JSON, so a slow synthesis is not repeated. Scratch traces are deleted
 at the end unless --keep.
 
+--tile N: the large trace is not synthesised but written as N copies of the smallest one, each copy's
+request ids, steps and arrival times shifted past the previous copy's (stage "tile", timed like the
+others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
+
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
        [--stages synth,stats,eval,compare] [--keep] [--out out/bench/trace_scale.json]
 """
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 
 BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
-STAGES = ("synth", "stats", "eval", "compare")
+STAGES = ("synth", "tile", "stats", "eval", "compare")
 
 
 def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
@@ -39,14 +43,37 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
         "eval": ["predict", "eval", str(trace), "--predictors", "distribution,probability,conditional-position",
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
-                    "--out", str(scratch / f"compare-{trace.name}"), "--overwrite"],
+                    "--out", str(scratch / f"compare-{trace.name}")],
     }
+
+
+def tile(src: str, dst: str, copies: int) -> int:
+    """Write `copies` copies of trace src to dst, shard by shard (ids, steps, arrivals shifted per copy)."""
+    import numpy as np
+
+    from routecast.trace.io import TraceWriter, read_trace
+
+    tr = read_trace(src)
+    tok = tr.tokens
+    shift = {"request": int(tok["request"].max()) + 1, "step": int(tok["step"].max()) + 1,
+             "arrival_s": float(tok["arrival_s"].max()) + 1.0}
+    prov = dict(tr.provenance, tiled_from=str(src), copies=copies)
+    with TraceWriter(dst, tr.spec, task_names=tr.task_names, source_names=tr.source_names, provenance=prov,
+                     shard_tokens=1 << 30) as w:
+        for c in range(copies):
+            for _, ch in tr.chunks(1 << 30):  # one shard at a time
+                cols = {k: (v + np.asarray(c * shift[k], v.dtype)) if k in shift else v for k, v in ch.tokens.items()}
+                w.append(cols, ch.experts_TLK, ch.weights_TLK)
+                w.flush()
+    return 0
 
 
 def child(argv: list[str]) -> None:
     """Run one routecast command in this process; print its wall time and own peak RSS as JSON last."""
     from routecast.cli import main
 
+    if argv[0] == "tile":
+        main = lambda args: tile(args[1], args[2], int(args[3]))  # noqa: E731 - same harness, not a CLI command
     t0 = time.perf_counter()
     with open(os.devnull, "w") as sink:
         old, sys.stdout = sys.stdout, sink  # the command's table is not the benchmark's output
@@ -57,6 +84,10 @@ def child(argv: list[str]) -> None:
     wall = time.perf_counter() - t0
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({"rc": rc, "seconds": wall, "peak_rss_gb": peak_kb * 1024 / 1e9}))
+
+
+def _num_tokens(trace: Path) -> int:
+    return int(json.loads((trace / "trace.json").read_text())["num_tokens"])
 
 
 def run(stage: str, argv: list[str]) -> dict:
@@ -76,6 +107,7 @@ def main() -> None:
     ap.add_argument("--scratch", required=True, help="directory for the traces (deleted at the end unless --keep)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--keep", action="store_true", help="keep the traces (to run later stages separately)")
+    ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the smallest")
     ap.add_argument("--out", default="out/bench/trace_scale.json", help="JSON output (merged with an existing one)")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
@@ -91,13 +123,18 @@ def main() -> None:
         tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
         trace = scratch / f"dsv3-{gb:g}gb"
         cmds = _commands(trace, tokens, scratch)
+        small = scratch / f"dsv3-{min(a.gb):g}gb"
+        cmds["tile"] = ["tile", str(small), str(trace), str(a.tile)]
         for st in stages:
-            if st == "synth" and trace.exists():
+            tiled = a.tile and gb == max(a.gb) and gb != min(a.gb)
+            if (st == "synth" and tiled) or (st == "tile" and not tiled):
+                continue
+            if st in ("synth", "tile") and trace.exists():
                 shutil.rmtree(trace)
             r = run(st, cmds[st])
             r["gb"] = sum(f.stat().st_size for f in trace.iterdir()) / 1e9 if trace.is_dir() else gb
-            r["tokens"] = tokens
             rows[f"{st}@{gb:g}"] = r
+            r["tokens"] = _num_tokens(trace) if (trace / "trace.json").is_file() else tokens
             print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s, "
                   f"peak RSS {r['peak_rss_gb']:.2f} GB", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +142,10 @@ def main() -> None:
     if len(a.gb) >= 2:
         lo, hi = f"{min(a.gb):g}", f"{max(a.gb):g}"
         for st in STAGES:
+            if st == "tile" and f"tile@{hi}" in rows:
+                r1 = rows[f"tile@{hi}"]
+                print(f"tile: the {hi} GB trace is copies of the {lo} GB one, written in {r1['seconds']:.0f} s")
+                continue
             if f"{st}@{lo}" in rows and f"{st}@{hi}" in rows:
                 r0, r1 = rows[f"{st}@{lo}"], rows[f"{st}@{hi}"]
                 print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x for size ratio "

@@ -232,10 +232,12 @@ class ConditionalPredictor(Predictor):
             add_group_counts(ch.experts_TLK[m], np.searchsorted(keys, key_T[a:a + ch.num_tokens][m]), counts)
         glob = _normalise(counts.sum(axis=0, dtype=np.float64))
         self.keys_U = keys
-        self.probs_ULE = np.empty(counts.shape, np.float32)
-        for u0 in range(0, len(keys), 1024):  # normalise in blocks: no float64 copy of the whole table
-            mixed = counts[u0:u0 + 1024] + self.config.prior_weight * glob[None]
-            self.probs_ULE[u0:u0 + 1024] = _normalise(mixed)
+        # Normalised in place, block by block: the float32 table reuses the int32 counts' memory (each
+        # block is read into a float64 temporary before its bytes are overwritten), so the peak is one table.
+        self.probs_ULE = counts.view(np.float32)
+        for u0 in range(0, len(keys), 256):
+            mixed = counts[u0:u0 + 256] + self.config.prior_weight * glob[None]
+            self.probs_ULE[u0:u0 + 256] = _normalise(mixed)
         self.global_LE = glob.astype(np.float32)
         return self
 

@@ -157,3 +157,14 @@ def test_accumulator_reduces_tokens_and_steps_by_hand():
     assert r["distribution_error"][0] == pytest.approx((0.075 + 0.0) / 2)
     # over the whole run: p_hat ∝ [1.6,1.2,1.8,1.4] / 6, p ∝ [2,1,2,1] / 6
     assert r["distribution_error_total"][0] == pytest.approx(np.abs(np.array([1.6, 1.2, 1.8, 1.4]) - [2, 1, 2, 1]).sum() / 6 / 4)
+
+
+@pytest.mark.parametrize("E,k", [(256, 8), (64, 6), (32, 4), (256, 1), (8, 2)])
+def test_topk_indices_equals_a_stable_sort_with_ties(E, k):
+    from routecast.predict.forecast import topk_indices
+
+    rng = np.random.default_rng(E + k)
+    for scores in (rng.integers(0, 4, (500, E)).astype(np.float32),  # many ties at the k-th value
+                   rng.random((20, 7, E)), np.zeros((3, E))):
+        want = np.argsort(-scores, axis=-1, kind="stable")[..., :k]
+        np.testing.assert_array_equal(topk_indices(scores, k), want)
