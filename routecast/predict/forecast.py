@@ -13,7 +13,7 @@ Ties are broken towards the lower expert id, so every derived set is determinist
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -71,6 +71,8 @@ class Forecast:
     top_k: int
     scores_TLE: np.ndarray | None = None
     dist_LE: np.ndarray | None = None
+    # topk() results by k: the metrics ask for the same sets several times per step (measured 3 calls).
+    _topk: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.scores_TLE is None) == (self.dist_LE is None):
@@ -133,7 +135,12 @@ class Forecast:
         k = self.top_k if k is None else k
         if k < 1:
             raise ConfigError(f"Forecast.topk: k is {k}; expected a positive integer.")
-        return topk_indices(self._probs, min(k, self.num_experts))
+        k = min(k, self.num_experts)
+        if k not in self._topk:
+            top = topk_indices(self._probs, k)
+            top.flags.writeable = False  # shared between callers
+            self._topk[k] = top
+        return self._topk[k]
 
     def token_topk(self, num_tokens: int, k: int | None = None) -> np.ndarray:
         """Per-token top-k for a step of num_tokens tokens: int64 (T, L, k); a distribution is broadcast."""
