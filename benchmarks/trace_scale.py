@@ -12,12 +12,12 @@ Sizes are GB of trace on disk (routing shards + token columns); tokens = GB / 28
 (--stages), results merge into the JSON, so a slow synthesis is not repeated. Scratch traces are deleted
 at the end unless --keep.
 
---tile N: the large trace is not synthesised but written as N copies of the smallest one, each copy's
-request ids, steps and arrival times shifted past the previous copy's (stage "tile", timed like the
-others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
+--tile N: the largest trace is not synthesised but written as N copies of the trace N times smaller,
+each copy's request ids, steps and arrival times shifted past the previous copy's (stage "tile", timed
+like the others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
 
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
-       [--stages synth,stats,eval,compare] [--keep] [--out out/bench/trace_scale.json]
+       [--stages synth,tile,stats,eval,compare] [--tile N] [--keep] [--out out/bench/trace_scale.json]
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--scratch", required=True, help="directory for the traces (deleted at the end unless --keep)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--keep", action="store_true", help="keep the traces (to run later stages separately)")
-    ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the smallest")
+    ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the size N times smaller")
     ap.add_argument("--out", default="out/bench/trace_scale.json", help="JSON output (merged with an existing one)")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
@@ -123,10 +123,10 @@ def main() -> None:
         tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
         trace = scratch / f"dsv3-{gb:g}gb"
         cmds = _commands(trace, tokens, scratch)
-        small = scratch / f"dsv3-{min(a.gb):g}gb"
+        small = scratch / f"dsv3-{gb / max(a.tile, 1):g}gb"  # --tile N: the trace N times smaller
         cmds["tile"] = ["tile", str(small), str(trace), str(a.tile)]
         for st in stages:
-            tiled = a.tile and gb == max(a.gb) and gb != min(a.gb)
+            tiled = a.tile > 1 and gb == max(a.gb)
             if (st == "synth" and tiled) or (st == "tile" and not tiled):
                 continue
             if st in ("synth", "tile") and trace.exists():
@@ -139,17 +139,21 @@ def main() -> None:
                   f"peak RSS {r['peak_rss_gb']:.2f} GB", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(res, indent=1))
-    if len(a.gb) >= 2:
-        lo, hi = f"{min(a.gb):g}", f"{max(a.gb):g}"
-        for st in STAGES:
-            if st == "tile" and f"tile@{hi}" in rows:
-                r1 = rows[f"tile@{hi}"]
-                print(f"tile: the {hi} GB trace is copies of the {lo} GB one, written in {r1['seconds']:.0f} s")
-                continue
-            if f"{st}@{lo}" in rows and f"{st}@{hi}" in rows:
-                r0, r1 = rows[f"{st}@{lo}"], rows[f"{st}@{hi}"]
-                print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x for size ratio "
-                      f"{r1['gb'] / r0['gb']:.1f}x; peak RSS {r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
+    # The whole table so far (this run and earlier ones merged from the JSON), then linearity per command.
+    sizes = sorted({float(k.split("@")[1]) for k in rows})
+    for st in STAGES:
+        for gb in sizes:
+            r = rows.get(f"{st}@{gb:g}")
+            if r:
+                print(f"{st.upper()}: {r['gb']:.1f} GB in {r['seconds']:.0f} s, peak RSS {r['peak_rss_gb']:.2f} GB")
+    for st in STAGES:
+        have = [gb for gb in sizes if f"{st}@{gb:g}" in rows]
+        for lo, hi in zip(have, have[1:], strict=False):
+            r0, r1 = rows[f"{st}@{lo:g}"], rows[f"{st}@{hi:g}"]
+            print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x for size ratio {r1['gb'] / r0['gb']:.1f}x "
+                  f"({lo:g} -> {hi:g} GB); peak RSS {r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
+    if any(k.startswith("tile@") for k in rows):
+        print("tile: the largest trace is copies of the smallest synthesised one (--tile), not a synthesis")
     m = res["machine"]
     print(f"machine: {m}")
     if not a.keep:
