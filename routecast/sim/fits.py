@@ -301,9 +301,10 @@ def measure_predictors(
     trace: Trace, names: str | Sequence[str] = ("distribution", "probability", "conditional-token",
                                                 "conditional-position", "ffn"),
     *, model_dir: str | Path | None = None, epochs: int | None = None, train_fraction: float = 0.8, seed: int = 0,
-    threads: int = 1, repeat: int = 10,
+    threads: int = 1, repeat: int = 10, split: str = "document",
 ) -> PredictorMeasurement:
-    """Fit and score `names` on a request split of `trace` (routecast.predict.evaluate) and time the model's
+    """Fit and score `names` on a held-out split of `trace` (routecast.predict.evaluate; by document unless the
+    trace records none, or split="request") and time the model's
     forward in the same process at the test split's mean tokens per step, once before and once after the
     predictors (the mean of the two medians), so both costs see the same machine load.
 
@@ -311,12 +312,12 @@ def measure_predictors(
     """
     from routecast.predict.evaluate import evaluate
 
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
+    (train, test), used, _ = trace.heldout_split(split, (train_fraction, 1 - train_fraction), seed=seed)
     n_fwd = max(1, round(test.num_tokens / max(np.unique(test.step).size, 1)))
     model = _forward_model(trace, model_dir, seed)
     before, source = forward_us_per_token(trace, tokens=n_fwd, repeat=repeat, seed=seed, model=model)
     rows = evaluate(trace, names, model_dir=model_dir, train_fraction=train_fraction, seed=seed, progress=False,
-                    threads=threads, epochs=epochs)
+                    threads=threads, epochs=epochs, split=split)
     after, _ = forward_us_per_token(trace, tokens=n_fwd, repeat=repeat, seed=seed, model=model)
     fwd_us = (before + after) / 2
     out = []
@@ -328,7 +329,7 @@ def measure_predictors(
             "distribution_error": float(r["distribution_error"]),
             "distribution_error_total": float(r["distribution_error_total"]), "fit_s": float(r["fit_s"]),
         })
-    split = (f"fitted on {train_fraction:.0%} of {np.unique(trace.request).size} requests, scored on "
+    split = (f"split by {used}: fitted on {train_fraction:.0%} of {np.unique(trace.tokens[used]).size} {used}s, scored on "
              f"{test.num_tokens} tokens in {np.unique(test.step).size} steps; forward {before:.1f} / {after:.1f} "
              "µs/token before / after")
     return PredictorMeasurement(rows=tuple(out), forward_us_per_token=fwd_us, forward_tokens=n_fwd,
