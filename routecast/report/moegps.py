@@ -166,7 +166,8 @@ def section_moegps(trace: Trace, out_dir: str | Path, *, predictors: Sequence[st
                    epochs: int = 3, seed: int = 0) -> tuple[Section, dict[str, Any]]:
     """The MoE-GPS demo section: our predictors on the trace, their fits, the advisor on real pairs, Figs 6/7.
 
-    Predictors are fitted on 80% of the requests and scored causally on the rest (routecast.predict); the
+    Predictors are fitted on 80% of the source documents (of the requests when the trace records none) and
+    scored causally on the requests of the rest (routecast.predict); the
     FFN trains `epochs` epochs and the LSTM is skipped, which keeps this under a minute on one core.
     """
     out = Path(out_dir) / "moegps"

@@ -65,7 +65,8 @@ LEGEND = (
     "and per sequence. IR: PROBE imbalance ratio (max/mean rank load, contiguous sharding on ep ranks); "
     "IR/st, IRmax: mean and max per step. H/Hmax: routing entropy / log2 E. top10%: share of slots on the "
     "top 10% of experts (at least one). kurt: median kurtosis of per-token-id activation maps (s-MoE). tok@1, tok-hit: "
-    "token-id table's expert = true top-1 / is in the true top-k (held-out requests); glob@1: most "
+    "token-id table's expert = true top-1 / is in the true top-k (held-out documents; requests when the "
+    "trace records none); glob@1: most "
     "frequent expert = top-1. prev@1: argmax transition from the previous layer's experts = top-1. "
     "taskL1: mean pairwise L1 between task distributions; halfL1: L1 between two halves of one task "
     "(the noise floor). drift: L1 between consecutive windows of steps."
@@ -148,7 +149,7 @@ def routing_stats(
     if seq_len is not None:
         per["skewness_seq_mean"] = _nan_reduce(np.nanmean, sequence_skewness(trace, seq_len), axis=0)
 
-    # Token-level statistics on a capped sample: fit on one half of the requests, score on the other.
+    # Token-level statistics on a capped sample: fit on one half of the documents (requests), score on the other.
     rng = np.random.default_rng(seed)
     fit_m, eval_m = half_masks(trace, seed=seed)
     fit = sample_indices(fit_m, max_tokens // 2, rng)

@@ -277,7 +277,7 @@ class Trace:
             raise TraceError(f"split: fractions are {list(fractions)}; expected non-negative numbers summing to 1.")
         key = self.tokens[by]
         if by == "document":
-            self._check_documents()
+            self.check_documents()
         groups = np.unique(key)
         perm = np.random.default_rng(seed).permutation(groups)
         bounds = np.round(np.cumsum(fr) * len(groups)).astype(int)
@@ -285,7 +285,8 @@ class Trace:
         parts = np.split(perm, bounds[:-1])
         return tuple(self.select(np.isin(key, p)) for p in parts)
 
-    def _check_documents(self) -> None:
+    def check_documents(self) -> None:
+        """Raise TraceError unless every request records exactly one source document (a document split's needs)."""
         doc, req = self.tokens["document"], self.tokens["request"]
         unknown = np.unique(req[doc < 0])
         if unknown.size:
