@@ -127,7 +127,12 @@ def test_measure_predictors_relates_predictor_time_to_the_forward():
 
 
 def test_measurement_round_trips_and_the_shipped_reference_is_the_default_curve(tmp_path):
-    from routecast.sim.fits import load_measurement, reference_measurement, reference_overhead_curve, save_measurement
+    from routecast.sim.fits import (
+        load_measurement,
+        reference_measurement,
+        reference_overhead_curve,
+        save_measurement,
+    )
 
     meas, skew, doc = reference_measurement()
     assert doc["trace"] and "split by document" in meas.split  # held-out documents, not requests
