@@ -51,7 +51,7 @@ from routecast.place.probe import load_lower_bound, plan_layers, planner_costs, 
 from routecast.sim.cost import Workload, layer_cost, probe_options
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
-from routecast.trace.trace import Trace
+from routecast.trace.trace import NO_DOCUMENTS_NOTE, Trace
 
 METHODS = ("static", "eplb_once", "eplb_window", "probe_oracle", "probe_pred")
 
@@ -126,7 +126,7 @@ def split_requests(trace: Trace, train_fraction: float, by: str = "document") ->
     if not 0.0 < train_fraction < 1.0:
         raise ConfigError(f"train_fraction is {train_fraction}; expected a value in (0, 1).")
     if by == "document" and not trace.has_documents:
-        print(trace.heldout_split("document")[2], file=sys.stderr)
+        print(NO_DOCUMENTS_NOTE, file=sys.stderr)
         by = "request"
     req = trace.tokens["request"]
     if by == "document":

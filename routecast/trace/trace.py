@@ -37,6 +37,10 @@ COLUMNS: dict[str, np.dtype] = {
 }
 _DEFAULTS = {"token_id": -1, "phase": PREFILL, "task": -1, "source": -1, "arrival_s": 0.0, "document": -1}
 SPLITS = ("document", "request", "task")
+# Printed where a document split was asked of a trace that records no documents and the request split is used.
+NO_DOCUMENTS_NOTE = ("note: this trace records no source document per request (written before schema 2, or by a "
+                     "producer that gave none), so held-out requests may share text with training requests; "
+                     "splitting by request instead of by document.")
 
 
 def make_columns(num_tokens: int, **cols: Any) -> dict[str, np.ndarray]:
@@ -311,10 +315,7 @@ class Trace:
         request; note then says so in one sentence (callers print it), else note is None.
         """
         if by == "document" and not self.has_documents:
-            note = ("note: this trace records no source document per request (written before schema 2, or by "
-                    "a producer that gave none), so held-out requests may share text with training requests; "
-                    "splitting by request instead of by document.")
-            return self.split("request", fractions, seed), "request", note
+            return self.split("request", fractions, seed), "request", NO_DOCUMENTS_NOTE
         return self.split(by, fractions, seed), by, None
 
     @classmethod
