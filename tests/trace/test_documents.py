@@ -14,6 +14,7 @@ from routecast.common.errors import ConfigError, TraceError
 from routecast.trace import MoESpec, Trace, make_columns
 from routecast.trace.capture import document_ids
 from routecast.trace.io import read_trace, write_trace
+from tests.trace.test_capture import tokenizer  # noqa: F401  (a fixture)
 
 
 def _trace(requests: int, docs: int, seed: int = 0, per_request: int = 3) -> Trace:
@@ -130,3 +131,23 @@ def test_synthetic_requests_are_their_own_documents():
 
     tr = generate(SynthConfig(num_layers=2, num_experts=8, top_k=2, num_tokens=600, seed=1))
     assert tr.has_documents and (tr.document == tr.request).all()
+
+
+def test_capture_records_each_requests_document(tokenizer, tmp_path):  # noqa: F811
+    import torch
+
+    from routecast.trace.capture import capture
+    from routecast.trace.capture_arch import spec_from_model
+    from routecast.trace.io import TraceWriter
+    from tests.trace.test_capture import build
+
+    torch.set_num_threads(1)
+    model = build("mixtral", seed=1, num_hidden_layers=2, num_local_experts=4)
+    prompts = [{"prompt": "the cat sat", "document": "wiki/b"}, {"prompt": "a dog ran", "document": "code/a"},
+               {"prompt": "one two", "document": "wiki/b"}, {"prompt": "red blue"}]
+    w = TraceWriter(tmp_path / "t", spec_from_model(model))
+    capture(model, tokenizer, prompts, w, max_new_tokens=2, batch_size=2, progress=False)
+    tr = read_trace(w.close())
+    doc_of = {int(r): int(tr.document[i[0]]) for r, i in tr.requests()}
+    assert doc_of == {0: 1, 1: 0, 2: 1, 3: -1}  # sorted names: code/a = 0, wiki/b = 1; none given = -1
+    assert not tr.has_documents
