@@ -46,6 +46,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import routecast  # noqa: E402
 from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
 from routecast.sim.advisor import (  # noqa: E402
     ACCURACIES,
@@ -222,6 +223,9 @@ def main() -> None:
     if not a.no_measure:
         doc["measured"], meas, skew = measured_fits(a.trace, a.epochs, a.seed, out)
         if a.save_reference:
+            # The package's own checkpoint is named relative to the package, so the shipped file has no local path.
+            pkg = str(Path(routecast.__file__).resolve().parent)
+            meas = dataclasses.replace(meas, forward_source=meas.forward_source.replace(pkg, "routecast"))
             save_measurement(meas, skew, a.save_reference, trace=doc["measured"]["trace"], machine=doc["machine"],
                              command=" ".join(["python", *sys.argv]))
             a.reference = a.save_reference

@@ -47,6 +47,7 @@ from routecast.sim.fits import (
     measure_predictors,
     measured_overhead_curve,
     paper_dist_error,
+    reference_measurement,
     reference_overhead_curve,
 )
 from routecast.sim.hardware import Hardware, load_hardware
@@ -371,9 +372,11 @@ def advise(
         measured = None
     from_rows = overhead is None and len({r["top_k_accuracy"] for r in tok_rows}) >= 2
     curve = measured_overhead_curve(measured, skew) if from_rows else (overhead or reference_overhead_curve())
-    # Only accuracies the measured predictors span count as achievable; beyond them the fit extrapolates.
-    acc_range = ((min(r["top_k_accuracy"] for r in tok_rows), max(r["top_k_accuracy"] for r in tok_rows))
-                 if from_rows else (0.0, 1.0))
+    # Only accuracies the measured predictors span count as achievable; beyond them the fit extrapolates. With the
+    # shipped reference curve, the span is the reference predictors'; a curve given as an argument spans 0..1.
+    span = tok_rows if from_rows else reference_measurement()[0].token_rows() if overhead is None else []
+    acc_range = ((min(r["top_k_accuracy"] for r in span), max(r["top_k_accuracy"] for r in span))
+                 if span else (0.0, 1.0))
     if dist_error is None and measured is not None and np.isfinite(measured.dist_error()):
         derr, inputs["dist_error_source"] = measured.dist_error(), "measured (distribution predictor, test set)"
     elif dist_error is None:
