@@ -40,7 +40,7 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
     return {
         "synth": ["synth", "--preset", "deepseek-v3", "--tokens", str(tokens), "--seed", "0", "--out", str(trace)],
         "stats": ["stats", str(trace), "--ep", "8", "--json"],
-        "eval": ["predict", "eval", str(trace), "--predictors", "distribution,probability,conditional-position",
+        "eval": ["predict", "eval", str(trace), "--predictors", "distribution,probability",
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
                     "--out", str(scratch / f"compare-{trace.name}")],
