@@ -2,8 +2,9 @@
 
 Each command runs in its own child process through the real CLI (`routecast ...`), and the child reports
 its own peak resident set (resource.getrusage(RUSAGE_SELF).ru_maxrss: anonymous and file-backed pages,
-memory-mapped shards included) and wall time. Printed per command and size:
-    COMMAND: N GB in S s, peak RSS R GB
+memory-mapped shards included), wall time and CPU time (user + system: on a shared, oversubscribed
+machine the wall time mostly measures waiting for a core). Printed per command and size:
+    COMMAND: N GB in S s (C s CPU), peak RSS R GB
 then, per command, the time ratio of the large to the small trace against their size ratio (linear time:
 the two ratios agree). Targets (issue 10): peak RSS <= 4 GB for every command; time linear in size.
 
@@ -82,8 +83,9 @@ def child(argv: list[str]) -> None:
         finally:
             sys.stdout = old
     wall = time.perf_counter() - t0
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"rc": rc, "seconds": wall, "peak_rss_gb": peak_kb * 1024 / 1e9}))
+    ru = resource.getrusage(resource.RUSAGE_SELF)  # ru_maxrss in KiB on Linux
+    print(json.dumps({"rc": rc, "seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime,
+                      "peak_rss_gb": ru.ru_maxrss * 1024 / 1e9}))
 
 
 def _num_tokens(trace: Path) -> int:
@@ -145,7 +147,8 @@ def main() -> None:
         for gb in sizes:
             r = rows.get(f"{st}@{gb:g}")
             if r:
-                print(f"{st.upper()}: {r['gb']:.1f} GB in {r['seconds']:.0f} s, peak RSS {r['peak_rss_gb']:.2f} GB")
+                cpu = f" ({r['cpu_seconds']:.0f} s CPU)" if "cpu_seconds" in r else ""
+                print(f"{st.upper()}: {r['gb']:.1f} GB in {r['seconds']:.0f} s{cpu}, peak RSS {r['peak_rss_gb']:.2f} GB")
     for st in STAGES:
         have = [gb for gb in sizes if f"{st}@{gb:g}" in rows]
         for lo, hi in zip(have, have[1:], strict=False):
