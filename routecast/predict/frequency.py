@@ -183,8 +183,14 @@ class ConditionalConfig:
 
     key: str = "token"
     prior_weight: float = 1.0
+    # The table keeps the max_keys most frequent training keys (ties: lower key); rarer keys get the
+    # global distribution, as unseen ones do. The table costs L x E x 4 bytes a key (59 KB at DeepSeek-V3
+    # geometry: 8,192 keys = 486 MB, where a 129k-id vocabulary would need 7.7 GB).
+    max_keys: int = 8192
 
     def __post_init__(self) -> None:
+        if type(self.max_keys) is not int or self.max_keys < 1:
+            raise ConfigError(f"ConditionalConfig.max_keys is {self.max_keys!r}; expected a positive integer.")
         if self.key not in CONDITION_KEYS:
             raise ConfigError(f"ConditionalConfig.key is {self.key!r}; expected one of {CONDITION_KEYS}.")
         if self.prior_weight < 0:
@@ -221,16 +227,23 @@ class ConditionalPredictor(Predictor):
         return self.fit_rows(trace, None)
 
     def fit_rows(self, trace: Trace, rows: np.ndarray | None) -> ConditionalPredictor:
-        """Streams the trace chunk by chunk into a (keys, L, E) count table (memory set by the distinct
-        keys, not the trace: int32 counts, float32 probabilities)."""
+        """Streams the trace chunk by chunk into a (keys, L, E) count table (memory set by at most
+        max_keys keys, not by the trace: int32 counts normalised in place into float32 probabilities)."""
         L, E = self.spec.num_layers, self.spec.num_experts
         key_T = self._key(trace.token_id, trace.position)
-        keys = np.unique(key_T if rows is None else key_T[rows])
-        counts = np.zeros((len(keys), L, E), np.int32)
+        keys, n = np.unique(key_T if rows is None else key_T[rows], return_counts=True)
+        if len(keys) > self.config.max_keys:
+            keys = np.sort(keys[np.argsort(-n, kind="stable")[: self.config.max_keys]])
+        U = len(keys)
+        counts = np.zeros((U + 1, L, E), np.int32)  # row U: every other key (feeds only the global distribution)
         for a, ch in trace.chunks():
             m = slice(None) if rows is None else rows[a:a + ch.num_tokens]
-            add_group_counts(ch.experts_TLK[m], np.searchsorted(keys, key_T[a:a + ch.num_tokens][m]), counts)
+            k = key_T[a:a + ch.num_tokens][m]
+            pos = np.minimum(np.searchsorted(keys, k), max(U - 1, 0))
+            add_group_counts(ch.experts_TLK[m], np.where(keys[pos] == k, pos, U) if U else np.zeros(len(k), np.int64),
+                             counts)
         glob = _normalise(counts.sum(axis=0, dtype=np.float64))
+        counts = counts[:U]
         self.keys_U = keys
         # Normalised in place, block by block: the float32 table reuses the int32 counts' memory (each
         # block is read into a float64 temporary before its bytes are overwritten), so the peak is one table.

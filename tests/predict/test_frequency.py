@@ -94,3 +94,18 @@ def test_configs_reject_bad_values():
         DistributionConfig(decay=1.0)
     with pytest.raises(ConfigError, match="key"):
         ConditionalConfig(key="task")
+
+
+def test_conditional_table_keeps_the_most_frequent_keys_within_max_keys(routed_trace):
+    tr = routed_trace(by="token")
+    ids, n = np.unique(tr.token_id, return_counts=True)
+    cond = ConditionalPredictor(tr.spec, ConditionalConfig(key="token", max_keys=3)).fit(tr)
+    assert cond.keys_U.tolist() == sorted(ids[np.argsort(-n, kind="stable")[:3]].tolist())
+    assert cond.probs_ULE.shape == (3, tr.spec.num_layers, tr.spec.num_experts)
+    glob = slot_counts_LE(tr.experts_TLK, tr.spec.num_experts)  # still from every training row
+    np.testing.assert_allclose(cond.global_LE, glob / glob.sum(-1, keepdims=True), atol=1e-6)
+    full = ConditionalPredictor(tr.spec, ConditionalConfig(key="token")).fit(tr)
+    keep = np.searchsorted(full.keys_U, cond.keys_U)
+    np.testing.assert_allclose(cond.probs_ULE, full.probs_ULE[keep], atol=1e-6)  # kept rows unchanged
+    with pytest.raises(ConfigError, match="max_keys"):
+        ConditionalConfig(max_keys=0)
