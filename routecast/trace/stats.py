@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from routecast.common.errors import ConfigError
-from routecast.trace.stats_kernels import add_group_counts, top1_TL, transition_counts  # noqa: F401 (top1_TL re-exported)
+from routecast.trace.stats_kernels import (  # noqa: F401 (top1_TL re-exported)
+    add_group_counts,
+    top1_TL,
+    transition_counts,
+    transition_hits,
+)
 
 if TYPE_CHECKING:
     from routecast.trace.trace import Trace
@@ -427,31 +432,14 @@ def transition_matrix(experts_TLK: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 def transition_accuracy(
-    P_LEE: np.ndarray, experts_TLK: np.ndarray, true_top1_TL: np.ndarray, *, chunk_tokens: int = 1024
+    P_LEE: np.ndarray, experts_TLK: np.ndarray, true_top1_TL: np.ndarray
 ) -> np.ndarray:
     """Top-1 accuracy of "layer l+1's expert = argmax_b sum_{a in set_l} P[l, a, b]".
 
     P_LEE: (L-1, E, E) from transition_matrix; experts_TLK, true_top1_TL: the scored tokens. Returns (L-1,)
     float64 (NaN where no token has a top-1 expert at l+1).
     """
-    T, L, _ = experts_TLK.shape
-    E = P_LEE.shape[-1] if P_LEE.size else 0
-    hits = np.zeros(max(L - 1, 0), np.int64)
-    total = np.zeros(max(L - 1, 0), np.int64)
-    for l in range(L - 1):
-        # Zero row appended at index E: dropped slots (-1) index it and add nothing to the score.
-        P_ext = np.vstack([P_LEE[l], np.zeros((1, E))]).astype(np.float32)
-        for t0 in range(0, T, chunk_tokens):
-            ex = experts_TLK[t0 : t0 + chunk_tokens, l, :]
-            # Accumulating one (T, E) gather per slot keeps the working set small: measured faster than
-            # both a (T, K, E) gather-and-sum and a multi-hot sgemm at E = 256.
-            score = P_ext[ex[:, 0]]
-            for k in range(1, ex.shape[1]):
-                score += P_ext[ex[:, k]]
-            true = true_top1_TL[t0 : t0 + chunk_tokens, l + 1]
-            ok = (true >= 0) & (ex >= 0).any(axis=1)
-            hits[l] += int(((score.argmax(axis=1) == true) & ok).sum())
-            total[l] += int(ok.sum())
+    hits, total = transition_hits(np.asarray(P_LEE, np.float32), experts_TLK, true_top1_TL)
     with np.errstate(invalid="ignore", divide="ignore"):
         acc = np.where(total > 0, hits / np.maximum(total, 1), np.nan)
     return acc

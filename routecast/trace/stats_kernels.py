@@ -54,13 +54,40 @@ def _group_counts(experts_TLK: np.ndarray, group_T: np.ndarray, num_groups: int,
                     out[g, l, e] += 1
 
 
+def _transition_hits(P_LEE: np.ndarray, experts_TLK: np.ndarray, top1_TL: np.ndarray, hits: np.ndarray,
+                     total: np.ndarray) -> None:
+    T, L, K = experts_TLK.shape
+    E = P_LEE.shape[2]
+    score = np.empty(E, P_LEE.dtype)
+    for l in range(L - 1):
+        for t in range(T):
+            true = top1_TL[t, l + 1]
+            score[:] = 0
+            any_valid = False
+            for k in range(K):
+                a = experts_TLK[t, l, k]
+                if a >= 0:
+                    any_valid = True
+                    for e in range(E):
+                        score[e] += P_LEE[l, a, e]
+            if true < 0 or not any_valid:
+                continue
+            best = 0
+            for e in range(1, E):
+                if score[e] > score[best]:
+                    best = e
+            total[l] += 1
+            if best == true:
+                hits[l] += 1
+
+
 try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
     from numba import njit
 except ImportError:  # pragma: no cover - depends on the environment
     njit = None
 if njit is not None:
-    _top1, _add_transitions, _group_counts = (njit(cache=True, nogil=True)(f)
-                                              for f in (_top1, _add_transitions, _group_counts))
+    _top1, _add_transitions, _group_counts, _transition_hits = (
+        njit(cache=True, nogil=True)(f) for f in (_top1, _add_transitions, _group_counts, _transition_hits))
 
 
 def top1_TL(experts_TLK: np.ndarray, weights_TLK: np.ndarray) -> np.ndarray:
@@ -90,3 +117,16 @@ def add_group_counts(experts_TLK: np.ndarray, group_T: np.ndarray, out_GLE: np.n
     _group_counts(np.ascontiguousarray(experts_TLK), np.ascontiguousarray(group_T, dtype=np.int64),
                   out_GLE.shape[0], out_GLE.shape[2], out_GLE)
     return out_GLE
+
+
+def transition_hits(P_LEE: np.ndarray, experts_TLK: np.ndarray, top1_TL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Score "layer l+1's expert = argmax_b sum_{a in set_l} P[l, a, b]" -> (hits, scored) int64 (L-1,).
+
+    P_LEE float32 (L-1, E, E); a token counts where it has a top-1 expert at l+1 and a routed slot at l.
+    Ties go to the lowest expert id (as np.argmax).
+    """
+    L = experts_TLK.shape[1]
+    hits, total = np.zeros(max(L - 1, 0), np.int64), np.zeros(max(L - 1, 0), np.int64)
+    _transition_hits(np.ascontiguousarray(P_LEE, np.float32), np.ascontiguousarray(experts_TLK),
+                     np.ascontiguousarray(top1_TL), hits, total)
+    return hits, total

@@ -226,7 +226,7 @@ def test_transition_predictor_follows_a_chain():
     ex = np.stack([a, (a + 1) % E, (a + 2) % E], axis=1)[:, :, None]  # layer l+1 = layer l + 1
     P = rs.transition_matrix(ex.astype(np.int16), E)
     assert np.allclose(P[0][np.arange(E), (np.arange(E) + 1) % E], 1.0)
-    acc = rs.transition_accuracy(P, ex.astype(np.int16), ex[:, :, 0].astype(np.int16), chunk_tokens=64)
+    acc = rs.transition_accuracy(P, ex.astype(np.int16), ex[:, :, 0].astype(np.int16))
     assert acc.tolist() == [1.0, 1.0]
 
 
