@@ -29,6 +29,11 @@ def topk_indices(scores_xE: np.ndarray, k: int) -> np.ndarray:
     scores_xE: (..., E) float. Returns int64 (..., k).
     """
     s = np.asarray(scores_xE)
+    if s.ndim > 1 and s.shape[0] > 1 and s.strides[0] == 0:
+        # A broadcast forecast (the same scores for every token): rank one row, broadcast the result,
+        # instead of copying T x L x E scores (973 MB for an 8,192-token step at DeepSeek-V3 geometry).
+        top = topk_indices(s[0], k)
+        return np.broadcast_to(top, (s.shape[0], *top.shape))
     E = s.shape[-1]
     if k >= E or s.size == 0 or E <= 16:
         # A stable sort of the negated scores keeps equal scores in expert-id order.

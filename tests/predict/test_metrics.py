@@ -168,3 +168,13 @@ def test_topk_indices_equals_a_stable_sort_with_ties(E, k):
                    rng.random((20, 7, E)), np.zeros((3, E))):
         want = np.argsort(-scores, axis=-1, kind="stable")[..., :k]
         np.testing.assert_array_equal(topk_indices(scores, k), want)
+
+
+def test_topk_indices_of_a_broadcast_forecast_ranks_one_row():
+    from routecast.predict.forecast import topk_indices
+
+    row = np.random.default_rng(0).random((5, 64))
+    b = np.broadcast_to(row, (1000, 5, 64))
+    got = topk_indices(b, 6)
+    assert got.shape == (1000, 5, 6) and got.strides[0] == 0  # no (T, L, E) copy was made
+    np.testing.assert_array_equal(got, np.argsort(-b, axis=-1, kind="stable")[..., :6])
