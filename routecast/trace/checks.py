@@ -1,0 +1,128 @@
+"""Trace invariants as vectorised, chunked checks (Trace.validate and the readers call these on every read).
+
+Routing scans walk the rows in chunks of about _CHUNK_SLOTS values, so a memory-mapped shard is paged
+through once and no temporary larger than one chunk is made (np.isfinite over a whole (T, L, K) array
+used to allocate T*L*K bools). Every check returns nothing and raises TraceError with one sentence that
+names `where`, the field, the first offending value and row, and what was expected.
+
+Costs, measured by benchmarks/bench_trace_checks.py (see README): the routing scan is one min/max pass
+per array plus K*(K-1)/2 elementwise comparisons per (token, layer) for duplicate experts; the
+per-request order check is one stable sort of the token rows (skipped when rows are already sorted by
+request, then position).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import TraceError
+
+_CHUNK_SLOTS = 1 << 20  # values per chunk: ~2 MiB of int16 ids, small against cache-unfriendly copies
+
+
+def _rows_per_chunk(a: Any) -> int:
+    per_row = int(np.prod(a.shape[1:], dtype=np.int64)) or 1
+    return max(1, _CHUNK_SLOTS // per_row)
+
+
+def check_ids_and_weights(e: Any, w: Any, num_experts: int, where: str) -> None:
+    """e: experts_TLK int16 (T, L, K); w: weights_TLK float (T, L, K). Checks, chunk by chunk:
+    ids in -1..E-1; no expert id twice in one (token, layer) (-1, a dropped slot, may repeat);
+    weights finite and >= 0. np.min/np.max propagate NaN, so two reductions cover NaN, inf and < 0."""
+    T, _, K = e.shape
+    step = _rows_per_chunk(e)
+    for a in range(0, T, step):
+        ce = np.asarray(e[a : a + step])
+        lo, hi = int(ce.min()), int(ce.max())
+        if lo < -1 or hi >= num_experts:
+            bad = lo if lo < -1 else hi
+            t = a + int(np.argwhere(ce == bad)[0, 0])
+            raise TraceError(f"{where}: experts_TLK holds expert id {bad} (token row {t}); expected -1 (dropped) "
+                             f"or 0..{num_experts - 1}.")
+        if K > 1:
+            _check_distinct(ce, a, where)
+        cw = np.asarray(w[a : a + step])
+        wlo, whi = cw.min(), cw.max()
+        if not (wlo >= 0 and np.isfinite(whi)):  # NaN fails every comparison
+            bad_w = ~np.isfinite(cw) | (cw < 0)
+            t, lay, k = (int(i) for i in np.argwhere(bad_w)[0])
+            v = float(cw[t, lay, k])
+            raise TraceError(f"{where}: weights_TLK holds {'NaN' if v != v else v} (token row {a + t}, layer {lay}); "
+                             "expected finite (no NaN or inf), non-negative routing weights.")
+
+
+def _check_distinct(ce: np.ndarray, a: int, where: str) -> None:
+    """ce: int16 (n, L, K). Compares every pair of top-k columns on a (K, n*L) contiguous copy: K(K-1)/2
+    contiguous equality passes, measured ~2x faster than strided column views and ~3x than a sort along K."""
+    K = ce.shape[2]
+    ct = np.ascontiguousarray(ce.reshape(-1, K).T)
+    eq = np.empty(ct.shape[1], bool)
+    hit = np.zeros(ct.shape[1], bool)
+    for i in range(K - 1):
+        for j in range(i + 1, K):
+            np.equal(ct[i], ct[j], out=eq)
+            np.logical_or(hit, eq & (ct[i] >= 0), out=hit)
+    if hit.any():
+        r = int(np.flatnonzero(hit)[0])
+        t, lay = divmod(r, ce.shape[1])
+        row = ce[t, lay].tolist()
+        dup = next(x for x in row if x >= 0 and row.count(x) > 1)
+        raise TraceError(f"{where}: experts_TLK lists expert {dup} twice for one token (token row {a + t}, layer "
+                         f"{lay}: {row}); expected distinct experts in a token's top-k (-1 may repeat).")
+
+
+def check_finite(x: Any, name: str, where: str, what: str) -> None:
+    """x: float array (T, ...) such as logits_TLE or hidden_TLH; raise if any value is NaN or inf.
+
+    Two reductions per chunk (min and max propagate NaN) instead of a T*... bool temporary."""
+    step = _rows_per_chunk(x)
+    for a in range(0, x.shape[0], step):
+        c = np.asarray(x[a : a + step])
+        if not (np.isfinite(c.min()) and np.isfinite(c.max())):
+            t = a + int(np.argwhere(~np.isfinite(c))[0, 0])
+            raise TraceError(f"{where}: {name} holds NaN or inf (token row {t}); expected {what}.")
+
+
+def check_request_order(request: np.ndarray, position: np.ndarray, step: np.ndarray, where: str) -> None:
+    """request int64, position int32, step int64, all (T,). Within each request, positions are distinct and
+    a later position is never processed in an earlier step (a token cannot be decoded before the one it
+    follows). Rows themselves may come in any order: readers group by step and by request."""
+    if request.size < 2:
+        return
+    # One int64 key when it fits (positions are int32 >= 0, request < 2**32); else a lexsort.
+    if int(request.max()) < (1 << 32):
+        key = (request << 31) | position.astype(np.int64)
+        srt = bool((key[1:] > key[:-1]).all())
+        order = None if srt else np.argsort(key, kind="stable")
+        k = key if srt else key[order]
+        same_req = (k[1:] >> 31) == (k[:-1] >> 31)
+        dup = k[1:] == k[:-1]
+    else:
+        order = np.lexsort((position, request))
+        r = request[order]
+        p = position[order]
+        same_req = r[1:] == r[:-1]
+        dup = same_req & (p[1:] == p[:-1])
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        rows = (i, i + 1) if order is None else (int(order[i]), int(order[i + 1]))
+        raise TraceError(f"{where}: request {int(request[rows[0]])} has two tokens at position "
+                         f"{int(position[rows[0]])} (rows {min(rows)} and {max(rows)}); expected each position once "
+                         "per request.")
+    s = step if order is None else step[order]
+    back = same_req & (s[1:] < s[:-1])
+    if back.any():
+        i = int(np.flatnonzero(back)[0])
+        r0, r1 = (i, i + 1) if order is None else (int(order[i]), int(order[i + 1]))
+        raise TraceError(f"{where}: request {int(request[r0])} has position {int(position[r1])} in step "
+                         f"{int(step[r1])} but the earlier position {int(position[r0])} in step {int(step[r0])}; "
+                         "expected steps that never decrease along a request's positions.")
+
+
+def check_nonneg(col: np.ndarray, name: str, where: str, lo: int = 0) -> None:
+    """col: an integer token column (T,); raise unless every value >= lo."""
+    if col.size and int(col.min()) < lo:
+        t = int(np.argmax(col < lo))
+        raise TraceError(f"{where}: token column '{name}' holds {int(col[t])} (row {t}); expected >= {lo}.")
