@@ -5,6 +5,21 @@ weights_TLK float32, logits_TLE float32 (optional), hidden_TLH float16/float32 (
 Per-token columns (all length T): request int64, position int32, token_id int32, phase int8
 (PREFILL=0, DECODE=1), step int64 (forward-pass index: same step = one batch), task int16 (index into
 task_names, -1 unknown), source int16 (index into source_names, -1 unknown), arrival_s float64.
+
+Invariants, checked by validate() on every construction, TraceWriter.append and read (routecast/trace/checks.py;
+routing scans run in chunks, so memory-mapped shards are paged through once). Errors (TraceError, one sentence):
+  spec       num_experts <= 32768 (int16 ids); num_layers x num_experts <= 2**24; layer_ids distinct
+             non-negative integers (spec.py)
+  tokens     request, position, step >= 0; token_id >= -1; phase 0/1; task/source index a name or -1;
+             arrival_s finite; within a request each position once, and steps never decrease along its
+             positions (a token cannot run before the token it follows)
+  routing    ids in -1..E-1; no expert twice in one token's top-k at a layer; weights finite and >= 0
+  tensors    logits_TLE and hidden_TLH finite
+Documented allowances (accepted as they are):
+  rows in any order (consumers group by step and by request: batches(), requests()); -1 (a slot dropped by
+  a capacity limit) repeated in a top-k, with any finite non-negative weight; weights that do not sum to 1
+  (routers renormalise differently, DeepSeek-V3 scales by routed_scaling_factor); gaps in step, request and
+  position numbering; arrival_s of any sign.
 """
 
 from __future__ import annotations
