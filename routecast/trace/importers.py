@@ -65,6 +65,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 _BLOCK = 4 << 20  # bytes of JSON per block: large enough for long lines, small against the window
 _I32 = 2**31
 _I64 = 2**63
+_F32_MAX = float(np.finfo(np.float32).max)
 _PHASES = {"prefill": PREFILL, "decode": DECODE}
 
 
@@ -210,11 +211,18 @@ def _locate(src: Path, start: int, fields: dict[str, str], kinds: dict[str, str]
                     return TraceError(f"{src} line {n}: field '{k}' is {rec[k]!r:.60}; expected "
                                       f"{_EXPECT[kinds[c]]}.")
                 lo, hi, exp = _ranges(ctx.get("E")).get(c, (-_I64, _I64, "-2**63..2**63-1"))
-                if kinds[c] in ("int", "ints") and any(not lo <= v < hi for v in (
-                        rec[k] if isinstance(rec[k], list) else [rec[k]])):
+                vals = rec[k] if isinstance(rec[k], list) else [rec[k]]
+                if kinds[c] in ("int", "ints") and any(not lo <= v < hi for v in vals):
                     return TraceError(f"{src} line {n}: field '{k}' is {rec[k]!r:.60}; expected {exp}.")
-            row = pa.RecordBatch.from_pylist([{k: rec[k] for k in fields.values()}],
-                                             schema=_schema(fields, kinds))
+                if kinds[c] in ("float", "floats") and any(type(v) is int and not -_I64 <= v < _I64 for v in vals):
+                    return TraceError(f"{src} line {n}: field '{k}' is {rec[k]!r:.60}; expected {_EXPECT[kinds[c]]} "
+                                      "within +-2**63 (write larger values with an exponent, e.g. 1e30).")
+            try:
+                row = pa.RecordBatch.from_pylist([{k: rec[k] for k in fields.values()}],
+                                                 schema=_schema(fields, kinds))
+            except (pa.ArrowException, OverflowError) as e:  # a value no column type can hold
+                return TraceError(f"{src} line {n}: a value cannot be stored ({str(e)[:80]}); expected "
+                                  "numbers that fit int64 / float64.")
             bad = _check(_columns(row, fields, kinds), ctx)
             if bad:
                 return TraceError(f"{src} line {n}: {bad[1]}.")
@@ -296,9 +304,9 @@ def _check(cols: dict[str, Any], ctx: dict) -> tuple[int, str] | None:
     if "weights" in cols:
         wv, woff = cols["weights"]
         checks.append(("weights", np.diff(woff) != n_e, "one weight per expert id"))
-        bad_w = ~(np.isfinite(wv) & (wv >= 0))
+        bad_w = ~((wv >= 0) & (wv <= _F32_MAX))  # stored as float32: larger values would become inf; NaN fails
         fin = np.bincount(np.repeat(np.arange(n_e.size), np.diff(woff))[bad_w], minlength=n_e.size)
-        checks.append(("weights", fin > 0, "finite, non-negative numbers"))
+        checks.append(("weights", fin > 0, "finite, non-negative numbers up to 3.4e38 (float32)"))
     for c, mask, exp in checks:
         j = _first(mask)
         if j is not None:
@@ -517,6 +525,9 @@ def _import(src: Path, out: str | os.PathLike, *, spec: MoESpec | None, field_ma
     for name, v in (("num_experts", num_experts), ("top_k", top_k), ("window", window)):
         if v is not None and (type(v) is not int or v < 1):
             raise ConfigError(f"import_jsonl: {name} is {v!r}; expected a positive integer.")
+    if num_experts is not None and num_experts > MAX_EXPERTS:  # refuse before a whole pass over the log
+        raise ConfigError(f"import_jsonl: num_experts is {num_experts}; expected at most {MAX_EXPERTS} (expert ids "
+                          "are stored as int16).")
     o = Path(out)
     if not overwrite and o.is_dir() and any(o.iterdir()):  # fail before a whole pass over the log
         raise TraceError(f"{o}: directory exists and is not empty; expected a new or empty path (pass "

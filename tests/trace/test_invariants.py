@@ -166,8 +166,11 @@ def test_routing_checks_scan_in_chunks_and_find_a_late_defect(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- import
 def _log(path: Path, **override) -> Path:
+    """Four records (2 tokens x 2 layers); the first record takes override, the others its extra fields."""
     recs = [dict(request=0, layer=lay, position=p, experts=[0, 1], weights=[0.6, 0.4]) for p in range(2)
             for lay in range(2)]
+    for r in recs[1:]:
+        r.update({k: p for k, p in (("step", r["position"]), ("token_id", 5)) if k in override})
     recs[0].update(override)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
@@ -183,19 +186,17 @@ IMPORT_ERRORS = {
     "step beyond int64": ({"step": 2**63}, "field 'step' is 9223372036854775808; expected 0..2**63-1"),
     "expert twice": ({"experts": [1, 1]}, "field 'experts' is [1, 1]; expected distinct ids"),
     "negative weight": ({"weights": [-0.5, 0.4]}, "field 'weights' is [-0.5, 0.4]; expected finite, non-negative"),
+    "weight beyond float32": ({"weights": [1e39, 0.4]}, "field 'weights' is [1e+39, 0.4]; expected finite, "
+                              "non-negative numbers up to 3.4e38 (float32)"),
+    "weight int beyond float64": ({"weights": [2**1100, 0.4]}, "expected a list of numbers within +-2**63"),
+    "token id beyond int64": ({"token_id": 2**70}, "field 'token_id' is 1180591620717411303424; expected -1..2**31-1"),
 }
 
 
 @pytest.mark.parametrize("case", list(IMPORT_ERRORS))
 def test_import_refuses_out_of_range_values_naming_file_line_field_and_range(tmp_path, capsys, case):
     override, pattern = IMPORT_ERRORS[case]
-    if "step" in override:  # every record then needs the field
-        src = tmp_path / "log.jsonl"
-        recs = [dict(request=0, layer=lay, position=p, experts=[0, 1], step=p) for p in range(2) for lay in range(2)]
-        recs[0]["step"] = override["step"]
-        src.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    else:
-        src = _log(tmp_path / "log.jsonl", **override)
+    src = _log(tmp_path / "log.jsonl", **override)
     err = _one_sentence_exit_2(capsys, ["import", str(src), "--out", str(tmp_path / "o"), "--quiet"], pattern)
     assert f"{src} line 1:" in err
     assert not (tmp_path / "o").exists()
@@ -205,6 +206,12 @@ def test_import_refuses_id_beyond_the_given_num_experts(tmp_path, capsys):
     src = _log(tmp_path / "log.jsonl", experts=[9, 1])
     _one_sentence_exit_2(capsys, ["import", str(src), "--out", str(tmp_path / "o"), "--quiet", "--num-experts", "8"],
                          "line 1: field 'experts' is [9, 1]; expected ids in -1..7")
+
+
+def test_import_refuses_an_absurd_num_experts_before_reading(tmp_path, capsys):
+    src = _log(tmp_path / "log.jsonl")
+    _one_sentence_exit_2(capsys, ["import", str(src), "--out", str(tmp_path / "o"), "--num-experts", str(10**12)],
+                         "num_experts is 1000000000000; expected at most 32768")
 
 
 def _gz_variants(tmp_path: Path) -> dict[str, Path]:
