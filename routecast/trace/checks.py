@@ -7,7 +7,8 @@ names `where`, the field, the first offending value and row, and what was expect
 
 Costs (benchmarks/trace_checks.py; figures in README): the routing scan is one min/max pass over ids
 and one over weights plus K-1 contiguous equality passes for duplicate experts; the per-request order
-check is one stable sort of the token rows (skipped when rows are already sorted by request, position).
+check sorts the token rows by (request, position): nothing when they already are, a radix sort of uint16
+request ids when each request's rows come in position order (as writers emit them), else one int64 sort.
 """
 
 from __future__ import annotations
@@ -93,39 +94,48 @@ def check_finite(x: Any, name: str, where: str, what: str) -> None:
 
 
 def check_request_order(request: np.ndarray, position: np.ndarray, step: np.ndarray, where: str) -> None:
-    """request int64, position int32, step int64, all (T,). Within each request, positions are distinct and
-    a later position is never processed in an earlier step (a token cannot be decoded before the one it
-    follows). Rows themselves may come in any order: readers group by step and by request."""
+    """request int64, position int32, step int64, all (T,), values >= 0. Within each request, positions are
+    distinct and a later position is never processed in an earlier step (a token cannot be decoded before the
+    one it follows). Rows themselves may come in any order: readers group by step and by request."""
     if request.size < 2:
         return
-    # One int64 key when it fits (positions are int32 >= 0, request < 2**32); else a lexsort.
-    if int(request.max()) < (1 << 32):
-        key = (request << 31) | position.astype(np.int64)
-        srt = bool((key[1:] > key[:-1]).all())
-        order = None if srt else np.argsort(key, kind="stable")
-        k = key if srt else key[order]
-        same_req = (k[1:] >> 31) == (k[:-1] >> 31)
-        dup = k[1:] == k[:-1]
-    else:
-        order = np.lexsort((position, request))
-        r = request[order]
-        p = position[order]
-        same_req = r[1:] == r[:-1]
-        dup = same_req & (p[1:] == p[:-1])
+    order, r, p = _by_request_then_position(request, position)
+    s = step if order is None else step[order]
+    same_req = r[1:] == r[:-1]
+    dup = same_req & (p[1:] == p[:-1])
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
         rows = (i, i + 1) if order is None else (int(order[i]), int(order[i + 1]))
-        raise TraceError(f"{where}: request {int(request[rows[0]])} has two tokens at position "
-                         f"{int(position[rows[0]])} (rows {min(rows)} and {max(rows)}); expected each position once "
-                         "per request.")
-    s = step if order is None else step[order]
+        raise TraceError(f"{where}: request {int(r[i])} has two tokens at position {int(p[i])} (rows {min(rows)} "
+                         f"and {max(rows)}); expected each position once per request.")
     back = same_req & (s[1:] < s[:-1])
     if back.any():
         i = int(np.flatnonzero(back)[0])
-        r0, r1 = (i, i + 1) if order is None else (int(order[i]), int(order[i + 1]))
-        raise TraceError(f"{where}: request {int(request[r0])} has position {int(position[r1])} in step "
-                         f"{int(step[r1])} but the earlier position {int(position[r0])} in step {int(step[r0])}; "
-                         "expected steps that never decrease along a request's positions.")
+        raise TraceError(f"{where}: request {int(r[i])} has position {int(p[i + 1])} in step {int(s[i + 1])} but "
+                         f"the earlier position {int(p[i])} in step {int(s[i])}; expected steps that never decrease "
+                         "along a request's positions.")
+
+
+def _by_request_then_position(request: np.ndarray, position: np.ndarray) -> tuple[np.ndarray | None, np.ndarray,
+                                                                                  np.ndarray]:
+    """(row order sorted by (request, position), or None when the rows already are; request and position
+    in that order).
+
+    Fast paths, measured at 4M step-major rows (requests interleaved): a stable sort of uint16 request ids
+    is a radix sort (~1.8x faster than sorting an int64 key) and is enough when each request's rows already
+    come in position order, as writers emit them; otherwise one int64 key (or a lexsort) is sorted."""
+    hi = int(request.max())
+    if hi < (1 << 32):
+        key = (request << 31) | position.astype(np.int64)
+        if (key[1:] >= key[:-1]).all():
+            return None, request, position
+    if hi < (1 << 16):
+        order = np.argsort(request.astype(np.uint16), kind="stable")
+        r, p = request[order], position[order]
+        if ((r[1:] != r[:-1]) | (p[1:] >= p[:-1])).all():
+            return order, r, p
+    order = np.argsort(key, kind="stable") if hi < (1 << 32) else np.lexsort((position, request))
+    return order, request[order], position[order]
 
 
 def check_nonneg(col: np.ndarray, name: str, where: str, lo: int = 0) -> None:

@@ -164,6 +164,24 @@ def test_routing_checks_scan_in_chunks_and_find_a_late_defect(monkeypatch):
         check_finite(h, "hidden_TLH", "x", "finite")
 
 
+@pytest.mark.parametrize("offset", [0, 70_000, 2**40])  # uint16 radix path, int64 key path, lexsort path
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_request_order_check_on_every_sort_path(offset, shuffle):
+    from routecast.trace.checks import check_request_order
+
+    tr = build_small_trace(num_requests=5)
+    o = np.random.default_rng(1).permutation(tr.num_tokens) if shuffle else np.arange(tr.num_tokens)
+    req, pos, step = tr.request[o] + offset, tr.position[o].copy(), tr.step[o].copy()
+    check_request_order(req, pos, step, "x")
+    late = int(np.flatnonzero((req == offset + 2) & (pos == 7))[0])  # a decode token of request 2
+    step[late] = 0
+    with pytest.raises(TraceError, match=f"request {offset + 2} has position 7 in step 0 but the earlier position 6"):
+        check_request_order(req, pos, step, "x")
+    pos[late] = 6
+    with pytest.raises(TraceError, match=f"request {offset + 2} has two tokens at position 6"):
+        check_request_order(req, pos, step, "x")
+
+
 # ---------------------------------------------------------------------------------------------- import
 def _log(path: Path, **override) -> Path:
     """Four records (2 tokens x 2 layers); the first record takes override, the others its extra fields."""
