@@ -13,6 +13,8 @@ Canonical fields (field_map={"name in the log": "canonical name"} renames; ALIAS
   weights    list of finite, non-negative routing weights, one per expert id (absent: 1/K each)
   token_id   int; phase "prefill"/"decode" or 0/1 (absent: prefill); step int >= 0 (absent: derived);
   task, source  string names or int indices; arrival_s  seconds (float)
+  document   the request's source document: int id >= 0, or string id (renumbered in order of first
+             appearance); absent: -1, unknown (a document split then falls back to the request split)
 The names are resolved from the first record; every record must then carry every resolved field.
 A value outside its range (an id that would wrap in its int16/int32 column, an int beyond int64) is refused
 with the file, line, field, value and the allowed range; so is a truncated or damaged .gz file.
@@ -52,7 +54,7 @@ from routecast.trace.spec import MAX_EXPERTS, MoESpec
 from routecast.trace.trace import DECODE, PREFILL
 
 REQUIRED = ("request", "layer", "position", "experts")
-OPTIONAL = ("weights", "token_id", "phase", "step", "task", "source", "arrival_s")
+OPTIONAL = ("weights", "token_id", "phase", "step", "task", "source", "arrival_s", "document")
 ALIASES: dict[str, tuple[str, ...]] = {
     "request": ("request_id", "req_id", "seq_id", "sequence_id", "req"),
     "layer": ("layer_id", "layer_idx", "moe_layer"),
@@ -61,6 +63,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "weights": ("gating_probs", "topk_weights", "routing_weights", "expert_weights", "probs", "scores"),
     "token_id": ("token", "input_id"),
     "arrival_s": ("arrival", "arrival_time"),
+    "document": ("document_id", "doc_id", "doc"),
 }
 _BLOCK = 4 << 20  # bytes of JSON per block: large enough for long lines, small against the window
 _I32 = 2**31
@@ -74,8 +77,8 @@ def _kinds(first: dict[str, Any], fields: dict[str, str]) -> dict[str, str]:
     """canonical -> value kind: int, float, str, ints, floats (request/phase/task/source may be str)."""
     kinds = {"request": "int", "layer": "int", "position": "int", "experts": "ints", "weights": "floats",
              "token_id": "int", "phase": "int", "step": "int", "task": "int", "source": "int",
-             "arrival_s": "float"}
-    for c in ("request", "phase", "task", "source"):
+             "arrival_s": "float", "document": "int"}
+    for c in ("request", "phase", "task", "source", "document"):
         if c in fields and isinstance(first.get(fields[c]), str):
             kinds[c] = "str"
     return {c: kinds[c] for c in fields}
@@ -266,7 +269,7 @@ def _ranges(E: int | None) -> dict[str, tuple[int, int, str]]:
     return {"request": (0, _I64, "0..2**63-1"), "position": (0, _I32, "0..2**31-1"),
             "layer": (0, _I32, "0..2**31-1"), "step": (0, _I64, "0..2**63-1"), "token_id": (-1, _I32, "-1..2**31-1"),
             "task": (-1, 2**15, "-1..32767"), "source": (-1, 2**15, "-1..32767"),
-            "phase": (0, 2, "0 (prefill) or 1 (decode)"),
+            "phase": (0, 2, "0 (prefill) or 1 (decode)"), "document": (-1, 2**62, "-1 (unknown) or a document id >= 0"),
             "experts": (-1, hi_e, f"ids in -1..{hi_e - 1}" + (" (expert ids are int16)" if E is None else ""))}
 
 
@@ -383,7 +386,7 @@ def _make_spec(src: Path, st: dict[str, Any], spec: MoESpec | None, num_experts:
 
 
 # ---------------------------------------------------------------- pass 2: group records into tokens
-_TOKEN_FIELDS = ("token_id", "phase", "step", "task", "source", "arrival_s")
+_TOKEN_FIELDS = ("token_id", "phase", "step", "task", "source", "arrival_s", "document")
 
 
 def _records(cols: dict[str, Any], kinds: dict[str, str], lut: tuple[np.ndarray, np.ndarray], K: int,
@@ -409,7 +412,8 @@ def _records(cols: dict[str, Any], kinds: dict[str, str], lut: tuple[np.ndarray,
         if kinds[c] == "str":  # dictionary-encoded: map this batch's few distinct strings
             codes, names = cols[c]
             m = maps[c]
-            look = np.array([m.setdefault(s, len(m)) if c == "request" else m[s] for s in names], np.int64)
+            look = np.array([m.setdefault(s, len(m)) if c in ("request", "document") else m[s] for s in names],
+                            np.int64)
             rec[c] = look[codes] if names else np.zeros(n, np.int64)
         else:
             rec[c] = cols[c]
@@ -540,14 +544,17 @@ def _import(src: Path, out: str | os.PathLike, *, spec: MoESpec | None, field_ma
     st = _scan(src, fields, kinds, ctx, progress)
     spec, keys, order = _make_spec(src, st, spec, num_experts, top_k)
     L, K = spec.num_layers, spec.top_k
-    maps = {"request": {}, "task": st["task"], "source": st["source"], "phase": dict(_PHASES)}
+    maps = {"request": {}, "task": st["task"], "source": st["source"], "phase": dict(_PHASES), "document": {}}
     prov = {"importer": "jsonl", "source_file": str(src), "records": st["records"], "fields": fields,
             "window": window, "step": "from the log" if "step" in fields else
             "derived: consecutive prefill tokens of a request form one step, each decode token its own",
             "phase": "from the log" if "phase" in fields else "absent: all prefill",
             "weights": "from the log" if "weights" in fields else "absent: 1/K per routed slot",
             "request": "renumbered from strings in order of first appearance" if kinds["request"] == "str"
-            else "from the log"}
+            else "from the log",
+            "document": "absent: unknown (a document split falls back to the request split)"
+            if "document" not in fields else "renumbered from strings in order of first appearance"
+            if kinds["document"] == "str" else "from the log"}
     writer = TraceWriter(out, spec, task_names=_names(st, "task"), source_names=_names(st, "source"),
                          provenance=prov, shard_tokens=shard_tokens, overwrite=overwrite)
     schema = _schema(fields, kinds)
