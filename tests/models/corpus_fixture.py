@@ -21,6 +21,8 @@ import struct
 import zlib
 from pathlib import Path
 
+from routecast.models.sources import _BOOKS
+
 DATA = Path(__file__).parent / "data"
 
 NOVELS = ("emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice", "sensesensibility")
@@ -28,14 +30,7 @@ PRIDE_FIRST = ("It is a truth universally acknowledged, that a single man in pos
                "must be in want of a wife.")
 GENESIS_1_1 = "In the beginning God created the heaven and the earth."
 REVELATION_22_21 = "The grace of our Lord Jesus Christ be with you all. Amen."
-BOOK_NAMES = (
-    "Genesis Exodus Leviticus Numbers Deuteronomy Joshua Judges Ruth 1_Samuel 2_Samuel 1_Kings 2_Kings "
-    "1_Chronicles 2_Chronicles Ezra Nehemiah Esther Job Psalms Proverbs Ecclesiastes Song_of_Solomon "
-    "Isaiah Jeremiah Lamentations Ezekiel Daniel Hosea Joel Amos Obadiah Jonah Micah Nahum Habakkuk "
-    "Zephaniah Haggai Zechariah Malachi Matthew Mark Luke John Acts Romans 1_Corinthians 2_Corinthians "
-    "Galatians Ephesians Philippians Colossians 1_Thessalonians 2_Thessalonians 1_Timothy 2_Timothy "
-    "Titus Philemon Hebrews James 1_Peter 2_Peter 1_John 2_John 3_John Jude Revelation"
-).split()
+BOOK_NAMES = list(_BOOKS)  # the reader's own list of the 66 books, in order
 
 
 # ---- R XDR serialization (version 2) -----------------------------------------------------------------
