@@ -271,15 +271,17 @@ def eta_curve(
     """(P,) tokens per expert, (P,) seconds per expert call -> (tokens kept (Q,), efficiency (Q,) in [1e-4, 1]).
 
     eta(n) = 6 n hidden ffn / ((t(n) - floor) x peak): SwiGLU FLOPs over the call's time net of its floor.
-    A count whose net time is within 10% of memory_s (the expert's weight-read time) is memory-bound: its
-    compute time is hidden under the weight reads and unknown, and taking the net time for compute would
-    carry this shape's read rate to every other shape. Those counts are left out; the curve is flat below
+    One token, and any count whose net time is within 10% of memory_s (the expert's weight-read time), is
+    memory-bound: its compute time is hidden under the weight reads and unknown, and taking the net time for
+    compute would carry this shape's read rate to every other shape. Those counts are left out; the curve is flat below
     its first kept count (Hardware.eta), where the weight-read term sets the cost anyway. When every count
     is memory-bound the largest is kept (an upper bound on its compute time).
     """
     n, t = np.asarray(tokens, np.float64), np.asarray(seconds, np.float64)
     busy = np.maximum(t - floor_s, 0.05 * t)
-    keep = busy > 1.1 * memory_s
+    # One token per expert is a matrix-vector product (2 FLOPs per weight read): memory-bound on every device,
+    # so it never sets eta, however close its noisy net time comes to the margin.
+    keep = (busy > 1.1 * memory_s) & (n > 1)
     if not keep.any():
         keep[-1] = True
     eta = np.clip(6.0 * n * hidden * ffn / (busy * peak_flops), 1e-4, 1.0)

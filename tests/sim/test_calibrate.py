@@ -165,3 +165,10 @@ def test_bad_arguments(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA GPU"):
             calibrate(tmp_path / "x.toml", device="cuda")
+
+
+def test_one_token_never_sets_eta():
+    # A noisy one-token time 30% above the weight-read time still counts as memory-bound (a matrix-vector
+    # product); the 2-token count, well above it, is the first point of the curve.
+    tokens, _ = eta_curve([1, 2, 4], [1.3e-3, 2.0e-3, 3.0e-3], 0.0, 10, 10, 1e7, memory_s=1e-3)
+    assert tokens.tolist() == [2.0, 4.0]
