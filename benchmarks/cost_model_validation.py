@@ -139,7 +139,8 @@ def predict(hw: Hardware, shape: dict[str, int], counts_BE: np.ndarray, tokens: 
     counts = counts_BE[:, None, :]
     cal = layer_cost(counts, model=model, hw=hw, work=work).ffn
     flat = dataclasses.replace(hw, eta_tokens=(1.0,), eta_values=(1.0,), moe_layer_overhead=0.0,
-                               expert_call_overhead=0.0, weight_bytes=(), weight_bandwidth=(), mem_derate=1.0)
+                               expert_call_overhead=0.0, activation_cost=0.0, weight_bytes=(), weight_bandwidth=(),
+                               mem_derate=1.0)
     return cal, layer_cost(counts, model=model, hw=flat, work=work).ffn
 
 
@@ -181,9 +182,10 @@ def main() -> None:
                                "mae": float(np.mean(np.abs(pred / m - 1))),
                                "peak_only_mae": float(np.mean(np.abs(roof / m - 1)))}
         rounds.append({"profile": hw.source, "calibration_s": cal_s, "shapes": per_shape,
-                       "expert_call_us": hw.expert_call_overhead * 1e6, "moe_layer_us": hw.moe_layer_overhead * 1e6})
+                       "expert_call_us": hw.expert_call_overhead * 1e6, "moe_layer_us": hw.moe_layer_overhead * 1e6,
+                       "activation_ns": hw.activation_cost * 1e9})
         print(f"round {r}: profile {hw.source} ({cal_s:.0f} s); call floor {hw.expert_call_overhead * 1e6:.0f} us, "
-              f"layer overhead {hw.moe_layer_overhead * 1e6:.0f} us")
+              f"layer overhead {hw.moe_layer_overhead * 1e6:.0f} us, activation {hw.activation_cost * 1e9:.2f} ns/value")
         print(f"  {'shape':<14}" + "".join(f"{b:>9}" for b in tokens) + f"{'MAE':>8}{'peak-only':>11}")
         for name, row in per_shape.items():
             print(f"  {name:<14}" + "".join(f"{e:>+9.1%}" for e in row["error"])

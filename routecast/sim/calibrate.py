@@ -1,8 +1,8 @@
 """`routecast calibrate`: measure this machine (or a CUDA GPU) and write a hardware profile TOML.
 
-The cost model prices one active expert as floor + max(W / B(W), flops(n) / (eta(n) x peak)), plus a fixed
-per-layer cost. Calibration measures each term on its own regime (every point the median over interleaved
-repeats, so a burst of load from other processes hits every point of a sweep alike, and the faster of two
+The cost model prices one active expert as floor + max(W / B(W), flops(n) / (eta(n) x peak)) + activation(n),
+plus a fixed per-layer cost. Calibration measures each term on its own regime (every point the median over
+interleaved repeats, so a burst of load from other processes hits every point of a sweep alike, and the faster of two
 such sweeps, so a sustained burst that slows one whole sweep is not kept):
 - expert call floor: an eager expert loop over tiny experts (W ~ 0 bytes) at one token each: the fixed
   dispatch cost of one expert call (op dispatch on a CPU; kernel launches and the host sync of the expert's
@@ -11,10 +11,11 @@ such sweeps, so a sustained burst that slows one whole sweep is not kept):
   flushed, so weights stream from memory as in a real layer): B(W) = W / (time - floor), a curve because
   small matrices do not reach the streaming bandwidth;
 - peak FLOP/s: a large square GEMM;
-- eta(tokens per expert): the loop at many token counts on one expert shape, with the floor removed:
-  eta(n) = flops(n) / ((time(n) - floor) x peak). Where the expert is memory-bound this is the
-  memory-equivalent efficiency (flops and weight bytes both scale with hidden x ffn, so the ratio carries to
-  other shapes); from the compute-bound counts up it is the GEMM efficiency;
+- activation work: the gather, SiLU x up, scale and scatter-add of an expert call without its GEMMs, per
+  value (n (3 hidden + 2 ffn) values per call), a larger share of a small expert's time than of a big one's;
+- eta(tokens per expert): the loop at many token counts on one expert shape, with floor and activation work
+  removed: eta(n) = flops(n) / ((time(n) - floor - activation(n)) x peak), from the counts where the expert is
+  compute-bound (see `eta_curve`);
 - moe_layer_us: the fixed per-layer router and dispatch bookkeeping (router GEMM, softmax, top-k, one-hot
   mask, hit list) at one token, plus the extra time of a cold pass's first expert.
 The shapes timed are set per device kind (`cpu_plan`, `cuda_plan`) and differ from the shapes the
@@ -268,7 +269,10 @@ def bandwidth_curve(weight_bytes: Any, seconds: Any, floor_s: float) -> np.ndarr
 def eta_curve(
     tokens: Any, seconds: Any, floor_s: float, hidden: int, ffn: int, peak_flops: float, memory_s: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(P,) tokens per expert, (P,) seconds per expert call -> (tokens kept (Q,), efficiency (Q,) in [1e-4, 1]).
+    """(P,) tokens per expert, (P,) seconds per expert call -> (tokens kept (Q,), efficiency (Q,) >= 1e-4).
+
+    The efficiency can exceed 1 when the experts' GEMMs outrun the square GEMM that measured peak_flops;
+    `fit_curves` then raises the peak to the best rate measured.
 
     eta(n) = 6 n hidden ffn / ((t(n) - floor) x peak): SwiGLU FLOPs over the call's time net of its floor.
     One token, and any count whose net time is within 10% of memory_s (the expert's weight-read time), is
@@ -284,8 +288,40 @@ def eta_curve(
     keep = (busy > 1.1 * memory_s) & (n > 1)
     if not keep.any():
         keep[-1] = True
-    eta = np.clip(6.0 * n * hidden * ffn / (busy * peak_flops), 1e-4, 1.0)
+    eta = np.maximum(6.0 * n * hidden * ffn / (busy * peak_flops), 1e-4)
     return n[keep], eta[keep]
+
+
+def activation_values(tokens: Any, hidden: int, ffn: int) -> np.ndarray:
+    """Values an eager SwiGLU expert call touches outside its GEMMs, per call of n tokens: gather n x H, SiLU and
+    product on n x I each, scale n x H, scatter-add n x H -> n (3 hidden + 2 ffn)."""
+    return np.asarray(tokens, np.float64) * (3 * hidden + 2 * ffn)
+
+
+def _activation_cost(b: _Bench, H: int, I_: int, flush, n_lo: int = 16, n_hi: int = 1024) -> float:
+    """Seconds per value of an expert call's non-GEMM work (see `activation_values`), timed without the GEMMs.
+
+    The slope between n_lo and n_hi tokens, so the fixed dispatch cost of these ops (part of the call floor)
+    drops out.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    fns = []
+    for n in (n_lo, n_hi):
+        x, gu, y, w = b.rand(2 * n, H), b.rand(n, 2 * I_), b.rand(n, H), b.rand(n, 1)
+        idx = torch.arange(0, 2 * n, 2, device=b.device)  # every other token, as a routed subset
+        out = torch.zeros(2 * n, H, device=b.device, dtype=b.dtype)
+
+        def work(x=x, gu=gu, y=y, w=w, idx=idx, out=out) -> None:
+            x[idx]
+            gate, up = gu.chunk(2, dim=-1)
+            F.silu(gate) * up
+            out.index_add_(0, idx, y * w)
+
+        fns.append(work)
+    t = b.time(fns, flush)
+    return max(float(t[1] - t[0]), 0.0) / float(activation_values(n_hi - n_lo, H, I_))
 
 
 def _router_prologue(b: _Bench, H: int, E: int, K: int, flush) -> float:
@@ -324,6 +360,8 @@ class FittedCurves:
     eta_tokens: tuple[float, ...]
     eta_values: tuple[float, ...]
     moe_layer_s: float
+    activation_s: float
+    peak_flops: float
 
 
 def fit_curves(
@@ -334,11 +372,13 @@ def fit_curves(
     prologue_s: float,
     peak_flops: float,
     dtype_bytes: int,
+    activation_s: float = 0.0,
 ) -> FittedCurves:
     """Per-point seconds of the sweep `plan_points(plan, eta_shape)` -> the cost model's curves.
 
     per_expert_s, first_excess_s: (P,) seconds per expert call and first-expert excess at each point;
-    prologue_s: the router preamble at one token. Pure arithmetic (no timing), so the fit is testable with
+    prologue_s: the router preamble at one token; activation_s: seconds per non-GEMM activation value, removed
+    from the efficiency points before eta is taken. Pure arithmetic (no timing), so the fit is testable with
     synthetic times, including for `cuda_plan` on a machine without a GPU.
     """
     t = np.asarray(per_expert_s, np.float64)
@@ -352,14 +392,18 @@ def fit_curves(
     H, I_ = eta_shape
     w_eta = float(swiglu_bytes(H, I_, dtype_bytes))
     mem_s = w_eta / float(np.interp(np.log(w_eta), np.log(w_bytes), bw))
-    eta_tokens, eta = eta_curve(plan.tokens, t[1 + S :], floor, H, I_, peak_flops, mem_s)
+    act = activation_s * activation_values(plan.tokens, H, I_)
+    eta_tokens, eta = eta_curve(plan.tokens, t[1 + S :] - act, floor, H, I_, peak_flops, mem_s)
+    top = max(float(eta.max()), 1.0)  # the peak is the best FLOP rate measured, so eta stays in (0, 1]
     return FittedCurves(
         expert_call_s=floor,
         weight_bytes=tuple(float(w) for w in w_bytes),
         weight_bandwidth=tuple(float(v) for v in bw),
         eta_tokens=tuple(float(n) for n in eta_tokens),
-        eta_values=tuple(float(v) for v in eta),
+        eta_values=tuple(float(v) for v in eta / top),
         moe_layer_s=float(prologue_s + np.median(np.asarray(first_excess_s, np.float64))),
+        activation_s=float(activation_s),
+        peak_flops=peak_flops * top,
     )
 
 
@@ -422,9 +466,10 @@ def calibrate(
             per_expert = np.min([p for p, _ in sweeps], axis=0)
             excess = np.min([x for _, x in sweeps], axis=0)
             prologue = _router_prologue(bench, H, E, K, flush)
+            act = _activation_cost(bench, H, I_, flush)
     finally:
         torch.set_num_threads(prev_threads)
-    fit = fit_curves(plan, (H, I_), per_expert, excess, prologue, peak, dtype_bytes)
+    fit = fit_curves(plan, (H, I_), per_expert, excess, prologue, peak, dtype_bytes, activation_s=act)
     if is_cuda:
         props = torch.cuda.get_device_properties(device)
         capacity, desc = float(props.total_memory), props.name
@@ -435,7 +480,7 @@ def calibrate(
         kind="gpu" if is_cuda else "cpu",
         description=f"{desc}, {threads} thread(s), measured by routecast calibrate",
         dtype="bf16" if is_cuda else "fp32",
-        peak_flops=peak,
+        peak_flops=fit.peak_flops,
         mem_bandwidth=copy_bw,
         mem_derate=1.0,
         mem_capacity=capacity,
@@ -450,12 +495,13 @@ def calibrate(
         weight_bytes=fit.weight_bytes,
         weight_bandwidth=fit.weight_bandwidth,
         expert_call_overhead=fit.expert_call_s,
+        activation_cost=fit.activation_s,
     )
     how = f"median of {bench.reps} interleaved repeats"
     shapes = ", ".join(f"{h}x{f}" for h, f in plan.memory_shapes)
     notes = {
         "description": f"measured {time.strftime('%Y-%m-%d %H:%M')} in {time.perf_counter() - started:.1f} s",
-        "compute.peak_tflops": f"{plan.gemm_m}^3 {hw.dtype} GEMM, {how}",
+        "compute.peak_tflops": f"best of a {plan.gemm_m}^3 {hw.dtype} GEMM and the expert sweep, {how}",
         "memory.bandwidth_gbps": f"copy of {plan.copy_numel * 4 >> 20} MiB, read + write bytes, {how}",
         "memory.derate": "1.0: the bandwidth above is already an achieved figure",
         "memory.capacity_gb": "device memory" if is_cuda else "physical RAM",
@@ -466,8 +512,9 @@ def calibrate(
         "interconnect.h2d_gbps": "pinned host->device copy" if is_cuda else "not applicable: CPU",
         "interconnect.alpha_us": "not applicable: single device",
         "gemm.tile_m": "no staircase measured",
-        "gemm.eta": f"SwiGLU experts H={H} I={I_}, {E} per cold layer pass, eager expert loop, call floor removed, memory-bound counts left out, {how}",
+        "gemm.eta": f"SwiGLU experts H={H} I={I_}, {E} per cold layer pass, eager expert loop, call floor and activation work removed, memory-bound counts left out, {how}",
         "overhead.moe_layer_us": "router + top-k + dispatch mask at 1 token + cold first-expert excess",
+        "overhead.activation_ns": f"gather + SiLU x up + scale + scatter-add per value, {H}x{I_}, 16 vs 1024 tokens",
         "overhead.expert_call_us": f"one-token call of a {plan.floor_shape[0]}x{plan.floor_shape[1]} expert (weights ~0 bytes), {how}",
     }
     out_toml.parent.mkdir(parents=True, exist_ok=True)

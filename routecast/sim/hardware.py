@@ -17,6 +17,8 @@ Schema (units in the file; `Hardware` holds SI units: FLOP/s, bytes/s, bytes, se
     [overhead]     moe_layer_us                            fixed router/permutation cost per MoE layer
                    expert_call_us                          optional: fixed cost per active expert call (the
                                                            launch / dispatch floor of an eager expert loop)
+                   activation_ns                           optional: cost per non-GEMM activation value of an
+                                                           expert call (n x (3 hidden + 2 ffn) values)
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Hardware:
     weight_bytes (S,), weight_bandwidth (S,): measured bytes/s of reading one expert's weights at S expert
       sizes, increasing (empty: every size reads at mem_effective).
     expert_call_overhead: seconds of fixed cost per active expert call (0 when not modelled).
+    activation_cost: seconds per activation value an expert call touches outside its GEMMs (gather, SiLU x up,
+      scale, scatter-add: n (3 hidden + 2 ffn) values per call; 0 when not modelled).
     """
 
     name: str
@@ -73,6 +77,7 @@ class Hardware:
     weight_bytes: tuple[float, ...] = ()
     weight_bandwidth: tuple[float, ...] = ()
     expert_call_overhead: float = 0.0
+    activation_cost: float = 0.0
     source: str = ""
 
     @property
@@ -167,6 +172,7 @@ class Hardware:
             "[overhead]",
             line("moe_layer_us", "overhead", self.moe_layer_overhead * 1e6),
             line("expert_call_us", "overhead", self.expert_call_overhead * 1e6),
+            line("activation_ns", "overhead", self.activation_cost * 1e9),
         ]
         return "\n".join(lines) + "\n"
 
@@ -273,6 +279,7 @@ def _parse(path: Path) -> Hardware:
         weight_bytes=tuple(w * 1e6 for w in weight_mb),
         weight_bandwidth=tuple(v * 1e9 for v in weight_gbps),
         expert_call_overhead=r.number("overhead.expert_call_us", default=0.0) * 1e-6,
+        activation_cost=r.number("overhead.activation_ns", default=0.0) * 1e-9,
         source=str(path),
     )
 

@@ -28,26 +28,27 @@ from routecast.sim.models import ModelProfile
 
 # ---- the fit, on synthetic times ---------------------------------------------------------------------------
 class Truth:
-    """A device whose expert call costs floor + max(W / B(W), flops / (eta(n) peak)), B and eta smooth."""
+    """A device whose expert call costs floor + max(W / B(W), flops / (eta(n) peak)) + act n (3H + 2I), B and
+    eta smooth."""
 
-    def __init__(self, *, floor, b_inf, w0, peak, eta_max, n0, dtype_bytes):
-        self.floor, self.b_inf, self.w0, self.peak = floor, b_inf, w0, peak
+    def __init__(self, *, floor, b_inf, w0, peak, eta_max, n0, dtype_bytes, act=0.0):
+        self.floor, self.b_inf, self.w0, self.peak, self.act = floor, b_inf, w0, peak, act
         self.eta_max, self.n0, self.dtype_bytes = eta_max, n0, dtype_bytes
 
     def expert_s(self, H, I_, n):
         w = swiglu_bytes(H, I_, self.dtype_bytes)
         eta = self.eta_max * n / (n + self.n0)
         bw = self.b_inf * np.sqrt(w / (w + self.w0))  # small matrices stream slower, tiny ones cost ~0
-        return self.floor + max(w / bw, 6.0 * n * H * I_ / (eta * self.peak))
+        return self.floor + max(w / bw, 6.0 * n * H * I_ / (eta * self.peak)) + self.act * n * (3 * H + 2 * I_)
 
 
 def _fit_and_predict(plan, truth, eta_shape, shapes, tokens):
     """Fit the plan's sweep on `truth` and return (|relative error| of predicted expert times, hardware)."""
     pts = plan_points(plan, eta_shape)
     t = np.array([truth.expert_s(*p) for p in pts])
-    fit = fit_curves(plan, eta_shape, t, np.zeros(len(t)), 1e-4, truth.peak, truth.dtype_bytes)
+    fit = fit_curves(plan, eta_shape, t, np.zeros(len(t)), 1e-4, truth.peak, truth.dtype_bytes, activation_s=truth.act)
     hw = dataclasses.replace(
-        load_hardware("h100-sxm"), peak_flops=truth.peak, tile_m=0, eta_tokens=fit.eta_tokens,
+        load_hardware("h100-sxm"), peak_flops=fit.peak_flops, tile_m=0, activation_cost=fit.activation_s, eta_tokens=fit.eta_tokens,
         eta_values=fit.eta_values, weight_bytes=fit.weight_bytes, weight_bandwidth=fit.weight_bandwidth,
         expert_call_overhead=fit.expert_call_s, moe_layer_overhead=fit.moe_layer_s,
     )
@@ -63,11 +64,11 @@ def _fit_and_predict(plan, truth, eta_shape, shapes, tokens):
 
 
 def test_fit_recovers_each_term_on_the_cpu_plan():
-    truth = Truth(floor=50e-6, b_inf=14e9, w0=2e6, peak=90e9, eta_max=0.85, n0=4, dtype_bytes=4)
+    truth = Truth(floor=50e-6, b_inf=14e9, w0=2e6, peak=90e9, eta_max=0.85, n0=4, dtype_bytes=4, act=0.7e-9)
     plan = cpu_plan()
     errs, hw, fit = _fit_and_predict(plan, truth, plan.eta_shape, [(384, 1024), (768, 2048)], [1, 2, 8, 32, 128, 512])
     assert fit.expert_call_s == pytest.approx(truth.expert_s(*plan.floor_shape, 1))
-    assert fit.moe_layer_s == pytest.approx(1e-4)
+    assert fit.moe_layer_s == pytest.approx(1e-4) and fit.peak_flops == truth.peak  # eta < 1 everywhere
     # Weight-read points: B(W) = W / (t - floor), exactly what the sizes cost beyond the floor.
     w = np.array(fit.weight_bytes)
     assert np.all(np.diff(fit.weight_bandwidth) > 0) and fit.weight_bandwidth[-1] < truth.b_inf
@@ -81,7 +82,7 @@ def test_fit_recovers_each_term_on_the_cpu_plan():
 def test_fit_on_the_cuda_plan_predicts_mixtral_and_deepseek_experts():
     # An H100-like device: no GPU is needed to check that the GPU plan's sweep pins the model down on the
     # shapes the GPU validation predicts (Mixtral-8x7B 4096x14336, DeepSeek-V3 7168x2048).
-    truth = Truth(floor=40e-6, b_inf=2.9e12, w0=30e6, peak=750e12, eta_max=0.8, n0=40, dtype_bytes=2)
+    truth = Truth(floor=40e-6, b_inf=2.9e12, w0=30e6, peak=750e12, eta_max=0.8, n0=40, dtype_bytes=2, act=2e-12)
     plan = cuda_plan()
     errs, hw, fit = _fit_and_predict(plan, truth, plan.eta_shape, [(4096, 14336), (7168, 2048)],
                                      [1, 16, 128, 1024, 4096, 16384])
@@ -128,7 +129,7 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     assert all(0 < v <= 1 for v in hw.eta_values)
     assert hw.eta_values[-1] > hw.eta_values[0]  # 1024-token GEMMs use the core better than small ones
     assert hw.peak_flops > 1e8 and hw.mem_bandwidth > 1e8 and hw.moe_layer_overhead > 0
-    assert hw.expert_call_overhead > 0 and len(hw.weight_bytes) == len(cpu_plan(quick=True).memory_shapes)
+    assert hw.expert_call_overhead > 0 and hw.activation_cost > 0 and len(hw.weight_bytes) == len(cpu_plan(quick=True).memory_shapes)
     assert all(b > 1e8 for b in hw.weight_bandwidth)
     assert hw.nvlink_bandwidth == hw.pcie_bandwidth == hw.alpha == 0.0
     text = out.read_text()
@@ -172,3 +173,11 @@ def test_one_token_never_sets_eta():
     # product); the 2-token count, well above it, is the first point of the curve.
     tokens, _ = eta_curve([1, 2, 4], [1.3e-3, 2.0e-3, 3.0e-3], 0.0, 10, 10, 1e7, memory_s=1e-3)
     assert tokens.tolist() == [2.0, 4.0]
+
+
+def test_peak_rises_to_the_best_rate_the_sweep_measured():
+    plan = CalibrationPlan(floor_shape=(8, 8), memory_shapes=((64, 64), (128, 128)), eta_shape=(64, 64), tokens=(2, 4))
+    # The 4-token calls run at 2x the given peak: eta would be 2, so the peak doubles and eta tops out at 1.
+    t = np.array([1e-6, 5e-6, 9e-6, 1e-6 + 6 * 2 * 64 * 64 / 1e9, 1e-6 + 6 * 4 * 64 * 64 / 2e9])
+    fit = fit_curves(plan, (64, 64), t, np.zeros(5), 0.0, 1e9, 4)
+    assert fit.peak_flops == pytest.approx(2e9) and fit.eta_values == pytest.approx((0.5, 1.0))
