@@ -131,6 +131,17 @@ def test_bad_spec_in_trace_json_is_one_sentence(tmp_path, capsys, case, cmd):
     _one_sentence_exit_2(capsys, argv, SPEC_ERRORS[case][1])
 
 
+@pytest.mark.parametrize("knobs,pattern", [
+    (["num_experts=1000000000000"], "num_experts is 1000000000000; expected at most 32768"),
+    (["num_layers=4000000"], "num_layers x num_experts is 4000000 x 8"),
+    (["num_layers=2", "layer_ids=3,3"], "layer_ids holds 3 twice"),
+])
+def test_synth_refuses_an_absurd_geometry_before_allocating(tmp_path, capsys, knobs, pattern):
+    argv = ["synth", "--preset", "mixtral-8x7b", "--tokens", "100", "--out", str(tmp_path / "s")]
+    _one_sentence_exit_2(capsys, argv + [x for k in knobs for x in ("--set", k)], pattern)
+    assert not (tmp_path / "s").exists()
+
+
 def test_documented_allowances_are_accepted(tmp_path, capsys):
     """Rows out of step order, weights not summing to 1, -1 repeated in a top-k: accepted as documented."""
     tr = build_small_trace(num_requests=5, dropped=0.3)
