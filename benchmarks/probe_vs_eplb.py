@@ -20,6 +20,10 @@ deduplicated all-to-all):
                   captured with --hidden --logits, compare_lookahead: the later half of the requests is
                   held out and planned twice, probe_lookahead (PROBE's lookahead predictor fitted on the
                   earlier half) and probe_transition (the transition forecast, warmed on the earlier half).
+Every method's expert-weight moves are charged (PROBE's replicas each step, EPLB's rebalances): the part of a
+rank's transfer time beyond its hiding window (its expert compute of the previous layer plus this layer's
+attention) adds to the layer (exposed_us: mean per layer over all steps), and PROBE's replica budget is that
+window, not a fixed count (--window-transfers N restores a fixed N transfers per rank, still charged).
 Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
 decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
 
@@ -40,7 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from routecast.common.machine import cpu_name
-from routecast.place.compare import compare_lookahead, compare_methods, plot_throughput, summarize
+from routecast.place.compare import compare_lookahead, compare_methods, summarize
+from routecast.report.placement import plot_throughput
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace.io import read_trace
@@ -49,7 +54,7 @@ from routecast.trace.synth_presets import PRESETS
 
 SIM_MODEL = {"gpt-oss-120b": "gpt-oss-120b", "qwen3-235b": "qwen3-235b-a22b"}
 COLUMNS = ("method", "IR", "skew", "moe_us_before", "moe_us_after", "decode_vs_eplb", "prefill_speedup",
-           "MB_per_step", "planner_ms_per_step", "planner_ms_per_call")
+           "exposed_us", "MB_per_step", "planner_ms_per_step", "planner_ms_per_call")
 
 
 def workloads(quick: bool, layers: int, seed: int) -> list[tuple[str, str, dict, int]]:
@@ -90,6 +95,9 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
     ap.add_argument("--hardware", default="h100-sxm", help="sim hardware profile")
     ap.add_argument("--seed", type=int, default=0, help="synthetic trace seed")
+    ap.add_argument("--window-transfers", type=int, default=None,
+                    help="PROBE budget as a fixed number of expert transfers per rank per layer (default: the "
+                         "computed hiding window); transfers are charged either way")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
     ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
     args = ap.parse_args()
@@ -118,9 +126,10 @@ def main() -> None:
         model = load_model(model_name)
         if name == "trace" and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
             res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
-                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed)
+                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed,
+                                    window_transfers=args.window_transfers)
         else:
-            res = compare_methods(trace, ep=args.ep, hw=hw, model=model)
+            res = compare_methods(trace, ep=args.ep, hw=hw, model=model, window_transfers=args.window_transfers)
         rows = summarize(res, shift_step=shift, model_layers=model_layers)
         png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
                               title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
