@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--window-transfers", type=int, default=None,
                     help="PROBE budget as a fixed number of expert transfers per rank per layer (default: the "
                          "computed hiding window); transfers are charged either way")
+    ap.add_argument("--link", default="nvlink", choices=("nvlink", "pcie"),
+                    help="link between the EP ranks (all-to-all and expert-weight transfers)")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
     ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
     args = ap.parse_args()
@@ -105,8 +107,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "numpy": np.__version__, "python": platform.python_version(),
-               "simulated": f"{args.ep} x {hw.name} ({hw.name} profile: link per direction "
-                            f"{hw.link_bandwidth('nvlink') / 1e9:.0f} GB/s)"}
+               "simulated": f"{args.ep} x {hw.name} ({hw.name} profile: {args.link} per direction "
+                            f"{hw.link_bandwidth(args.link) / 1e9:.0f} GB/s)"}
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; simulated: {machine['simulated']}")
     jobs = []
     for name, preset, over, shift in workloads(args.quick, 4 if args.quick else args.layers, args.seed):
@@ -127,9 +129,10 @@ def main() -> None:
         if name == "trace" and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
             res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
                                     train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed,
-                                    window_transfers=args.window_transfers)
+                                    window_transfers=args.window_transfers, link=args.link)
         else:
-            res = compare_methods(trace, ep=args.ep, hw=hw, model=model, window_transfers=args.window_transfers)
+            res = compare_methods(trace, ep=args.ep, hw=hw, model=model, window_transfers=args.window_transfers,
+                                  link=args.link)
         rows = summarize(res, shift_step=shift, model_layers=model_layers)
         png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
                               title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
@@ -143,7 +146,7 @@ def main() -> None:
             lines.append(" ".join(f"{r['method']:>19}" if i == 0 else
                                   (f"{r[c]:>13.3f}" if c in r else f"{'':>13}") for i, c in enumerate(COLUMNS)))
         by = {r["method"]: r for r in rows}
-        ora, ew = by["probe_oracle"], by["eplb_window"]
+        ora, ew, st = by["probe_oracle"], by["eplb_window"], by["static"]
         col = "moe_us_after" if shift >= 0 else "moe_us_before"
         arms = [m for m in res["methods"] if m.startswith("probe_") and m != "probe_oracle"]
         err = res["settings"].get("forecast_error", {})
@@ -153,7 +156,9 @@ def main() -> None:
             gap = pr[col] / ora[col] - 1.0
             fe = f", forecast error {err[arm]:.3f}" if arm in err else ""
             beats = "beats" if pr[col] < ew[col] else "LOSES to"
+            vs_static = "beats" if pr[col] < st[col] * (1 - 1e-9) else "does NOT beat"
             verdicts.append(f"{name}: {arm} {pr[col]:.1f} us vs eplb_window {ew[col]:.1f} us ({beats} EPLB), "
+                            f"static {st[col]:.1f} us ({vs_static} static EP), "
                             f"{gap * 100:+.1f}% vs oracle ({'within' if gap <= 0.05 else 'OUTSIDE'} 5%) "
                             f"[{col}]{fe}")
         verdict = "\n".join(verdicts)

@@ -331,16 +331,16 @@ def _windows(attn_T: np.ndarray, ffn_TLG: np.ndarray) -> np.ndarray:
     return win
 
 
-def _price(counts_CGE: np.ndarray, work: Workload, model: ModelProfile, hw: Hardware,
+def _price(counts_CGE: np.ndarray, work: Workload, model: ModelProfile, hw: Hardware, link: str,
            xfer_bytes_CG: Any = 0.0, window_CG: Any = None) -> LayerCost:
-    """layer_cost under probe_options with each rank's transfer bytes charged against its window."""
-    opts = dataclasses.replace(probe_options(), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG)
+    """layer_cost under probe_options(link) with each rank's transfer bytes charged against its window."""
+    opts = dataclasses.replace(probe_options(link), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG)
     return layer_cost(counts_CGE, model=model, hw=hw, work=work, opts=opts)
 
 
 def _probe_run(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, costs: Any, fixed_window: float | None,
                k_max: int, max_redundant: int, attn_T: np.ndarray, work: Workload, model: ModelProfile,
-               hw: Hardware) -> tuple[np.ndarray, ...]:
+               hw: Hardware, link: str) -> tuple[np.ndarray, ...]:
     """Plan every (step, layer) on plan_loads (T, L, E), apply to loads and price it, layer by layer.
 
     Layer l's window needs layer l-1's compute under its own plan, so layers run in order and each layer's
@@ -374,7 +374,7 @@ def _probe_run(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, costs:
             tot = n.sum(axis=1, keepdims=True)
             share = np.where(tot > 0, n / np.where(tot > 0, tot, 1.0), home)
             counts[t, lay] = (loads[t, lay, :, None] * share).T
-        cost = _price(counts[:, lay], work, model, hw, xfer, window[:, lay])
+        cost = _price(counts[:, lay], work, model, hw, link, xfer, window[:, lay])
         ffn_prev = ffn[:, lay] = cost.ffn_CG
         moe[:, lay] = cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed
         exposed[:, lay] = cost.transfer_exposed
@@ -385,7 +385,7 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
                     predicted: np.ndarray | dict[str, np.ndarray] | None = None, interval: int | None = None,
                     window: int | None = None, eplb_redundant: int = 2, window_transfers: int | None = None,
                     k_max: int = 16, max_redundant: int = 3,
-                    decay: float = 0.8) -> dict[str, Any]:
+                    decay: float = 0.8, link: str = "nvlink") -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
@@ -394,7 +394,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     None = transition_forecast. ep: G ranks (E % G == 0); hw, model: sim profiles
     (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
     (default T // 5 and interval // 3). window_transfers: None (default) = PROBE's budget is each rank's
-    computed hiding window (module docstring); N = a fixed N expert transfers per rank per layer.
+    computed hiding window (module docstring); N = a fixed N expert transfers per rank per layer. link:
+    "nvlink" or "pcie", the EP ranks' link (all-to-all and weight transfers).
     Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "exposed_s_TL", "bytes_T", "planner_s_T",
     "load_TLG"}}, "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
     """
@@ -429,7 +430,7 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     interval = interval or max(1, T // 5)
     window = window or max(1, interval // 3)
     P0 = sharded_placement(E, ep)
-    costs = planner_costs(model, hw)
+    costs = planner_costs(model, hw, link=link)
     fixed = None if window_transfers is None else window_transfers * costs.transfer_s
     eb = float(model.expert_bytes())
     attn = attention_time(model, hw, work, probe_options(), ep, T)[0]
@@ -438,7 +439,7 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
 
     runs: dict[str, tuple[np.ndarray, ...]] = {}
     static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
-    cost = _price(static.reshape(T * L, ep, E), work_TL, model, hw)
+    cost = _price(static.reshape(T * L, ep, E), work_TL, model, hw, link)
     ffn = cost.ffn_CG.reshape(T, L, ep)
     runs["static"] = (static, (cost.dispatch + cost.ffn + cost.combine).reshape(T, L), np.zeros((T, L)),
                       _windows(attn, ffn), ffn, np.zeros(T), np.zeros(T))
@@ -446,14 +447,15 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
         dep = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=stats, rebalance_every=every)
         counts, xfer, bytes_T, plan_s = _eplb_counts(loads, dep, eb)
         flat = counts.reshape(T * L, ep, E)
-        ffn = _price(flat, work_TL, model, hw).ffn_CG.reshape(T, L, ep)  # a layer's compute ignores its transfers
+        ffn = _price(flat, work_TL, model, hw, link).ffn_CG.reshape(T, L, ep)  # a layer's compute ignores its transfers
         win = _windows(attn, ffn)
-        cost = _price(flat, work_TL, model, hw, xfer.reshape(T * L, ep) * eb, win.reshape(T * L, ep))
+        cost = _price(flat, work_TL, model, hw, link, xfer.reshape(T * L, ep) * eb, win.reshape(T * L, ep))
         runs[name] = (counts, (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(T, L),
                       cost.transfer_exposed.reshape(T, L), win, ffn, bytes_T, plan_s)
-    runs["probe_oracle"] = _probe_run(loads, loads, P0, costs, fixed, k_max, max_redundant, attn, work, model, hw)
+    args = (fixed, k_max, max_redundant, attn, work, model, hw, link)
+    runs["probe_oracle"] = _probe_run(loads, loads, P0, costs, *args)
     for k, v in preds.items():
-        runs[k] = _probe_run(loads, v, P0, costs, fixed, k_max, max_redundant, attn, work, model, hw)
+        runs[k] = _probe_run(loads, v, P0, costs, *args)
 
     out: dict[str, dict[str, np.ndarray]] = {}
     for name, (counts, moe_s, exposed, win, ffn, bytes_T, plan_s) in runs.items():
@@ -472,7 +474,7 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     bound = load_lower_bound(loads.reshape(T * L, E), P0, new_replicas=budget).reshape(T, L)
     ir_bound = np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0)
     return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
-            "settings": {"ep": ep, "hardware": hw.name, "model": model.name, "steps": T, "layers": L,
+            "settings": {"ep": ep, "hardware": hw.name, "link": link, "model": model.name, "steps": T, "layers": L,
                          "experts": E, "eplb_interval": interval, "eplb_window": window,
                          "eplb_redundant_per_rank": eplb_redundant,
                          "probe_hide_window": "computed" if fixed is None else f"{window_transfers} transfers",
