@@ -146,6 +146,19 @@ def test_a_fixed_budget_beyond_the_window_is_charged(trace):
         assert (m["exposed_s_TL"][~moves] == 0).all(), name
 
 
+def test_step_work_counts_requests_and_their_first_positions(trace):
+    work = step_work(trace)
+    col = trace.tokens
+    steps = np.unique(col["step"])
+    for i in (0, 10, 25, steps.size - 1):
+        m = col["step"] == steps[i]
+        reqs = np.unique(col["request"][m])
+        firsts = [col["position"][m & (col["request"] == r)].min() for r in reqs]
+        assert work.batch[i] == reqs.size and work.context_len[i] == pytest.approx(np.mean(firsts))
+        assert work.seq_len[i] == pytest.approx(m.sum() / reqs.size)
+    assert np.asarray(work.context_len).max() > 0  # decode steps attend cached tokens
+
+
 def test_eplb_transfers_count_new_hosts_and_balance_senders():
     # 2 ranks x 3 slots, experts 0-3. Rank 0: [0, 1, 2] -> [0, 3, 3]; rank 1: [3, 0, 1] -> [2, 1, 1].
     old = np.array([[0, 1, 2, 3, 0, 1]])
