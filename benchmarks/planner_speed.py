@@ -24,7 +24,7 @@ result on that same step (in sample for both) and the sharded start.
 Run: python benchmarks/planner_speed.py [--reps N]
 Writes out/bench/planner_speed.json; ends with one line per case:
 `CASE: planner X ms, EPLB baseline Y ms, R x faster` (per layer; R = EPLB / planner, below 1 when the planner
-is the slower one, which the line then says).
+is the slower one, which the line then says), with the inter-quartile range of the per-repeat ratio.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ window, not a fixed count (--window-transfers N restores a fixed N transfers per
 Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
 decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
 
-Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin]] [--quick]
+Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin]] [--link pcie] [--window-transfers N] [--quick]
 Writes out/bench/probe_vs_eplb/{results.json, table.txt, <workload>.png}.
 """
 
