@@ -3,12 +3,16 @@ at once.
 
     T = T_attn + AR_tp + max_g A2A_dispatch,g + max_g FFN_g + max_g A2A_combine,g + T_predict
         + max(0, T_transfer - W_hide)
-    FFN_g = sum_{e on g, n_ge > 0} max(W_e / HBM_eff, flops(n_ge) / (eta(n_ge) * peak)) + shared + overhead
+    FFN_g = sum_{e on g, n_ge > 0} [c_call + max(W_e / B(W_e), flops(n_ge) / (eta(n_ge) * peak)) + a n_ge (3H + 2I)]
+            + shared + overhead
     A2A_g = alpha + V_g / B_link,  V_g = (1 - local_g) * U_g * H * bytes
 
-where n_ge is the number of (token, expert) assignments of expert e processed on rank g, U_g the tokens rank g
-receives (U_g = sum_e n_ge, or the unique tokens with `dedup`), local_g the share already on g (1/G when tokens
-are spread at random, as MoE-GPS assumes after the TP reduce). Attention is a roofline per rank (FLOPs
+where c_call is the fixed cost of one expert call (the launch / dispatch floor of an eager expert loop, which
+sets a one-token decode step), B(W) the weight-read bandwidth at expert size W (the measured curve of a
+calibrated profile, else HBM_eff), a the cost per activation value an eager expert call touches outside its
+GEMMs (gather, SiLU x up, scale, scatter-add), overhead the fixed per-layer router cost, n_ge the number of (token,
+expert) assignments of expert e processed on rank g, U_g the tokens rank g receives (U_g = sum_e n_ge, or
+the unique tokens with `dedup`), local_g the share already on g (1/G when tokens are spread at random, as MoE-GPS assumes after the TP reduce). Attention is a roofline per rank (FLOPs
 over eta x peak vs weight + KV + activation bytes over HBM_eff), heads split over the G ranks (`attn_parallel="tp"`, MoE-GPS) or sequences split (`"dp"`, PROBE).
 The collectives (ring all-reduce / all-gather / reduce-scatter, all-to-all) are public functions below.
 
@@ -139,9 +143,11 @@ class CostOptions:
       its predicted expert's rank during the TP reduce, so the dispatch all-to-all carries only the misrouted
       share (misroute_fraction of each rank's tokens); the combine is unchanged.
     predict_s: seconds of predictor time on the critical path.
-    transfer_bytes: expert-weight bytes each rank receives for replication, (C,) or (C, G); costs
-      max_g bytes / B_link (PROBE eq. 6) of which only the part beyond `hide_window_s` is exposed
-      (None = the attention time: MoE-GPS §5 hides duplication behind attention).
+    transfer_bytes: expert-weight bytes each rank moves for replication on its busier direction (PROBE eq. 6:
+      max(received, sent) x W), (C,) or (C, G); rank g's transfer takes bytes_g / B_link, of which only the part
+      beyond its window `hide_window_s` is exposed: max_g max(0, bytes_g / B_link - window_g) (PROBE §3.4).
+    hide_window_s: seconds of compute the transfers overlap, (C,) or (C, G) per rank (None = the attention
+      time: MoE-GPS §5 hides duplication behind attention).
     """
 
     link: str = "nvlink"
@@ -170,7 +176,9 @@ class CostOptions:
             v = getattr(self, name)
             if v is not None and np.any((np.asarray(v, np.float64) < 0) | (np.asarray(v, np.float64) > 1)):
                 raise ConfigError(f"CostOptions.{name} is {v!r}; expected fractions in [0, 1].")
-        for name in ("predict_s", "transfer_bytes"):
+        for name in ("predict_s", "transfer_bytes", "hide_window_s"):
+            if getattr(self, name) is None:
+                continue
             if np.any(np.asarray(getattr(self, name), np.float64) < 0):
                 raise ConfigError(f"CostOptions.{name} is {getattr(self, name)!r}; expected values >= 0.")
 
@@ -299,21 +307,31 @@ def _link(hw: Hardware, opts: CostOptions, C: int) -> np.ndarray:
 
 
 def _expert_time(n: np.ndarray, model: ModelProfile, hw: Hardware, staircase: bool) -> np.ndarray:
-    """(C, G, E) counts -> (C, G) seconds of routed-expert GEMMs per rank (experts with no tokens cost 0)."""
+    """(C, G, E) counts -> (C, G) seconds of routed-expert calls per rank (experts with no tokens cost 0).
+
+    An active expert costs its call floor, the slower of reading its weights and its GEMM FLOPs, and its
+    activation work (n x (3 H + 2 I) values at hw.activation_cost each).
+    """
     C, G, E = n.shape
-    t_mem = model.expert_bytes() / hw.mem_effective
+    t_mem = float(hw.weight_read_time(model.expert_bytes())) + hw.expert_call_overhead
     per_token = model.expert_flops_per_token / hw.peak_flops
+    act_per_token = hw.activation_cost * (3 * model.hidden_size + 2 * model.expert_ffn)
     flat = n.reshape(-1)
     active = np.flatnonzero(flat)
     if active.size * 2 < flat.size:
         # Sharded placements leave most (rank, expert) cells empty (DeepSeek-V3 on 32 ranks: 97%); pricing
         # only the active cells and summing them per rank with bincount is several times faster.
         v = flat[active]
-        t = np.maximum(v * per_token / hw.eta(v, staircase=staircase), t_mem)
+        t = np.maximum(v * per_token / hw.eta(v, staircase=staircase) + hw.expert_call_overhead, t_mem)
+        if act_per_token:
+            t += v * act_per_token
         return np.bincount(active // E, weights=t, minlength=C * G).reshape(C, G)
     t = n * per_token
     t /= hw.eta(n, staircase=staircase)
+    t += hw.expert_call_overhead
     np.maximum(t, t_mem, out=t)
+    if act_per_token:
+        t += n * act_per_token
     t *= n > 0
     return t.sum(axis=-1)
 
@@ -368,8 +386,9 @@ def layer_cost(
         local_tokens = tokens / G  # shared experts run on every rank over the tokens it holds
         t_sh = np.maximum(
             model.shared_flops_per_token * local_tokens / (hw.eta(local_tokens) * hw.peak_flops),
-            model.shared_bytes / hw.mem_effective,
-        )
+            hw.weight_read_time(model.shared_bytes),
+        ) + hw.expert_call_overhead
+        t_sh = t_sh + hw.activation_cost * local_tokens * (3 * model.hidden_size + 2 * model.shared_ffn * model.num_shared_experts)
         ffn_CG = ffn_CG + t_sh[:, None]
     ffn_CG = ffn_CG + hw.moe_layer_overhead
 
@@ -400,11 +419,13 @@ def layer_cost(
 
     t_attn, t_attn_comm = attention_time(model, hw, work, opts, G, C)
     predict = _per_config(opts.predict_s, C, "CostOptions.predict_s")
-    xfer = _per_rank(opts.transfer_bytes, C, G, "CostOptions.transfer_bytes").max(axis=-1)
+    xfer = _per_rank(opts.transfer_bytes, C, G, "CostOptions.transfer_bytes")
     if np.any(xfer > 0):
         xbw = _link(hw, opts, C) if G > 1 else np.full(C, hw.h2d_bandwidth or hw.mem_bandwidth)
-        window = t_attn if opts.hide_window_s is None else _per_config(opts.hide_window_s, C, "hide_window_s")
-        exposed = np.maximum(0.0, xfer / xbw - window)
+        window = t_attn if opts.hide_window_s is None else opts.hide_window_s
+        # a rank's transfer can only hide behind its own window (PROBE eq. 8 bounds each rank separately)
+        exposed = np.maximum(0.0, xfer / xbw[:, None] - _per_rank(window, C, G, "CostOptions.hide_window_s"))
+        exposed = exposed.max(axis=-1)
     else:
         exposed = np.zeros(C)
     ffn, dispatch, combine = ffn_CG.max(axis=-1), dispatch_CG.max(axis=-1), combine_CG.max(axis=-1)
