@@ -197,6 +197,18 @@ def cmd_train_builtin(a: argparse.Namespace) -> int:
     return train_main(a.args)
 
 
+def cmd_cache(a: argparse.Namespace) -> int:
+    from routecast.cache.cli import cache_replay_main
+
+    _threads(a.threads)
+    return cache_replay_main(
+        a.trace, out=a.out, as_json=a.json, budget=a.budget, policies=a.policies, predictor=a.predictor,
+        hardware=a.hardware, dense_us=a.dense_us, plec_fallback=a.plec_fallback, plec_depth=a.plec_depth,
+        expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed,
+        threads=a.threads, quiet=a.quiet,
+    )
+
+
 def cmd_corpus(a: argparse.Namespace) -> int:
     from routecast.models.corpus import main as corpus_main
 
@@ -355,6 +367,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_threads(p)
     p.set_defaults(fn=cmd_place_compare)
+
+    p = sub.add_parser("cache", help="expert caching: replay a trace through cache/prefetch policies")
+    p.add_argument("action", choices=("replay",), help="replay: hit ratio, bytes moved, stall, gap to Belady per policy")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
+    p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
+                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, belady")
+    p.add_argument("--predictor", default=None,
+                   help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
+    p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
+    p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
+    p.add_argument("--plec-fallback", choices=("lfu", "lru"), default="lfu",
+                   help="how PLEC ranks experts with no predicted use left in the step (default lfu)")
+    p.add_argument("--plec-depth", type=int, default=1, help="layers ahead PLEC prefetches (default 1)")
+    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
+    p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
+    p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests the predictor is fitted on")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the split and the predictor (default 0)")
+    p.add_argument("--out", default="out/cache/replay.json", help="JSON output (default out/cache/replay.json)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"

@@ -15,8 +15,13 @@ route to (ExpertFlow eq. 7's bit-wise OR), each expert computed once for all its
    ready_i). The layer ends when the last one ends; stall = end - (tr + Σ compute).
 
 Hits are computed before misses are fetched, so a miss may evict an expert of the same access once it is
-computed (a pool smaller than the batch's union still works, one expert at a time). A transfer in flight
-is never evicted to make room for a prefetch. Victims come from a lazy binary min-heap per pool over each
+computed (a pool smaller than the batch's union still works, one expert at a time). Belady may also stream
+a miss through a one-expert staging buffer without caching it, when every resident expert is needed no
+later (the budget counts cache slots; the staging slot is the extra buffer ExpertFlow's multi-stream
+pipeline also keeps): evicting the farthest-needed expert at access granularity is then optimal over all
+demand policies, ties included (a tie is between experts both needed by the same access, where either
+choice costs one load and leaves the same experts available). A transfer in flight is never evicted to
+make room for a prefetch. Victims come from a lazy binary min-heap per pool over each
 policy's priority pair (p1, p2): the smallest is evicted; a key's entry is stale once its version moves on.
 """
 
@@ -26,7 +31,7 @@ import numpy as np
 from numba import njit
 
 LRU, LFU, LFUDA, BELADY, SEMOE, PLEC = 0, 1, 2, 3, 4, 5
-OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE = 0, 1, 2, 3
+OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE, OP_STREAM = 0, 1, 2, 3, 4
 NEVER = 1e18  # next use of a key that is never used again (Belady)
 _PRED = 1e15  # PLEC: keys predicted for the rest of the step rank above every fallback priority
 
@@ -90,7 +95,7 @@ def _hpop(h1, h2, hk, hv, hstart, hsize, p):
 
 
 @njit(cache=True)
-def _prio(policy, fallback, k, E, step, last, cnt, kval, nxt, nxt2, mis, pred_step):
+def _prio(policy, fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step):
     """The (p1, p2) priority of resident key k under `policy`: the smallest is evicted first."""
     if policy == LRU or policy == SEMOE:
         return last[k], 0.0
@@ -99,7 +104,7 @@ def _prio(policy, fallback, k, E, step, last, cnt, kval, nxt, nxt2, mis, pred_st
     if policy == LFUDA:
         return kval[k], last[k]
     if policy == BELADY:
-        return -nxt[k], -nxt2[k]
+        return -nxt[k], last[k]
     if mis[k]:  # PLEC with correction: a mispredicted expert of the current layer goes first
         return -2.0, last[k]
     if pred_step[k] == step:  # predicted for a layer still to come in this step: nearer layer ranks higher
@@ -117,9 +122,9 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
     mode 0 (demand miss): any key, lowest priority first (a transfer in flight still occupies the link).
     mode 1 (PLEC prefetch): the victim must rank below (lim1, lim2), never in flight.
     mode 2 (SE-MoE prefetch): never in flight, never needed by access a, never of layer excl_layer.
+    A prefetch looks past at most 64 excluded keys, then gives up (keeps the replay linear in the trace).
     """
     victim = -1
-    fb = -1
     n = 0
     while hsize[p] > 0:
         v1, v2, vk, vv = _hpop(h1, h2, hk, hv, hstart, hsize, p)
@@ -130,9 +135,9 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
             skip = skip or cur[vk] == a or vk // E == excl_layer
         if skip:
             t1[n], t2[n], tk[n], tv[n] = v1, v2, vk, vv
-            if mode == 0 and fb < 0:
-                fb = n
             n += 1
+            if n >= 64:  # a prefetch gives up rather than scan every transfer in flight
+                break
             continue
         if mode == 1 and not _less(v1, v2, lim1, lim2):
             t1[n], t2[n], tk[n], tv[n] = v1, v2, vk, vv
@@ -140,12 +145,8 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
             break
         victim = vk
         break
-    if victim < 0 and fb >= 0:
-        victim = tk[fb]
-        tk[fb] = -1
     for i in range(n):
-        if tk[i] >= 0:
-            _hpush(h1, h2, hk, hv, hstart, hsize, p, t1[i], t2[i], tk[i], tv[i])
+        _hpush(h1, h2, hk, hv, hstart, hsize, p, t1[i], t2[i], tk[i], tv[i])
     return victim
 
 
@@ -153,7 +154,7 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
 def replay_kernel(
     policy, correct, priority_demand, plec_fallback, layer_ahead, depth,
     L, E, pool_of, pool_cap, pool_keys, pool_off,
-    req_off, req_key, req_comp, req_next, req_next2,
+    req_off, req_key, req_comp, req_next,
     pred_off, pred_key,
     dense_s, xfer_s, log_on,
 ):
@@ -183,7 +184,6 @@ def replay_kernel(
     fcnt = np.zeros(K, np.float64)
     kval = np.zeros(K, np.float64)
     nxt = np.full(K, NEVER)
-    nxt2 = np.full(K, NEVER)
     pred_step = np.full(K, -1, np.int64)
     mis = np.zeros(K, np.bool_)
     pf = np.zeros(K, np.bool_)
@@ -250,7 +250,7 @@ def replay_kernel(
                 for j in range(pool_off[p], pool_off[p + 1]):
                     k = pool_keys[j]
                     if resident[k]:
-                        v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, nxt2, mis, pred_step)
+                        v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
                         ver[k] += 1
                         _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
         if priority_demand:
@@ -343,7 +343,6 @@ def replay_kernel(
             dcur = max(link_free, tr)
         n_miss = 0
         # Hits are computed first, then misses are fetched and computed (a miss may evict a computed hit).
-        # Belady fetches the misses farthest-next-use first, so the one needed soonest stays.
         nh = 0
         for i in range(r0, r1):
             if resident[req_key[i]]:
@@ -354,11 +353,6 @@ def replay_kernel(
             if not resident[req_key[i]]:
                 ibuf[nm] = i
                 nm += 1
-        if policy == BELADY and nm - nh > 1:
-            mtmp = ibuf[nh:nm].copy()
-            mtmp = mtmp[np.argsort(-req_next2[mtmp], kind="mergesort")]  # stable: next use, then the one after
-            mtmp = mtmp[np.argsort(-req_next[mtmp], kind="mergesort")]
-            ibuf[nh:nm] = mtmp
         for j0 in range(nm):
             i = ibuf[j0]
             k = req_key[i]
@@ -373,11 +367,30 @@ def replay_kernel(
             else:
                 misses[a] += 1
                 n_miss += 1
+                stream = False
+                victim = -1
                 if used[p] >= pool_cap[p]:
                     victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
                                          0, tr, a, E, -1, 0.0, 0.0)
                     if victim < 0:
                         raise RuntimeError("cache replay: a full pool has no resident key in its heap")
+                    if policy == BELADY and nxt[victim] <= req_next[i]:
+                        # every resident is needed no later than k: k streams through the staging slot
+                        stream = True
+                        _hpush(h1, h2, hk, hv, hstart, hsize, p, -nxt[victim], last[victim], victim, ver[victim])
+                if stream:
+                    ready[k] = dcur + xfer_s
+                    dcur = ready[k]
+                    last[k] = a
+                    nxt[k] = req_next[i]
+                    if log_on:
+                        if nl < n_log:
+                            log[nl, 0], log[nl, 1], log[nl, 2] = a, k, OP_STREAM
+                            nl += 1
+                        else:
+                            overflow = True
+                    continue
+                if used[p] >= pool_cap[p]:
                     resident[victim] = False
                     pf[victim] = False
                     ver[victim] += 1
@@ -410,10 +423,9 @@ def replay_kernel(
             fcnt[k] += 1.0
             kval[k] = fcnt[k] + age[p]
             nxt[k] = req_next[i]
-            nxt2[k] = req_next2[i]
             mis[k] = False
             ver[k] += 1
-            v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, nxt2, mis, pred_step)
+            v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
             _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
             if log_on:
                 if nl < n_log:
@@ -503,6 +515,6 @@ def replay_kernel(
                 mis[k] = False
                 if resident[k]:
                     ver[k] += 1
-                    v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, nxt2, mis, pred_step)
+                    v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
                     _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], v1, v2, k, ver[k])
     return hits, on_time, misses, pref, evs, stall, end, useful, log[:nl], overflow

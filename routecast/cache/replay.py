@@ -87,7 +87,7 @@ class Accesses:
     """The kernel's input for one trace. A = steps·L; N required entries; keys = layer·E + expert.
 
     req_off (A+1,), req_key (N,) int64, req_tokens (N,) int64 tokens routed to that expert, req_next (N,)
-    float64 next access needing the key (kernel.NEVER if none), req_next2 (N,) the one after; step_ids (S,) the trace's step numbers.
+    float64 next access needing the key (kernel.NEVER if none); step_ids (S,) the trace's step numbers.
     """
 
     L: int
@@ -96,7 +96,6 @@ class Accesses:
     req_key: np.ndarray
     req_tokens: np.ndarray
     req_next: np.ndarray
-    req_next2: np.ndarray
     step_ids: np.ndarray
     num_tokens: int
 
@@ -123,12 +122,8 @@ def build_accesses(trace: Trace) -> Accesses:
     nxt = np.full(len(uniq), K.NEVER)
     same = key[order][1:] == key[order][:-1]
     nxt[order[:-1][same]] = acc[order][1:][same]
-    # the use after that breaks Belady's ties between experts needed by the same future access
-    nxt2 = np.full(len(uniq), K.NEVER)
-    same2 = same[1:] & same[:-1]
-    nxt2[order[:-2][same2]] = acc[order][2:][same2]
     return Accesses(L=L, E=E, req_off=req_off, req_key=key, req_tokens=counts.astype(np.int64), req_next=nxt,
-                    req_next2=nxt2, step_ids=step_ids, num_tokens=trace.num_tokens)
+                    step_ids=step_ids, num_tokens=trace.num_tokens)
 
 
 def forecast_entries(acc: Accesses, pred_SLE: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -217,7 +212,7 @@ def run_policy(acc: Accesses, name: str, cfg: ReplayConfig, *, forecast: tuple[n
     t0 = time.perf_counter()
     out = K.replay_kernel(pol.code, pol.correct, pol.priority_demand, 0 if cfg.plec_fallback == "lru" else 1,
                           layer_ahead, cfg.plec_depth, acc.L, acc.E, pool_of, cap, pool_keys, pool_off, acc.req_off, acc.req_key,
-                          comp, acc.req_next, acc.req_next2, pred_off, pred_key, dense, xfer, log)
+                          comp, acc.req_next, pred_off, pred_key, dense, xfer, log)
     wall = time.perf_counter() - t0
     hits, on_time, misses, pref, evs, stall, end, useful, events, overflow = out
     req = int(len(acc.req_key))
