@@ -1,6 +1,7 @@
 """Entry points: build predictors by name, fit them on a request split, evaluate causally, tabulate.
 
-Names: distribution, probability, conditional-token, conditional-position, ffn, lstm; or the path of
+Names: distribution, probability, conditional-token, conditional-position, ffn, lstm, lookahead (PROBE),
+expertflow (ExpertFlow's path predictor), tlp, slp (its baselines); or the path of
 a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
 ``predict_eval_main`` and ``predict_fit_main`` read the trace from disk and print.
 """
@@ -34,6 +35,7 @@ from routecast.trace import MoESpec, Trace
 
 PREDICTOR_NAMES = (
     "distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm", "lookahead",
+    "expertflow", "tlp", "slp",
 )
 # Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
 NEEDS_ROUTER_INPUTS = ("lookahead",)
@@ -73,6 +75,17 @@ def make_predictor(
         return LookaheadPredictor.from_model(
             model_path, spec, config=LookaheadConfig(seed=seed, threads=threads, **extra)
         )
+    if name == "expertflow":
+        import dataclasses
+
+        from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
+
+        cfg = ExpertFlowConfig(seed=seed, threads=threads)
+        return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
+    if name in ("tlp", "slp"):
+        from routecast.predict.locality import SLPPredictor, TLPPredictor
+
+        return TLPPredictor(spec) if name == "tlp" else SLPPredictor(spec)
     if name == "distribution":
         return DistributionPredictor(spec, mle_preset())
     if name == "probability":
