@@ -47,7 +47,9 @@ def batch_accuracy_rows(
     trace: Trace, names: Sequence[str], sizes: Sequence[int] = (8, 16, 32), *, train_fraction: float = 0.8,
     seed: int = 0, model_dir: str | Path | None = None, threads: int = 1, epochs: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per predictor: {'predictor', 'batch_<B>': eq. 7 accuracy} over held-out requests."""
+    """One row per predictor, fitted once on train_fraction of the requests and run causally on the rest:
+    'batch_<B>' (eq. 7 at batch size B), the per-step top-k accuracy, recall@2k and batch-level accuracy,
+    and the measured µs per token."""
     from routecast.predict.evaluate import _embeddings_for, _router_model, make_predictor, parse_names
     from routecast.predict.neural import torch_threads
 
@@ -62,16 +64,19 @@ def batch_accuracy_rows(
     true = multi_hot(test.experts_TLK[order], E)
     emb, src = _embeddings_for(names, trace, model_dir)
     rows = []
+    step_sizes = [len(idx) for _, idx in test.batches()]
     for name in names:
-        if name == "tlp":
-            pred = None
-        else:
-            with torch_threads(threads):
-                p = make_predictor(name, trace.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
-                                   progress=False, epochs=epochs, model_path=_router_model(name, trace, model_dir))
-                p.fit(train)
-                res = run_harness(p, test, collect=True)
-            pred = np.concatenate([multi_hot(fc.token_topk(n), E) for (_, fc), n in
-                                   zip(res.forecasts, [len(idx) for _, idx in test.batches()], strict=True)])
-        rows.append({"predictor": name, **{f"batch_{b}": batch_accuracy_at(pred, true, int(b)) for b in sizes}})
+        with torch_threads(threads):
+            p = make_predictor(name, trace.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
+                               progress=False, epochs=epochs, model_path=_router_model(name, trace, model_dir))
+            p.fit(train)
+            res = run_harness(p, test, collect=True)
+        # TLP at batch size B predicts the previous B tokens' set, not the previous step's
+        pred = None if name == "tlp" else np.concatenate(
+            [multi_hot(fc.token_topk(n), E) for (_, fc), n in zip(res.forecasts, step_sizes, strict=True)])
+        row: dict[str, Any] = {"predictor": name, "horizon": p.horizon}
+        row.update({m: float(np.nanmean(res.metrics[m])) for m in ("top_k_accuracy", "recall_at_2k", "batch_level_accuracy")})
+        row.update(us_per_token=res.us_per_token, test_tokens=res.num_tokens, test_steps=res.num_steps)
+        row.update({f"batch_{b}": batch_accuracy_at(pred, true, int(b)) for b in sizes})
+        rows.append(row)
     return rows
