@@ -49,6 +49,8 @@ POLICIES: dict[str, Policy] = {
                    describe="ExpertFlow PLEC: prefetch the forecast's experts, nearest layer first"),
     "plec-correct": Policy(code=K.PLEC, forecast=True, demand_only=False, correct=True, priority_demand=True,
                            describe="PLEC + real-time correction: mispredicted experts go first, misses jump the queue"),
+    "plec-correct-fifo": Policy(code=K.PLEC, forecast=True, demand_only=False, correct=True,
+                                describe="PLEC + correction of the victims only: misses queue behind prefetches"),
     "belady": Policy(code=K.BELADY, describe="Belady MIN: evict the expert needed farthest ahead (offline bound)"),
 }
 
