@@ -209,6 +209,45 @@ def cmd_cache(a: argparse.Namespace) -> int:
     )
 
 
+def cmd_schedule(a: argparse.Namespace) -> int:
+    from routecast.cache.cli import _clean
+    from routecast.cache.replay import ReplayConfig, parse_budget, replay
+    from routecast.schedule.cli import run_rebatch
+    from routecast.sim.hardware import load_hardware
+    from routecast.trace.io import read_trace
+
+    _threads(a.threads)
+    trace = read_trace(a.trace, load_hidden=False, load_logits=False)
+    s = trace.spec
+    eb = a.expert_bytes or s.expert_bytes
+    cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
+                       hardware=load_hardware(a.hardware), expert_bytes=eb)
+    res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, min_tokens=a.min_tokens,
+                      threads=a.threads, quiet=a.quiet)
+    rows = []
+    for method, arm in res["arms"].items():
+        r = next(x for x in replay(arm["trace"], [a.policy], cfg, pred_SLE=arm["pred_SLE"]) if x["policy"] == a.policy)
+        rows.append({"method": method, "batches": arm["batches"], "activated_per_batch": arm["activated_mean"],
+                     "activated_total": arm["activated_total"], "hit_ratio": r["hit_ratio"],
+                     "us_per_token": r["us_per_token"], "stall_s": r["stall_s"]})
+    speedup = rows[0]["us_per_token"] / rows[1]["us_per_token"]
+    out = {"settings": {**res["settings"], "policy": a.policy, "budget_slots": cfg.budget, "hardware": a.hardware},
+           "rows": rows, "speedup_clustered": speedup}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(_clean(out), indent=1))
+    if a.json:
+        print(json.dumps(_clean(out), indent=1))
+        return 0
+    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at "
+          f"{cfg.budget} slots on {a.hardware}")
+    print(f"{'method':<10} {'batches':>8} {'experts/batch':>14} {'eq.5 total':>11} {'hit':>6} {'µs/token':>9}")
+    for r in rows:
+        print(f"{r['method']:<10} {r['batches']:>8} {r['activated_per_batch']:>14.2f} {r['activated_total']:>11} "
+              f"{r['hit_ratio']:>6.3f} {r['us_per_token']:>9.2f}")
+    print(f"clustered vs arrival order: {speedup:.3f}x simulated time per token; wrote {a.out}")
+    return 0
+
+
 def cmd_corpus(a: argparse.Namespace) -> int:
     from routecast.models.corpus import main as corpus_main
 
@@ -390,6 +429,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_threads(p)
     p.set_defaults(fn=cmd_cache)
+
+    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
+    p.add_argument("action", choices=("rebatch",), help="rebatch: arrival-order vs path-clustered half-batches")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument("--predictor", default="conditional-token",
+                   help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
+    p.add_argument("--budget", default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
+    p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
+    p.add_argument("--hardware", default="h100-sxm", help="hardware profile (default h100-sxm)")
+    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
+    p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
+    p.add_argument("--model", default=None, help="checkpoint for neural predictors (DIR, builtin, none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, predictor and clustering (default 0)")
+    p.add_argument("--out", default="out/schedule/rebatch.json", help="JSON output (default out/schedule/rebatch.json)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_threads(p)
+    p.set_defaults(fn=cmd_schedule)
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"

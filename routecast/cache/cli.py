@@ -19,6 +19,7 @@ import numpy as np
 
 from routecast.cache.replay import POLICIES, ReplayConfig, build_accesses, parse_budget, replay, true_sets
 from routecast.common.errors import ConfigError
+from routecast.predict.evaluate import fit_or_load
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
 from routecast.trace import Trace
 
@@ -72,23 +73,6 @@ def parse_policies(text: str | Sequence[str]) -> list[str]:
     return items
 
 
-def _fit_predictor(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool) -> Predictor:
-    from routecast.predict.evaluate import PREDICTOR_NAMES, _embeddings_for, _router_model, make_predictor
-    from routecast.predict.neural import torch_threads
-    from routecast.predict.store import is_predictor_dir, load_predictor
-
-    if name not in PREDICTOR_NAMES:
-        if not is_predictor_dir(name):
-            raise ConfigError(f"--predictor is {name!r}; expected 'oracle', one of {', '.join(PREDICTOR_NAMES)} "
-                              "or a folder written by `routecast predict fit`.")
-        return load_predictor(name)
-    emb, src = _embeddings_for([name], train, model)
-    with torch_threads(threads):
-        pred = make_predictor(name, train.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
-                              progress=not quiet, model_path=_router_model(name, train, model))
-        return pred.fit(train)
-
-
 _COLS = (("policy", "policy", "{}"), ("hit_ratio", "hit", "{:.3f}"), ("covered_ratio", "covered", "{:.3f}"),
          ("gap_closed", "gap closed", "{:.1%}"), ("demand_loads", "demand loads", "{}"),
          ("prefetches", "prefetches", "{}"), ("gb_moved", "GB moved", "{:.2f}"), ("stall_ms", "stall ms", "{:.2f}"),
@@ -133,7 +117,7 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
             train, on = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
             if train.num_tokens == 0 or on.num_tokens == 0:
                 raise ConfigError("the trace has too few requests to hold some out; expected at least 2.")
-            pred = _fit_predictor(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
+            pred = fit_or_load(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
             pred_SLE, layer_ahead = forecast_sets(pred, on)
             fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of requests)"
     rows = replay(on, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead)

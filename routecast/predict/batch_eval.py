@@ -43,6 +43,15 @@ def batch_accuracy_at(pred_TLE: np.ndarray | None, true_TLE: np.ndarray, B: int)
     return float(np.nanmean([batch_level_accuracy(p, t) for p, t in zip(pred, true, strict=True)]))
 
 
+def token_sets(predictor, test: Trace) -> np.ndarray:
+    """Each token's predicted top-K experts from a causal harness run: bool (T, L, E) in test's trace order."""
+    res = run_harness(predictor, test, collect=True)
+    out = np.zeros((test.num_tokens, test.spec.num_layers, test.spec.num_experts), bool)
+    for (_, fc), (_, idx) in zip(res.forecasts, test.batches(), strict=True):
+        out[idx] = multi_hot(fc.token_topk(len(idx)), test.spec.num_experts)
+    return out
+
+
 def batch_accuracy_rows(
     trace: Trace, names: Sequence[str], sizes: Sequence[int] = (8, 16, 32), *, train_fraction: float = 0.8,
     seed: int = 0, model_dir: str | Path | None = None, threads: int = 1, epochs: int | None = None,

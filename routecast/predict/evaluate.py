@@ -238,6 +238,20 @@ def fit_and_save(
     return save_predictor(pred, out_dir)
 
 
+def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool) -> Predictor:
+    """A predictor by name, fitted on `train`, or loaded from a folder written by `routecast predict fit`."""
+    if name not in PREDICTOR_NAMES:
+        if not is_predictor_dir(name):
+            raise ConfigError(f"--predictor is {name!r}; expected 'oracle', one of {', '.join(PREDICTOR_NAMES)} "
+                              "or a folder written by `routecast predict fit`.")
+        return load_predictor(name)
+    emb, src = _embeddings_for([name], train, model)
+    with torch_threads(threads):
+        pred = make_predictor(name, train.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
+                              progress=not quiet, model_path=_router_model(name, train, model))
+        return pred.fit(train)
+
+
 # ------------------------------------------------------------------------------------------- CLI handlers
 def predict_eval_main(
     trace_path: str | Path, predictors: str, *, model: str | None = None, as_json: bool = False,
