@@ -27,6 +27,18 @@ def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
     )
 
 
+def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
+    """Flags shared by `cache replay` and `schedule rebatch`."""
+    p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
+    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
+    p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request split and the predictor (default 0)")
+    p.add_argument("--out", default=out, help=f"JSON output (default {out})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_threads(p)
+
+
 # ------------------------------------------------------------------ handlers
 def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
@@ -415,19 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, plec-correct-fifo, belady")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
-    p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
     p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
     p.add_argument("--plec-fallback", choices=("lfu", "lru"), default="lfu",
                    help="how PLEC ranks experts with no predicted use left in the step (default lfu)")
     p.add_argument("--plec-depth", type=int, default=1, help="layers ahead PLEC prefetches (default 1)")
-    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
-    p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
     p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests the predictor is fitted on")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the split and the predictor (default 0)")
-    p.add_argument("--out", default="out/cache/replay.json", help="JSON output (default out/cache/replay.json)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_threads(p)
+    _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
@@ -437,15 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
     p.add_argument("--budget", default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
     p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
-    p.add_argument("--hardware", default="h100-sxm", help="hardware profile (default h100-sxm)")
-    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
     p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
-    p.add_argument("--model", default=None, help="checkpoint for neural predictors (DIR, builtin, none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, predictor and clustering (default 0)")
-    p.add_argument("--out", default="out/schedule/rebatch.json", help="JSON output (default out/schedule/rebatch.json)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_threads(p)
+    _add_replay_flags(p, "out/schedule/rebatch.json")
     p.set_defaults(fn=cmd_schedule)
 
     p = sub.add_parser(

@@ -95,6 +95,40 @@ def _hpop(h1, h2, hk, hv, hstart, hsize, p):
 
 
 @njit(cache=True)
+def _log(log, nl, overflow, a, key, op):
+    """Append (access, key, op) to the event log unless it is full; returns (entries, overflowed)."""
+    if nl < log.shape[0]:
+        log[nl, 0], log[nl, 1], log[nl, 2] = a, key, op
+        return nl + 1, overflow
+    return nl, True
+
+
+@njit(cache=True)
+def _evict(victim, p, a, resident, pf, ver, used, evs):
+    resident[victim] = False
+    pf[victim] = False
+    ver[victim] += 1  # its heap entries go stale
+    used[p] -= 1
+    evs[a] += 1
+
+
+@njit(cache=True)
+def _admit_prefetch(k, p, a, arrive, load_id, prio1, resident, used, ready, lid, pf, last, pref, ver,
+                    h1, h2, hk, hv, hstart, hsize):
+    """Make prefetched key k resident (arriving at `arrive`) with priority (prio1, 0); returns the link's free time."""
+    resident[k] = True
+    used[p] += 1
+    ready[k] = arrive
+    lid[k] = load_id
+    pf[k] = True
+    last[k] = a
+    pref[a] += 1
+    ver[k] += 1
+    _hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
+    return arrive
+
+
+@njit(cache=True)
 def _prio(policy, fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step):
     """The (p1, p2) priority of resident key k under `policy`: the smallest is evicted first."""
     if policy == LRU or policy == SEMOE:
@@ -285,38 +319,18 @@ def replay_kernel(
                     if victim < 0:
                         blocked[p] = a
                         continue
-                    resident[victim] = False
-                    pf[victim] = False
-                    ver[victim] += 1
-                    used[p] -= 1
-                    evs[a] += 1
+                    _evict(victim, p, a, resident, pf, ver, used, evs)
                     if log_on:
-                        if nl < n_log:
-                            log[nl, 0], log[nl, 1], log[nl, 2] = a, victim, OP_EVICT
-                            nl += 1
-                        else:
-                            overflow = True
-                resident[k] = True
-                used[p] += 1
+                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
                 st = max(link_free, t)
-                ready[k] = st + xfer_s
-                link_free = ready[k]
-                lid[k] = next_lid
+                link_free = _admit_prefetch(k, p, a, st + xfer_s, next_lid, c1, resident, used, ready, lid, pf, last,
+                                            pref, ver, h1, h2, hk, hv, hstart, hsize)
                 next_lid += 1
                 if priority_demand:
                     q_start[q_tail], q_end[q_tail], q_key[q_tail], q_lid[q_tail] = st, ready[k], k, lid[k]
                     q_tail = (q_tail + 1) % nq
-                pf[k] = True
-                last[k] = a
-                pref[a] += 1
-                ver[k] += 1
-                _hpush(h1, h2, hk, hv, hstart, hsize, p, c1, 0.0, k, ver[k])
                 if log_on:
-                    if nl < n_log:
-                        log[nl, 0], log[nl, 1], log[nl, 2] = a, k, OP_PREFETCH
-                        nl += 1
-                    else:
-                        overflow = True
+                    nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
         # ---------------------------------------------------------------- router: correction, hits, misses
         tr = t + dense_s[a]
         r0, r1 = req_off[a], req_off[a + 1]
@@ -384,27 +398,15 @@ def replay_kernel(
                     last[k] = a
                     nxt[k] = req_next[i]
                     if log_on:
-                        if nl < n_log:
-                            log[nl, 0], log[nl, 1], log[nl, 2] = a, k, OP_STREAM
-                            nl += 1
-                        else:
-                            overflow = True
+                        nl, overflow = _log(log, nl, overflow, a, k, OP_STREAM)
                     continue
                 if used[p] >= pool_cap[p]:
-                    resident[victim] = False
-                    pf[victim] = False
-                    ver[victim] += 1
-                    used[p] -= 1
-                    evs[a] += 1
+                    _evict(victim, p, a, resident, pf, ver, used, evs)
                     if policy == LFUDA:
                         age[p] = kval[victim]
                         fcnt[victim] = 0.0
                     if log_on:
-                        if nl < n_log:
-                            log[nl, 0], log[nl, 1], log[nl, 2] = a, victim, OP_EVICT
-                            nl += 1
-                        else:
-                            overflow = True
+                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
                 resident[k] = True
                 used[p] += 1
                 lid[k] = next_lid
@@ -412,11 +414,7 @@ def replay_kernel(
                 ready[k] = dcur + xfer_s
                 dcur = ready[k]
                 if log_on:
-                    if nl < n_log:
-                        log[nl, 0], log[nl, 1], log[nl, 2] = a, k, OP_LOAD
-                        nl += 1
-                    else:
-                        overflow = True
+                    nl, overflow = _log(log, nl, overflow, a, k, OP_LOAD)
             # the access itself: recency, frequency, LFUDA value, Belady's next use
             last[k] = a
             cnt[k] += 1.0
@@ -428,11 +426,7 @@ def replay_kernel(
             v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
             _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
             if log_on:
-                if nl < n_log:
-                    log[nl, 0], log[nl, 1], log[nl, 2] = a, k, OP_COMPUTE
-                    nl += 1
-                else:
-                    overflow = True
+                nl, overflow = _log(log, nl, overflow, a, k, OP_COMPUTE)
         if n_miss:
             if priority_demand:
                 # prefetches that had not started wait behind the demand loads
@@ -463,35 +457,14 @@ def replay_kernel(
                                          2, tr, a, E, nxt_layer, 0.0, 0.0)
                     if victim < 0:
                         break
-                    resident[victim] = False
-                    pf[victim] = False
-                    ver[victim] += 1
-                    used[p] -= 1
-                    evs[a] += 1
+                    _evict(victim, p, a, resident, pf, ver, used, evs)
                     if log_on:
-                        if nl < n_log:
-                            log[nl, 0], log[nl, 1], log[nl, 2] = a, victim, OP_EVICT
-                            nl += 1
-                        else:
-                            overflow = True
-                resident[k] = True
-                used[p] += 1
-                st = max(link_free, tr)
-                ready[k] = st + xfer_s
-                link_free = ready[k]
-                lid[k] = next_lid
+                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
+                link_free = _admit_prefetch(k, p, a, max(link_free, tr) + xfer_s, next_lid, float(a), resident, used,
+                                            ready, lid, pf, last, pref, ver, h1, h2, hk, hv, hstart, hsize)
                 next_lid += 1
-                pf[k] = True
-                last[k] = a
-                pref[a] += 1
-                ver[k] += 1
-                _hpush(h1, h2, hk, hv, hstart, hsize, p, last[k], 0.0, k, ver[k])
                 if log_on:
-                    if nl < n_log:
-                        log[nl, 0], log[nl, 1], log[nl, 2] = a, k, OP_PREFETCH
-                        nl += 1
-                    else:
-                        overflow = True
+                    nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
         # ---------------------------------------------------------------- compute, earliest-ready first
         n = r1 - r0
         comp = 0.0
