@@ -7,8 +7,8 @@ cross-checks the kernel. Events = tokens x MoE layers of the replayed trace. Acc
 per trace) is timed separately. Each policy's kernel time is the median of --reps runs after a warm-up call
 (the JIT cost is excluded; with cache=True it is paid once per machine).
 
-Traces: synthetic presets generated in-process (seed 0): mixtral-8x7b (32 x 8, 600 requests) and
-deepseek-v3 (58 x 256, 60 requests); a captured trace with --trace DIR.
+Traces: synthetic presets generated in-process (seed 0): mixtral-8x7b (32 x 8, 300 requests) and
+deepseek-v3 (58 x 256, 10 requests); a captured trace with --trace DIR.
 
 Run: python benchmarks/cache_replay_speed.py [--reps 3] [--trace DIR]
 Writes out/bench/cache_replay_speed.json; ends with one line per trace:
@@ -104,8 +104,8 @@ def main() -> None:
     from routecast.trace.synth import generate
     from routecast.trace.synth_presets import preset_config
 
-    traces = [("mixtral-8x7b (synthetic)", generate(preset_config("mixtral-8x7b", requests=600, seed=0))),
-              ("deepseek-v3 (synthetic)", generate(preset_config("deepseek-v3", requests=60, seed=0)))]
+    traces = [("mixtral-8x7b (synthetic)", generate(preset_config("mixtral-8x7b", requests=300, seed=0))),
+              ("deepseek-v3 (synthetic)", generate(preset_config("deepseek-v3", requests=10, seed=0)))]
     if a.trace:
         from routecast.trace.io import read_trace
 
