@@ -4,8 +4,8 @@ Claim checked (issue 11): PLEC with real-time correction closes >= 60% of the LR
 a 50% budget on the fine-grained built-in trace; ExpertFlow reports +15-35 points of hit ratio over LRU.
 
 Method: routecast.cache.cli.run_replay on each trace: the predictor (default conditional-token, the
-MoE-GPS token table) is fitted on 80% of the requests (seed 0) and every policy is replayed on the other
-20%, the forecast of each step produced causally by the harness; 'plec (oracle)' replays PLEC on the
+MoE-GPS token table) is fitted on 80% of the source documents (seed 0; by request for a trace that records
+no documents) and every policy is replayed on the held-out requests, the forecast of each step produced causally by the harness; 'plec (oracle)' replays PLEC on the
 step's true routing (an upper bound for the forecast, not a predictor). Hit = the expert is on the device
 when the router asks (a prefetch still in flight is not a hit; it is in 'covered' and its wait in the stall).
 Gap closed = (hit - hit_LRU) / (hit_Belady - hit_LRU). Timing: h100-sxm profile (PCIe 5.0 h2d 64 GB/s),
@@ -34,6 +34,7 @@ from pathlib import Path  # noqa: E402
 
 from routecast.cache.cli import _clean, format_rows, run_replay  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
+from routecast.predict.evaluate import heldout  # noqa: E402
 
 POLICIES = ["lru", "lfu", "lfuda", "lru-layer", "semoe", "plec", "plec-correct", "plec-correct-fifo", "belady"]
 BUDGETS = ["25%", "50%", "75%"]
@@ -43,7 +44,7 @@ def run_trace(name: str, trace, predictor: str) -> list[dict]:
     out = []
     for b in BUDGETS:
         res = run_replay(trace, budget=b, policies=POLICIES, predictor=predictor)
-        oracle = run_replay(trace.split("request", (0.8, 0.2), seed=0)[1], budget=b, policies=["plec-correct"],
+        oracle = run_replay(heldout(trace, "document", 0.8, 0)[1], budget=b, policies=["plec-correct"],
                             predictor="oracle")
         rows = res["rows"]
         orow = next(r for r in oracle["rows"] if r["policy"] == "plec-correct")

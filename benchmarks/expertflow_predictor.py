@@ -3,8 +3,8 @@
 Claim checked (issue 11): the path predictor beats TLP and SLP by at least 30 points of batch-level accuracy
 (ExpertFlow eq. 7) at batch 8 / 16 / 32 on the built-in trace (ExpertFlow Table 1: 73-87% vs 3-36%).
 
-Method (routecast.predict.batch_eval): every predictor is fitted once on 80% of the trace's requests
-(seed 0) and run causally on the rest: per-step metrics (means over layers) as in `predict eval`, then
+Method (routecast.predict.batch_eval): every predictor is fitted once on 80% of the trace's source
+documents (seed 0; by request when the trace records none) and run causally on the held-out requests: per-step metrics (means over layers) as in `predict eval`, then
 batch-level accuracy at fixed batch sizes (held-out tokens in step order cut into batches of B; TLP
 predicts the previous batch's set). The lookahead (layer horizon) needs a trace captured with --hidden --logits and
 the model's routers (--model builtin); it is left out otherwise. µs/token is this machine's CPU time under

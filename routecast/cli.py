@@ -32,7 +32,9 @@ def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
     p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the request split and the predictor (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the predictor (default 0)")
+    p.add_argument("--split", choices=("document", "request"), default="document",
+                   help="hold out whole documents (default; by request when the trace records none) or requests")
     p.add_argument("--out", default=out, help=f"JSON output (default {out})")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -219,7 +221,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
     return cache_replay_main(
         a.trace, out=a.out, as_json=a.json, budget=a.budget, policies=a.policies, predictor=a.predictor,
         hardware=a.hardware, dense_us=a.dense_us, plec_fallback=a.plec_fallback, plec_depth=a.plec_depth,
-        expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed,
+        expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed, split=a.split,
         threads=a.threads, quiet=a.quiet,
     )
 
@@ -237,7 +239,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     eb = a.expert_bytes or s.expert_bytes
     cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
                        hardware=load_hardware(a.hardware), expert_bytes=eb)
-    res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, min_tokens=a.min_tokens,
+    res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, split=a.split, min_tokens=a.min_tokens,
                       threads=a.threads, quiet=a.quiet)
     rows = []
     for method, arm in res["arms"].items():

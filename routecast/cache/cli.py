@@ -1,7 +1,8 @@
 """`routecast cache replay`: forecast (any predictor, causally), replay the policies, print a table, write JSON.
 
 With a forecast policy (plec, plec-correct) and a predictor, the predictor is fitted on train_fraction of the
-requests and every policy is replayed on the held-out rest, so all rows see the same accesses; the forecast
+documents (Trace.heldout_split: by request when the trace records no documents) and every policy is
+replayed on the held-out requests, so all rows see the same accesses; the forecast
 of each step comes from the causal harness (the predictor sees only what its horizon allows). 'oracle' is
 the step's true routing: an upper bound for PLEC, not a predictor. Without a forecast policy the whole trace
 is replayed.
@@ -19,7 +20,7 @@ import numpy as np
 
 from routecast.cache.replay import POLICIES, ReplayConfig, build_accesses, parse_budget, replay, true_sets
 from routecast.common.errors import ConfigError
-from routecast.predict.evaluate import fit_or_load
+from routecast.predict.evaluate import fit_or_load, heldout
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
 from routecast.trace import Trace
 
@@ -95,7 +96,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str], predictor: str | None = None,
                hardware: str = "h100-sxm", dense_us: float = 0.0, plec_fallback: str = "lfu", plec_depth: int = 1,
                expert_bytes: int = 0, model: str | None = None, train_fraction: float = 0.8, seed: int = 0,
-               threads: int = 1, quiet: bool = True) -> dict[str, Any]:
+               split: str = "document", threads: int = 1, quiet: bool = True) -> dict[str, Any]:
     """The whole replay as a dict: settings and one row per policy (LRU and Belady always included)."""
     from routecast.sim.hardware import load_hardware
 
@@ -112,14 +113,10 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
             pred_SLE = true_sets(build_accesses(trace))
             fitted = "oracle: the true routing of each step"
         else:
-            if not 0 < train_fraction < 1:
-                raise ConfigError(f"--train-fraction is {train_fraction}; expected a number strictly between 0 and 1.")
-            train, on = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
-            if train.num_tokens == 0 or on.num_tokens == 0:
-                raise ConfigError("the trace has too few requests to hold some out; expected at least 2.")
+            train, on, used = heldout(trace, split, train_fraction, seed)
             pred = fit_or_load(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
             pred_SLE, layer_ahead = forecast_sets(pred, on)
-            fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of requests)"
+            fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of the {used}s)"
     rows = replay(on, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead)
     return {
         "settings": {"budget_slots": slots, "budget_fraction": slots / (s.num_layers * s.num_experts),

@@ -55,19 +55,25 @@ def token_sets(predictor, test: Trace) -> np.ndarray:
 def batch_accuracy_rows(
     trace: Trace, names: Sequence[str], sizes: Sequence[int] = (8, 16, 32), *, train_fraction: float = 0.8,
     seed: int = 0, model_dir: str | Path | None = None, threads: int = 1, epochs: int | None = None,
+    split: str = "document",
 ) -> list[dict[str, Any]]:
-    """One row per predictor, fitted once on train_fraction of the requests and run causally on the rest:
+    """One row per predictor, fitted once on train_fraction of the documents (split="request": requests; by
+    request anyway when the trace records no documents) and run causally on the rest:
     'batch_<B>' (eq. 7 at batch size B), the per-step top-k accuracy, recall@2k and batch-level accuracy,
     and the measured µs per token."""
-    from routecast.predict.evaluate import _embeddings_for, _router_model, make_predictor, parse_names
+    from routecast.predict.evaluate import (
+        _embeddings_for,
+        _router_model,
+        heldout,
+        make_predictor,
+        parse_names,
+    )
     from routecast.predict.neural import torch_threads
 
     names = parse_names(names)
     if any(int(b) < 1 for b in sizes):
         raise ConfigError(f"batch sizes are {list(sizes)}; expected positive integers.")
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
-    if train.num_tokens == 0 or test.num_tokens == 0:
-        raise ConfigError("the trace has too few requests for a train/test split; expected at least 2.")
+    train, test, used = heldout(trace, split, train_fraction, seed)
     order = np.concatenate([idx for _, idx in test.batches()])
     E = trace.spec.num_experts
     true = multi_hot(test.experts_TLK[order], E)
@@ -83,7 +89,7 @@ def batch_accuracy_rows(
         # TLP at batch size B predicts the previous B tokens' set, not the previous step's
         pred = None if name == "tlp" else np.concatenate(
             [multi_hot(fc.token_topk(n), E) for (_, fc), n in zip(res.forecasts, step_sizes, strict=True)])
-        row: dict[str, Any] = {"predictor": name, "horizon": p.horizon}
+        row: dict[str, Any] = {"predictor": name, "horizon": p.horizon, "split": used}
         row.update({m: float(np.nanmean(res.metrics[m])) for m in ("top_k_accuracy", "recall_at_2k", "batch_level_accuracy")})
         row.update(us_per_token=res.us_per_token, test_tokens=res.num_tokens, test_steps=res.num_steps)
         row.update({f"batch_{b}": batch_accuracy_at(pred, true, int(b)) for b in sizes})

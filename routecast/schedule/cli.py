@@ -1,7 +1,7 @@
 """`routecast schedule rebatch`: arrival-order vs path-clustered half-batches of each decode step.
 
 The predictor (any name or saved folder; 'oracle' = the true paths) is fitted on train_fraction of the
-requests; the held-out requests are re-batched both ways with its causal per-token paths. The result holds
+documents (by request when the trace records none); the held-out requests are re-batched both ways with its causal per-token paths. The result holds
 both traces (for the cache replay that prices them, done by the caller) and the activated experts per batch
 (eq. 5's terms, on the true routing).
 """
@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from routecast.common.errors import ConfigError
 from routecast.predict.batch_eval import token_sets
-from routecast.predict.evaluate import fit_or_load
+from routecast.predict.evaluate import fit_or_load, heldout
 from routecast.predict.forecast import multi_hot
 from routecast.schedule.rebatch import METHODS, activated_experts, rebatch
 from routecast.trace import Trace
@@ -29,14 +28,10 @@ def step_sets(trace: Trace, paths_TLE: np.ndarray) -> np.ndarray:
 
 
 def run_rebatch(trace: Trace, *, predictor: str = "conditional-token", model: str | None = None,
-                train_fraction: float = 0.8, seed: int = 0, min_tokens: int = 4, threads: int = 1,
-                quiet: bool = True) -> dict[str, Any]:
+                train_fraction: float = 0.8, seed: int = 0, split: str = "document", min_tokens: int = 4,
+                threads: int = 1, quiet: bool = True) -> dict[str, Any]:
     """{'settings', 'arms': {method: {'trace', 'pred_SLE', 'activated_mean', 'activated_total', 'batches'}}}."""
-    if not 0 < train_fraction < 1:
-        raise ConfigError(f"--train-fraction is {train_fraction}; expected a number strictly between 0 and 1.")
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
-    if train.num_tokens == 0 or test.num_tokens == 0:
-        raise ConfigError("the trace has too few requests to hold some out; expected at least 2.")
+    train, test, used = heldout(trace, split, train_fraction, seed)
     if predictor == "oracle":
         paths = multi_hot(test.experts_TLK, test.spec.num_experts)
     else:
@@ -47,5 +42,5 @@ def run_rebatch(trace: Trace, *, predictor: str = "conditional-token", model: st
         ae = activated_experts(t)
         arms[m] = {"trace": t, "pred_SLE": step_sets(t, paths), "activated_mean": float(ae.mean()),
                    "activated_total": int(ae.sum()), "batches": int(len(ae))}
-    return {"settings": {"predictor": predictor, "test_tokens": test.num_tokens, "min_tokens": min_tokens},
+    return {"settings": {"predictor": predictor, "split": used, "test_tokens": test.num_tokens, "min_tokens": min_tokens},
             "arms": arms}
