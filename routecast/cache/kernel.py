@@ -113,15 +113,16 @@ def _evict(victim, p, a, resident, pf, ver, used, evs):
 
 
 @njit(cache=True)
-def _admit_prefetch(k, p, a, arrive, load_id, prio1, resident, used, ready, lid, pf, last, pref, ver,
+def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready, lid, pf, last, pref, ver,
                     h1, h2, hk, hv, hstart, hsize):
-    """Make prefetched key k resident (arriving at `arrive`) with priority (prio1, 0); returns the link's free time."""
+    """Make prefetched key k resident (arriving at `arrive`, touched at tick `now`) with priority (prio1, 0);
+    returns the link's free time."""
     resident[k] = True
     used[p] += 1
     ready[k] = arrive
     lid[k] = load_id
     pf[k] = True
-    last[k] = a
+    last[k] = now
     pref[a] += 1
     ver[k] += 1
     _hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
@@ -271,6 +272,7 @@ def replay_kernel(
     link_free = 0.0
     clock = 0.0
     next_lid = 1
+    tick = 0.0
     sbuf_r = np.zeros(E, np.float64)
     sbuf_c = np.zeros(E, np.float64)
 
@@ -323,9 +325,10 @@ def replay_kernel(
                     if log_on:
                         nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
                 st = max(link_free, t)
-                link_free = _admit_prefetch(k, p, a, st + xfer_s, next_lid, c1, resident, used, ready, lid, pf, last,
-                                            pref, ver, h1, h2, hk, hv, hstart, hsize)
+                link_free = _admit_prefetch(k, p, a, st + xfer_s, next_lid, c1, tick, resident, used, ready, lid, pf,
+                                            last, pref, ver, h1, h2, hk, hv, hstart, hsize)
                 next_lid += 1
+                tick += 1.0
                 if priority_demand:
                     q_start[q_tail], q_end[q_tail], q_key[q_tail], q_lid[q_tail] = st, ready[k], k, lid[k]
                     q_tail = (q_tail + 1) % nq
@@ -395,7 +398,8 @@ def replay_kernel(
                 if stream:
                     ready[k] = dcur + xfer_s
                     dcur = ready[k]
-                    last[k] = a
+                    last[k] = tick
+                    tick += 1.0
                     nxt[k] = req_next[i]
                     if log_on:
                         nl, overflow = _log(log, nl, overflow, a, k, OP_STREAM)
@@ -416,7 +420,8 @@ def replay_kernel(
                 if log_on:
                     nl, overflow = _log(log, nl, overflow, a, k, OP_LOAD)
             # the access itself: recency, frequency, LFUDA value, Belady's next use
-            last[k] = a
+            last[k] = tick  # one tick per touched expert: recency ties never depend on the heap
+            tick += 1.0
             cnt[k] += 1.0
             fcnt[k] += 1.0
             kval[k] = fcnt[k] + age[p]
@@ -460,9 +465,10 @@ def replay_kernel(
                     _evict(victim, p, a, resident, pf, ver, used, evs)
                     if log_on:
                         nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
-                link_free = _admit_prefetch(k, p, a, max(link_free, tr) + xfer_s, next_lid, float(a), resident, used,
+                link_free = _admit_prefetch(k, p, a, max(link_free, tr) + xfer_s, next_lid, tick, tick, resident, used,
                                             ready, lid, pf, last, pref, ver, h1, h2, hk, hv, hstart, hsize)
                 next_lid += 1
+                tick += 1.0
                 if log_on:
                     nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
         # ---------------------------------------------------------------- compute, earliest-ready first
