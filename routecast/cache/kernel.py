@@ -42,6 +42,14 @@ def _less(a1, a2, b1, b2):
 
 
 @njit(cache=True)
+def _hput(h1, h2, hk, hv, j, v1, v2, key, ver):
+    h1[j] = v1
+    h2[j] = v2
+    hk[j] = key
+    hv[j] = ver
+
+
+@njit(cache=True)
 def _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, key, ver):
     base = hstart[p]
     i = hsize[p]
@@ -49,18 +57,11 @@ def _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, key, ver):
     while i > 0:
         par = (i - 1) >> 1
         j = base + par
-        if _less(v1, v2, h1[j], h2[j]):
-            h1[base + i] = h1[j]
-            h2[base + i] = h2[j]
-            hk[base + i] = hk[j]
-            hv[base + i] = hv[j]
-            i = par
-        else:
+        if not _less(v1, v2, h1[j], h2[j]):
             break
-    h1[base + i] = v1
-    h2[base + i] = v2
-    hk[base + i] = key
-    hv[base + i] = ver
+        _hput(h1, h2, hk, hv, base + i, h1[j], h2[j], hk[j], hv[j])
+        i = par
+    _hput(h1, h2, hk, hv, base + i, v1, v2, key, ver)
 
 
 @njit(cache=True)
@@ -79,18 +80,12 @@ def _hpop(h1, h2, hk, hv, hstart, hsize, p):
                 break
             if c + 1 < n and _less(h1[base + c + 1], h2[base + c + 1], h1[base + c], h2[base + c]):
                 c += 1
-            if _less(h1[base + c], h2[base + c], v1, v2):
-                h1[base + i] = h1[base + c]
-                h2[base + i] = h2[base + c]
-                hk[base + i] = hk[base + c]
-                hv[base + i] = hv[base + c]
-                i = c
-            else:
+            j = base + c
+            if not _less(h1[j], h2[j], v1, v2):
                 break
-        h1[base + i] = v1
-        h2[base + i] = v2
-        hk[base + i] = key
-        hv[base + i] = ver
+            _hput(h1, h2, hk, hv, base + i, h1[j], h2[j], hk[j], hv[j])
+            i = c
+        _hput(h1, h2, hk, hv, base + i, v1, v2, key, ver)
     return r1, r2, rk, rv
 
 
