@@ -43,7 +43,7 @@ import pyarrow.json as pj
 from tqdm import tqdm
 
 from routecast.common.errors import ConfigError, TraceError
-from routecast.trace.io import TraceWriter
+from routecast.trace.io import TraceWriter, check_trace_out
 from routecast.trace.spec import MoESpec
 from routecast.trace.trace import DECODE, PREFILL
 
@@ -478,9 +478,7 @@ def import_jsonl(src: str | os.PathLike, out: str | os.PathLike, *, spec: MoESpe
         if v is not None and (type(v) is not int or v < 1):
             raise ConfigError(f"import_jsonl: {name} is {v!r}; expected a positive integer.")
     o = Path(out)
-    if not overwrite and o.is_dir() and any(o.iterdir()):  # fail before a whole pass over the log
-        raise TraceError(f"{o}: directory exists and is not empty; expected a new or empty path (pass "
-                         "overwrite=True to replace it once the import is complete).")
+    check_trace_out(o, overwrite=overwrite)  # fail before a whole pass over the log
     first, n = _first_record(src)
     fields = _resolve(first, field_map, f"{src} line {n}")
     kinds = _kinds(first, fields)

@@ -199,9 +199,13 @@ def test_argument_and_file_errors(tmp_path):
         import_jsonl(src, tmp_path / "o", spec=MoESpec(num_layers=1, num_experts=8, top_k=2, layer_ids=(5,)))
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "keep.txt").write_text("x")
-    with pytest.raises(TraceError, match="exists and is not empty"):
+    with pytest.raises(ConfigError, match="is not empty .*pass --overwrite"):
         import_jsonl(src, tmp_path / "o", progress=False)
     assert (tmp_path / "o" / "keep.txt").exists()
+    # --overwrite onto a directory that is not a trace: refused, the user's file stays (it used to be deleted)
+    with pytest.raises(ConfigError, match="holds 'keep.txt', which routecast did not write"):
+        import_jsonl(src, tmp_path / "o", progress=False, overwrite=True)
+    assert (tmp_path / "o" / "keep.txt").read_text() == "x"
 
 
 def test_incomplete_token_fails_once_the_window_has_passed(tmp_path, monkeypatch):
