@@ -87,7 +87,7 @@ def _resolve(first: dict[str, Any], field_map: dict[str, str] | None, where: str
     canon = REQUIRED + OPTIONAL
     for k, v in fm.items():
         if v not in canon:
-            raise ConfigError(f"field_map maps {k!r} to {v!r}; expected one of the canonical names "
+            raise ConfigError(f"--map {k}={v} (field_map) names {v!r}; expected one of the canonical names "
                               f"{list(canon)}.")
     if len(set(fm.values())) != len(fm):
         raise ConfigError(f"field_map is {fm}; expected each canonical name at most once.")
@@ -100,7 +100,7 @@ def _resolve(first: dict[str, Any], field_map: dict[str, str] | None, where: str
         if (c in REQUIRED or c in fm.values()) and (c not in fields or fields[c] not in first):
             names = [fields[c]] if c in fields else [c, *ALIASES.get(c, ())]
             raise TraceError(f"{where}: field '{c}' is missing (looked for {names}); expected it in every "
-                             f"record, or pass field_map={{'<name in your log>': '{c}'}}.")
+                             f"record, or pass --map <name in your log>={c} (field_map= in Python).")
     return {c: k for c, k in fields.items() if k in first}
 
 
@@ -474,9 +474,9 @@ def import_jsonl(src: str | os.PathLike, out: str | os.PathLike, *, spec: MoESpe
     src = Path(src)
     if not src.is_file():
         raise TraceError(f"{src}: file does not exist; expected a JSON-lines routing log.")
-    for name, v in (("num_experts", num_experts), ("top_k", top_k), ("window", window)):
+    for name, v in (("num_experts", num_experts), ("top_k", top_k), ("window", window), ("shard_tokens", shard_tokens)):
         if v is not None and (type(v) is not int or v < 1):
-            raise ConfigError(f"import_jsonl: {name} is {v!r}; expected a positive integer.")
+            raise ConfigError(f"--{name.replace('_', '-')} is {v!r} ({name}= in Python); expected a positive integer.")
     o = Path(out)
     check_trace_out(o, overwrite=overwrite)  # fail before a whole pass over the log
     first, n = _first_record(src)
