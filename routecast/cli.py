@@ -453,7 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               "that fit (check the numbers of experts, tokens and requests).", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"routecast {a.cmd}: interrupted; completed shards are kept and a rerun resumes.", file=sys.stderr)
+        how = {"capture": "completed shards are kept and the same command resumes",
+               "synth": "rerun it with --overwrite to redo it (it is seeded)",
+               "import": "rerun it with --overwrite to redo it"}.get(a.cmd, "outputs already written are kept")
+        print(f"routecast {a.cmd}: interrupted; {how}.", file=sys.stderr)
         return 130
 
 
