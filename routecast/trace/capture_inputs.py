@@ -121,18 +121,9 @@ def load_prompts(source: str | Path | Sequence[Mapping[str, Any]], tokenizer: An
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"--prompts: {str(path)!r} is not a file; expected a JSONL file or corpus:NAME.")
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg}); expected one JSON object per line.") from None
-            if not isinstance(rec, dict):
-                raise ConfigError(f"{path}: line {n} holds a {type(rec).__name__}; expected a JSON object with 'prompt'.")
-            records.append(rec)
+    from routecast.models.prompts import json_objects
+
+    records = [rec for _, rec in json_objects(path)]
     if not records:
         raise ConfigError(f"{path}: holds no prompt records; expected at least one JSON line with 'prompt'.")
     _records(records, 0, str(path))  # validate now so a bad line is reported with the file name
