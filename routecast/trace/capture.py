@@ -50,6 +50,7 @@ from routecast.trace.capture_inputs import (
     _int,
     _records,
     check_resume,
+    corpus_config,
     load_model,
     load_prompts,
     prompts_digest,
@@ -472,6 +473,8 @@ def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Pat
 
         hf_logging.disable_progress_bar()  # "Loading weights" bars on stderr
     from_corpus = isinstance(prompts_or_path, str) and prompts_or_path.startswith("corpus:")
+    if from_corpus:
+        corpus_config(prompts_or_path[len("corpus:"):])  # a bad spec or count fails before the model loads
     records = [] if from_corpus else load_prompts(prompts_or_path)  # a bad file fails before the model loads
     model, tokenizer = load_model(model_dir_or_builtin, device=dev)
     if from_corpus:

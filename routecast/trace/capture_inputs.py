@@ -65,10 +65,10 @@ def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[di
     return out
 
 
-def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
-    """corpus:SPLIT[:N] or corpus:TASK[:N] -> N records sampled by routecast.models.prompts (default N 64)."""
+def corpus_config(name: str) -> dict[str, Any]:
+    """corpus:SPLIT[:N] or corpus:TASK[:N] (name without 'corpus:') -> PromptConfig keywords, checked (the
+    count too) without loading anything, so a bad spec is refused before the model loads."""
     from routecast.models.corpus import SPLITS, TASKS  # the corpus package; imported only when asked
-    from routecast.models.prompts import PromptConfig, build_prompts
 
     what, _, n = name.partition(":")
     if not n.isdigit() and n:
@@ -81,10 +81,18 @@ def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
     else:
         raise ConfigError(f"--prompts: corpus:{name} names neither a split {list(SPLITS)} nor a task {list(TASKS)}; "
                           "expected corpus:SPLIT[:N] or corpus:TASK[:N].")
-    if tokenizer is None:
-        raise ConfigError(f"--prompts: corpus:{name} needs the model's tokenizer to size prompts; expected one.")
     if n:
         _check_corpus_count(name, int(n), kw.get("split", "test"), list(kw["mix"]) if "mix" in kw else None)
+    return kw
+
+
+def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
+    """corpus:SPLIT[:N] or corpus:TASK[:N] -> N records sampled by routecast.models.prompts (default N 64)."""
+    from routecast.models.prompts import PromptConfig, build_prompts
+
+    kw = corpus_config(name)
+    if tokenizer is None:
+        raise ConfigError(f"--prompts: corpus:{name} needs the model's tokenizer to size prompts; expected one.")
     return [{"request": r.request, "prompt": r.prompt_text, "task": r.task, "max_new_tokens": r.max_new_tokens,
              "arrival_s": r.arrival_s} for r in build_prompts(tokenizer, PromptConfig(**kw))]
 
@@ -159,7 +167,8 @@ def check_model_dir(path: Path, flag: str = "--model") -> None:
         try:
             _read_header(w)
         except RoutecastError as e:
-            raise ConfigError(f"{flag} {path}: weight file {w.name} is damaged ({str(e).split(': ', 1)[-1]})") from None
+            why = str(e).split(": ", 1)[-1].rstrip(".")
+            raise ConfigError(f"{flag} {path}: weight file {w.name} is damaged ({why}).") from None
 
 
 def load_model(model_dir_or_builtin: str | Path, *, device: str = "cpu") -> tuple[nn.Module, Any]:
@@ -184,6 +193,8 @@ def load_model(model_dir_or_builtin: str | Path, *, device: str = "cpu") -> tupl
         model = cls.from_pretrained(path, config=cfg, trust_remote_code=False, use_safetensors=True,
                                     local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except RoutecastError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:
         # transformers' own refusals (unknown model_type, missing tokenizer, shapes that do not match the config)
         msg = " ".join(str(e).split())[:160]
