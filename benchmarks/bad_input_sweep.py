@@ -354,8 +354,9 @@ def writer_rows(ws: Path, fx: dict[str, Path]) -> list[Row]:
                 sib = d.with_name(d.name + ".old")
                 sib.mkdir()
                 (sib / SENTINEL).write_text(SENTINEL_TEXT)
+                # With --overwrite, exit 0 is right as long as the user's files survive (data_loss is checked first).
                 rows.append(Row(cmd=cmd, cls="non-empty out" + (" + --overwrite" if ov else ""),
-                                argv=argv(d, ("--overwrite",) if ov else ()), timeout=t,
+                                argv=argv(d, ("--overwrite",) if ov else ()), timeout=t, valid=ov,
                                 sentinels=[d / SENTINEL, sib / SENTINEL]))
         else:
             d = base / "a-directory"
