@@ -437,7 +437,7 @@ def input_rows(ws: Path, fx: dict[str, Path], logs: dict[str, Path], specs: dict
                        "--set without =": ["--requests", "2", "--set", "num_experts"],
                        "--set num_experts 0": ["--requests", "2", "--set", "num_experts=0"],
                        "--set top_k above experts": ["--requests", "2", "--set", "top_k=99"],
-                       "--set nan": ["--requests", "2", "--set", "skewness=nan"],
+                       "--set nan": ["--requests", "2", "--set", "drift_sigma=nan"],
                        "no --out": ["--requests", "2"]}.items():
         argv = base + extra + ([] if cls == "no --out" else ["--out", out()])
         if cls == "--preset unknown":

@@ -51,6 +51,7 @@ from routecast.trace.capture_inputs import (
     _records,
     check_resume,
     corpus_config,
+    document_ids,
     load_model,
     load_prompts,
     prompts_digest,
@@ -379,7 +380,8 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
     """Run greedy generate over prompts batch by batch and write every processed token's routing to writer.
 
     prompts: records with 'prompt' and optional 'task', 'source', 'max_new_tokens', 'arrival_s',
-    'request' (default: the record's index). Requests in writer.committed_requests() are skipped, so an
+    'request' (default: the record's index), 'document' (the prompt's source document, a string or an id;
+    recorded in the trace's document column by document_ids' numbering, -1 when absent). Requests in writer.committed_requests() are skipped, so an
     interrupted capture resumes. Each batch is appended and flushed as one shard. Steps continue from
     writer.num_tokens, which keeps them unique across resumed runs.
     Returns {requests, skipped, tokens, prefill_tokens, decode_tokens, forwards, seconds, tokens_per_s}.
@@ -395,6 +397,8 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
                 raise ConfigError(
                     f"prompts: request {r['request']} has {k} {r[k]!r}; expected one of the writer's {k}_names {list(names[k])}."
                 )
+    for r, d in zip(recs, document_ids(recs)[0], strict=True):
+        r["document_id"] = d
     done = {int(x) for x in np.asarray(writer.committed_requests()).ravel().tolist()}
     todo = [r for r in recs if r["request"] not in done]
     _check_context(model, tokenizer, todo)
@@ -420,13 +424,14 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
             seqs = _run(model, ids, mask, budgets, gc, enc_dec)
             cols, parts, used = _assemble(rec.forwards(), ids, mask, seqs, budgets, eos, enc_dec)
             rec.reset()  # drop the references to this batch's activations
-            meta = {k: np.asarray([r[k] for r in batch]) for k in ("request", "arrival_s")}
+            meta = {k: np.asarray([r[k] for r in batch]) for k in ("request", "arrival_s", "document_id")}
             for k in ("task", "source"):
                 meta[k] = np.asarray([names[k].index(r[k]) if r[k] is not None else -1 for r in batch])
             bi = cols["b"]
             tokens = make_columns(len(bi), request=meta["request"][bi], position=cols["position"],
                                   token_id=cols["token_id"], phase=cols["phase"], step=step + cols["step_offset"],
-                                  task=meta["task"][bi], source=meta["source"][bi], arrival_s=meta["arrival_s"][bi])
+                                  task=meta["task"][bi], source=meta["source"][bi], arrival_s=meta["arrival_s"][bi],
+                                  document=meta["document_id"][bi])
             cat = [None if p[0] is None else np.concatenate(p) for p in zip(*parts, strict=True)]
             writer.append(tokens, cat[0], cat[1], logits_TLE=cat[2], hidden_TLH=cat[3])
             writer.flush()
@@ -499,6 +504,10 @@ def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Pat
         "transformers": transformers.__version__, "torch": torch.__version__,
         "dtype": str(next(model.parameters()).dtype),
     }
+    doc_ids, doc_names = document_ids(records)
+    # Which text each document id stands for (string documents only; absent ones are -1 in the trace).
+    provenance["documents"] = list(doc_names) if doc_names else (
+        "integer ids from the prompts" if any(d >= 0 for d in doc_ids) else "none given (unknown)")
     if resume and not overwrite:
         check_resume(out, provenance)
     # On an exception the writer keeps the committed shards, so running again with resume=True goes on.

@@ -34,7 +34,7 @@ def _int(v: Any, where: str, lo: int = 0) -> int:
 
 
 def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[dict[str, Any]]:
-    """Validated request records: request, prompt, task, source, max_new_tokens, arrival_s."""
+    """Validated request records: request, prompt, task, source, max_new_tokens, arrival_s, document."""
     out = []
     for i, r in enumerate(prompts):
         if isinstance(r, str):
@@ -50,6 +50,10 @@ def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[di
         for key in ("task", "source"):
             if r.get(key) is not None and not isinstance(r[key], str):
                 raise ConfigError(f"{where}: record {i} has {key} {r[key]!r}; expected a string.")
+        doc = r.get("document")
+        if doc is not None and not isinstance(doc, str) and (isinstance(doc, bool) or not isinstance(doc, int) or doc < 0):
+            raise ConfigError(f"{where}: record {i} has document {doc!r}; expected a string or an integer >= 0 "
+                              "naming the prompt's source document.")
         out.append({
             "request": _int(r.get("request", i), f"{where}: record {i} field 'request'"),
             "prompt": text,
@@ -57,12 +61,27 @@ def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[di
             "source": r.get("source"),
             "max_new_tokens": _int(r.get("max_new_tokens", max_new_tokens), f"{where}: record {i} field 'max_new_tokens'"),
             "arrival_s": float(arrival),
+            "document": doc,
         })
     ids = [r["request"] for r in out]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
         raise ConfigError(f"{where}: request id {dup} appears more than once; expected unique request ids.")
     return out
+
+
+def document_ids(records: Sequence[Mapping[str, Any]], where: str = "prompts") -> tuple[list[int], tuple[str, ...]]:
+    """Each record's 'document' as an int64 id (-1 = none given) -> (ids, names).
+
+    String documents are numbered by their sorted order (names[i] is document i), so the same prompts give the
+    same ids on a resumed run; integer documents are kept as they are (names empty). Mixing the two is refused.
+    """
+    docs = [r.get("document") for r in records]
+    strs = sorted({d for d in docs if isinstance(d, str)})
+    if strs and any(d is not None and not isinstance(d, str) for d in docs):
+        raise ConfigError(f"{where}: documents mix strings and integers; expected one kind for every record.")
+    index = {n: i for i, n in enumerate(strs)}
+    return [-1 if d is None else index[d] if isinstance(d, str) else int(d) for d in docs], tuple(strs)
 
 
 def corpus_config(name: str) -> dict[str, Any]:
@@ -94,7 +113,7 @@ def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
     if tokenizer is None:
         raise ConfigError(f"--prompts: corpus:{name} needs the model's tokenizer to size prompts; expected one.")
     return [{"request": r.request, "prompt": r.prompt_text, "task": r.task, "max_new_tokens": r.max_new_tokens,
-             "arrival_s": r.arrival_s} for r in build_prompts(tokenizer, PromptConfig(**kw))]
+             "arrival_s": r.arrival_s, "document": r.document} for r in build_prompts(tokenizer, PromptConfig(**kw))]
 
 
 def _check_corpus_count(name: str, n: int, split: str, tasks: list[str] | None) -> None:
@@ -118,7 +137,7 @@ def load_prompts(source: str | Path | Sequence[Mapping[str, Any]], tokenizer: An
     """Prompt records from a JSONL file, 'corpus:NAME[:N]' or a sequence of dicts.
 
     JSONL: one object per line, {"prompt": str, "task": str?, "max_new_tokens": int?, "arrival_s": float?,
-    "request": int?}; blank lines are skipped. corpus:NAME samples N prompts (default 64) from the
+    "request": int?, "document": str or int?}; blank lines are skipped. corpus:NAME samples N prompts (default 64) from the
     built-in corpus with routecast.models.prompts: NAME is a split (train, val, test: all tasks) or a
     task (code, docs, austen, bible, wiki: test split); lengths are counted in tokenizer's tokens.
     """
@@ -205,7 +224,7 @@ def load_model(model_dir_or_builtin: str | Path, *, device: str = "cpu") -> tupl
 
 def prompts_digest(records: Sequence[Mapping[str, Any]]) -> str:
     """sha256 of the request records (ids, prompts, budgets, tasks): what 'the same prompts' means on resume."""
-    keys = ("request", "prompt", "task", "source", "max_new_tokens")
+    keys = ("request", "prompt", "task", "source", "max_new_tokens", "document")
     doc = [{k: r.get(k) for k in keys} for r in records]
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
