@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(fn=cmd_capture)
 
-    p = sub.add_parser("calibrate", help="measure this machine (GEMM efficiency, peak, bandwidth) into a hardware TOML")
+    p = sub.add_parser("calibrate", help="measure this machine (expert call floor, weight-read bandwidth, activation work, GEMM efficiency, peak) into a hardware TOML")
     p.add_argument("--out", default=None, help="output TOML (default out/hardware/calibrated-<device>.toml)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 20 s)")
