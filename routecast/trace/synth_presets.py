@@ -467,22 +467,26 @@ def preset_config(preset: str, *, tokens: int | None = None, requests: int | Non
 
 
 def synth_to_disk(preset: str, out: str | Path, *, tokens: int | None = None, requests: int | None = None,
-                  seed: int = 0, overrides: dict[str, Any] | None = None, shard_tokens: int = 65536) -> Path:
+                  seed: int = 0, overrides: dict[str, Any] | None = None, overwrite: bool = False,
+                  shard_tokens: int = 65536) -> Path:
     """Generate a preset's trace (see preset_config) and write it shard by shard as it is generated.
 
     Routing is drawn shard_tokens rows at a time (synth.route_blocks) and each block committed as one
     shard, so memory holds one block plus the token columns, never the trace. The draws depend on
     shard_tokens (blocks are routed independently). Returns the trace directory. Bad preset names, sizes
-    or knobs raise a ConfigError before any work.
+    or knobs and an output path the writer would refuse raise before any work. overwrite=True replaces a
+    trace (finished, or left unfinished by a kill) at out once the new one is complete; generation is
+    deterministic for a seed, so rerunning with --overwrite is how an interrupted synth is recovered.
     """
     cfg = preset_config(preset, tokens=tokens, requests=requests, seed=seed, overrides=overrides)
-    from routecast.trace.io import TraceWriter  # imported late to keep this module light
+    from routecast.trace.io import TraceWriter, check_trace_out  # imported late to keep this module light
 
+    check_trace_out(out, overwrite=overwrite)
     cols, provenance, rngs = prepare(cfg)
     provenance["preset"] = preset
     provenance["block_tokens"] = shard_tokens
     with TraceWriter(out, cfg.spec(), task_names=cfg.task_names, source_names=("synthetic",),
-                     provenance=provenance, shard_tokens=shard_tokens) as w:
+                     provenance=provenance, shard_tokens=shard_tokens, overwrite=overwrite) as w:
         for b0, ex, wt in route_blocks(cfg, cols, *rngs, rows=shard_tokens):
             w.append({k: v[b0:b0 + len(ex)] for k, v in cols.items()}, ex, wt)
             w.flush()
