@@ -59,7 +59,13 @@ def trace_fingerprint(trace: Trace) -> str:
     return h.hexdigest()
 
 
-def heldout(trace: Trace, split: str, train_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+def heldout(trace: Trace, split: str, train_fraction: float, seed: int) -> tuple[Trace, Trace, str]:
+    """(train, test, split used) by whole documents or requests, copied into memory (heldout_rows: masks)."""
+    train, test, used = heldout_rows(trace, split, train_fraction, seed)
+    return trace.select(train), trace.select(test), used
+
+
+def heldout_rows(trace: Trace, split: str, train_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
     """(train rows, test rows, split used) by whole documents or requests, as bool (T,) masks (the fit and
     the scoring stream the trace; no routing is copied); prints the fallback note on stderr."""
     if split not in SPLIT_CHOICES:
@@ -171,7 +177,7 @@ def evaluate(
     names = parse_names(predictor_names)
     # Row masks, not copies: the fit and the scoring stream the trace window by window (a trace larger
     # than memory is never loaded whole; predictors that train on all rows at once fit a bounded sample).
-    train, test, used = heldout(trace, split, train_fraction, seed)
+    train, test, used = heldout_rows(trace, split, train_fraction, seed)
     fitted_on = {"trace": trace_fingerprint(trace), "split": used, "train_fraction": train_fraction, "seed": seed}
     emb, emb_source = _embeddings_for(names, trace, model_dir)
     rows = []
@@ -293,7 +299,7 @@ def fit_and_save(
     used, fingerprint = "none", trace_fingerprint(trace)
     rows = np.ones(trace.num_tokens, bool)
     if split != "none":
-        rows, _, used = heldout(trace, split, train_fraction, seed)
+        rows, _, used = heldout_rows(trace, split, train_fraction, seed)
     emb, emb_source = _embeddings_for([name], trace, model_dir)
     with torch_threads(threads):
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
