@@ -15,7 +15,7 @@ top-k accuracy (layers >= 1) per window of --window steps, and the cost: the pre
 the built-in model's ``model.layers[l].mlp``) timed in this run on the same step batches of held-out
 tokens, one thread, best of --repeat.
 
-Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|DIR] [--epochs 8]
+Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|builtin-fine|DIR] [--epochs 8]
        [--window 25] [--repeat 3] [--out out/bench/lookahead_predictor.json]
 Prints a table and writes the JSON; the machine is stated in both.
 """
@@ -94,7 +94,7 @@ def time_costs(pred: LookaheadPredictor, blocks: list, test: Trace, repeat: int)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True, help="trace directory captured with --hidden --logits")
-    ap.add_argument("--model", default="builtin", help="model the trace was captured from: builtin or a directory")
+    ap.add_argument("--model", default="builtin", help="model the trace was captured from: builtin, builtin-fine or a directory")
     ap.add_argument("--train-fraction", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=8, help="offline distillation epochs")

@@ -181,9 +181,9 @@ def cmd_place_compare(a: argparse.Namespace) -> int:
 
 
 def _profile_for(trace, load_model):
-    # A trace from the built-in model prices as the built-in model; otherwise match the expert count.
-    name = "builtin" if trace.spec.name == "builtin" else {8: "mixtral-8x7b", 128: "qwen3-235b-a22b",
-                                                         256: "deepseek-v3"}.get(trace.spec.num_experts)
+    # A trace from a built-in model prices as that model; otherwise match the expert count.
+    name = trace.spec.name if trace.spec.name in ("builtin", "builtin-fine") else {
+        8: "mixtral-8x7b", 128: "qwen3-235b-a22b", 256: "deepseek-v3"}.get(trace.spec.num_experts)
     if name is None:
         raise ConfigError(
             f"no model profile matches a trace with {trace.spec.num_experts} experts; pass --model-profile."
@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("capture", help="capture routing from a Hugging Face MoE model (prefill + every decode step)")
-    p.add_argument("--model", default="builtin", help="checkpoint directory, or 'builtin' (default)")
+    p.add_argument("--model", default="builtin",
+                   help="checkpoint directory, 'builtin' (default: Mixtral, 8 experts) or 'builtin-fine' (DeepSeek-V3, 64)")
     p.add_argument(
         "--prompts", required=True, help="prompts .jsonl ({prompt, task?, max_new_tokens?, arrival_s?}) or corpus:NAME[:N]"
     )
@@ -320,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn",
                    help="predictors to measure on --trace (comma list)")
     p.add_argument("--epochs", type=int, default=3, help="training epochs for neural predictors (default 3)")
-    p.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin or none")
+    p.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin, builtin-fine or none")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_threads(p)
@@ -335,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--predictor", default=None, help="fit: the predictor name to train")
     p.add_argument("--out", default=None, help="fit: output directory (safetensors + json)")
-    p.add_argument("--model", default=None, help="checkpoint for input embeddings: DIR, builtin or none")
+    p.add_argument("--model", default=None, help="checkpoint for input embeddings: DIR, builtin, builtin-fine or none")
     p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests to fit on (default 0.8)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -334,16 +334,14 @@ def load_prompts(source: str | Path | Sequence[Mapping[str, Any]], tokenizer: An
 
 
 def load_model(model_dir_or_builtin: str | Path) -> tuple[nn.Module, Any]:
-    """(model in eval mode, tokenizer) from a Hugging Face model directory, or 'builtin'."""
-    name = str(model_dir_or_builtin)
-    if name == "builtin":
-        from routecast.models.builtin import check_checkpoint  # imported only when asked
+    """(model in eval mode, tokenizer) from a Hugging Face model directory, 'builtin' or 'builtin-fine'."""
+    from routecast.models.builtin import check_checkpoint, is_builtin_name
 
-        path = check_checkpoint()
-    else:
-        path = Path(name)
+    name = str(model_dir_or_builtin)
+    path = check_checkpoint(name) if is_builtin_name(name) else Path(name)
     if not (path / "config.json").is_file():
-        raise ConfigError(f"--model: {name!r} has no config.json; expected a Hugging Face model directory or 'builtin'.")
+        raise ConfigError(f"--model: {name!r} has no config.json; expected a Hugging Face model directory, "
+                          "'builtin' or 'builtin-fine'.")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(path)
