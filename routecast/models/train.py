@@ -1,8 +1,11 @@
-"""Train the built-in MoE model: a Hugging Face ``MixtralForCausalLM`` on the multi-domain corpus.
+"""Train a built-in MoE model on the multi-domain corpus: Hugging Face ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM``.
 
-Model: ``num_layers`` decoder layers, each with an MoE block of ``num_experts`` SwiGLU experts routed
-top-``top_k`` (Mixtral's router: softmax over experts, top-k, renormalised), trained with the
-auxiliary load-balancing loss (``output_router_logits=True``, ``router_aux_loss_coef``).
+Model (arch "mixtral", the built-in model): ``num_layers`` decoder layers, each with an MoE block of
+``num_experts`` SwiGLU experts routed top-``top_k`` (Mixtral's router: softmax over experts, top-k,
+renormalised), trained with the auxiliary load-balancing loss (``output_router_logits=True``,
+``router_aux_loss_coef``). Arch "deepseek-v3" (builtin-fine, ``fine_config``): fine-grained experts with
+a shared expert and group-limited sigmoid routing, balanced the DeepSeek-V3 way (``train_v3.py``:
+correction-bias updates after each step plus a small sequence-wise loss).
 
 Data: every train document becomes ``<|bos|> tokens <|eos|>``; documents of a task are concatenated
 into one token stream per task. Each training sequence (``seq_len + 1`` tokens) picks its task
@@ -37,7 +40,13 @@ import torch
 from routecast.common.errors import ConfigError
 from routecast.models.corpus import SPLITS, Document, load_corpus, read_manifest
 from routecast.models.tokenizer import balanced_texts, load_tokenizer, train_tokenizer
-from routecast.models.train_v3 import ARCHES, RouterTap, deepseek_v3_config, sequence_balance_loss, update_correction_bias
+from routecast.models.train_v3 import (
+    ARCHES,
+    RouterTap,
+    deepseek_v3_config,
+    sequence_balance_loss,
+    update_correction_bias,
+)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,7 +75,7 @@ def sequence_balance_loss(logits_L: list[torch.Tensor], ids_L: list[torch.Tensor
     logits_L: L tensors [B*S, E] (router logits); ids_L: L tensors [B*S, K] (chosen experts); batch: B.
     """
     losses = []
-    for logits_TE, ids_TK in zip(logits_L, ids_L):
+    for logits_TE, ids_TK in zip(logits_L, ids_L, strict=True):
         T, E = logits_TE.shape
         scores_BSE = torch.sigmoid(logits_TE.float()).view(batch, T // batch, E)
         p_BE = (scores_BSE / scores_BSE.sum(-1, keepdim=True)).mean(1)
@@ -95,7 +95,7 @@ def update_correction_bias(gates: list[nn.Module], ids_L: list[torch.Tensor], ga
     weights are computed from the bias-free scores, so only selection changes.
     """
     loads = []
-    for gate, ids in zip(gates, ids_L):
+    for gate, ids in zip(gates, ids_L, strict=True):
         bias = gate.e_score_correction_bias
         load_E = torch.bincount(ids.reshape(-1), minlength=bias.numel()).float()
         bias.add_(gamma * torch.sign(load_E.mean() - load_E))

@@ -75,7 +75,7 @@ def test_update_never_touches_parameters_and_balances_a_skewed_router():
 
 
 def test_sequence_balance_loss_is_one_when_balanced_and_differentiable():
-    B, S, E, K = 2, 8, 4, 2
+    B, S, E = 2, 8, 4
     logits = torch.zeros(B * S, E, requires_grad=True)  # equal scores: P_e = 1/E
     ids = torch.tensor([[0, 1], [2, 3]] * (B * S // 2))  # every expert gets K*S/E slots per sequence
     loss = sequence_balance_loss([logits], [ids], B)
@@ -106,7 +106,7 @@ def test_router_tap_reads_the_ids_the_experts_run():
              for m in model.modules() if type(m).__name__ == "DeepseekV3MoE"]
     model(input_ids=torch.randint(0, 64, (2, 5)))
     assert len(tap.ids) == len(seen) == 2  # layer 0 is dense
-    for a, b in zip(tap.ids, seen):
+    for a, b in zip(tap.ids, seen, strict=True):
         assert torch.equal(a, b)
     tap.remove()
     for h in hooks:
