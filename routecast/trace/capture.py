@@ -45,6 +45,7 @@ from routecast.trace.capture_arch import (
     decode_routing,
     find_blocks,
     read_experts_args,
+    router_correction_bias,
     spec_from_model,
 )
 from routecast.trace.spec import MoESpec
@@ -563,6 +564,9 @@ def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Pat
         "dtype": str(next(model.parameters()).dtype),
     }
     provenance["prompts"] = str(provenance["prompts"])
+    bias = router_correction_bias(find_blocks(model))
+    if bias is not None:  # selection-only bias (DeepSeek-V3): lets `stats` separate its effect from the group limit
+        provenance["router_correction_bias_LE"] = bias
     # On an exception the writer keeps the committed shards, so running again with resume=True goes on.
     with TraceWriter(out, spec, task_names=task_names, source_names=source_names, provenance=provenance,
                      resume=resume) as writer:

@@ -126,3 +126,31 @@ def test_ids_are_group_limited_and_bias_corrected(fine_model):
         assert np.array_equal(np.sort(ids[:, li], -1), expect), f"layer {b.path}: recorded ids are not the executed ones"
         differs += int((np.sort(scores.topk(K, dim=-1).indices.numpy(), -1) != expect).any(-1).sum())
     assert differs > 0  # bias and group limit change some choices, so the check above is not vacuous
+
+
+def test_capture_records_the_bias_and_stats_measure_the_group_limit(tmp_path):
+    import json
+
+    from routecast.trace.capture import capture_to_disk
+    from routecast.trace.io import read_trace
+    from routecast.trace.stats_cli import routing_stats, stats_main
+    from tests.trace.test_capture import PROMPTS
+    from tests.trace.test_capture import tokenizer as tokenizer_fixture
+
+    model = narrow_fine()
+    tok = tokenizer_fixture.__wrapped__()
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    out = capture_to_disk(str(tmp_path / "m"), PROMPTS, tmp_path / "t", max_new_tokens=3, batch_size=3,
+                          logits=True, progress=False)
+    tr = read_trace(out)
+    bias = np.array(tr.provenance["router_correction_bias_LE"])
+    gates = [m.gate for m in model.modules() if type(m).__name__ == "DeepseekV3MoE"]
+    assert bias.shape == (2, 64) and np.allclose(bias[1], gates[1].e_score_correction_bias.numpy(), atol=1e-7)
+    d = routing_stats(tr)
+    grp, free = np.array(d["per_layer"]["group_changed"]), np.array(d["per_layer"]["bias_changed"])
+    assert (grp > 0).all() and (free > 0).all()
+    assert d["per_layer"]["unused_experts"] == [float((c == 0).sum()) for c in np.array(d["counts_LE"])]
+    buf = __import__("io").StringIO()
+    assert stats_main(out, as_json=True, out=buf) == 0  # the command reads the logits for these columns
+    assert json.loads(buf.getvalue())["per_layer"]["group_changed"] == d["per_layer"]["group_changed"]
