@@ -20,10 +20,17 @@ deduplicated all-to-all):
                   captured with --hidden --logits, compare_lookahead: the later half of the requests is
                   held out and planned twice, probe_lookahead (PROBE's lookahead predictor fitted on the
                   earlier half) and probe_transition (the transition forecast, warmed on the earlier half).
+  trace-shift     with --shift-tasks A,B: the same trace reordered as traffic from tasks A, B first, then from
+                  the others (Trace.shift_by_task); the shift step is where the others start. With --model,
+                  the predictor trains on the earlier requests, so it has seen (almost) only the first tasks.
+Trace workloads price on --trace-model (default by expert count: 8 -> mixtral-8x7b, 64 -> deepseek-v2-lite,
+the production model with builtin-fine's routing geometry). EPLB runs hierarchically with --eplb-groups
+expert groups (default: the trace's n_group) on --eplb-nodes nodes (default: one per 8 ranks); its slots
+are E + ep x --eplb-redundant.
 Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
 decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
 
-Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin]] [--quick]
+Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin|builtin-fine] [--shift-tasks A,B]] [--quick]
 Writes out/bench/probe_vs_eplb/{results.json, table.txt, <workload>.png}.
 """
 
@@ -40,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from routecast.common.machine import cpu_name
-from routecast.place.compare import compare_lookahead, compare_methods, plot_throughput, summarize
+from routecast.place.compare import compare_lookahead, compare_methods, plot_throughput, split_requests, summarize
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace.io import read_trace
@@ -80,7 +87,7 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="trace directory to add as a workload (e.g. the built-in model's)")
     ap.add_argument("--trace-model", default=None, help="sim model profile for --trace (default by expert count)")
     ap.add_argument("--model", default=None,
-                    help="model of --trace (builtin or a directory): adds the lookahead forecast arm "
+                    help="model of --trace (builtin, builtin-fine or a directory): adds the lookahead forecast arm "
                          "(needs a trace with hidden states and logits)")
     ap.add_argument("--train-fraction", type=float, default=0.5,
                     help="with --model: share of the trace's requests (earliest first) that train the "
@@ -90,6 +97,13 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
     ap.add_argument("--hardware", default="h100-sxm", help="sim hardware profile")
     ap.add_argument("--seed", type=int, default=0, help="synthetic trace seed")
+    ap.add_argument("--eplb-redundant", type=int, default=2, help="EPLB extra slots per rank (slots = E + ep x this)")
+    ap.add_argument("--eplb-groups", type=int, default=None,
+                    help="EPLB expert groups for its hierarchical mode (default: the trace's n_group; synthetic: 1)")
+    ap.add_argument("--eplb-nodes", type=int, default=None, help="EPLB nodes (default: one per 8 ranks)")
+    ap.add_argument("--shift-tasks", default=None,
+                    help="with --trace: also run the trace as traffic from these tasks (comma-separated) first, "
+                         "then from the others")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
     ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
     args = ap.parse_args()
@@ -108,26 +122,40 @@ def main() -> None:
         def _read(d=args.trace, full=args.model is not None):
             return read_trace(d, load_hidden=full, load_logits=full)
         jobs.append(("trace", _read, args.trace_model, -1, None))
+        if args.shift_tasks:
+            first = [t.strip() for t in args.shift_tasks.split(",") if t.strip()]
+            jobs.append(("trace-shift", lambda f=first: _read().shift_by_task(f), args.trace_model, None, None))
     doc = {"machine": machine, "workloads": {}}
+    kw = {"eplb_redundant": args.eplb_redundant}
     lines = []
     for name, make, model_name, shift, model_layers in jobs:
         t0 = time.perf_counter()
         trace = make()
+        if shift is None:  # trace-shift: (reordered trace, first step of the later tasks)
+            trace, shift = trace
+            if args.model:  # the held-out part starts inside the first tasks' traffic: count its steps there
+                held = split_requests(trace, args.train_fraction)[1]
+                first = np.isin(held.tokens["task"], [held.task_names.index(t) for t in args.shift_tasks.split(",")])
+                shift = int(np.unique(held.tokens["step"][first]).size)
         if model_name is None:
-            model_name = {8: "mixtral-8x7b", 128: "gpt-oss-120b", 256: "deepseek-v3"}[trace.spec.num_experts]
+            model_name = {8: "mixtral-8x7b", 64: "deepseek-v2-lite", 128: "gpt-oss-120b",
+                          256: "deepseek-v3"}[trace.spec.num_experts]
         model = load_model(model_name)
-        if name == "trace" and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
+        groups = args.eplb_groups or (trace.spec.n_group if name.startswith("trace") else 1)
+        kw["eplb_groups"], kw["eplb_nodes"] = groups, args.eplb_nodes or max(1, args.ep // 8)
+        if name.startswith("trace") and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
             res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
-                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed)
+                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed, **kw)
         else:
-            res = compare_methods(trace, ep=args.ep, hw=hw, model=model)
+            res = compare_methods(trace, ep=args.ep, hw=hw, model=model, **kw)
         rows = summarize(res, shift_step=shift, model_layers=model_layers)
         png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
                               title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
         secs = time.perf_counter() - t0
         head = (f"== {name}: {res['settings']['steps']} steps x {res['settings']['layers']} layers, "
                 f"{int(res['tokens_T'].mean())} tokens/step, {model_name} on {args.ep} x {hw.name}, "
-                f"shift at {shift}, {secs:.0f} s")
+                f"shift at {shift}, EPLB {res['settings']['experts'] + args.ep * args.eplb_redundant} slots "
+                f"({kw['eplb_groups']} groups on {kw['eplb_nodes']} nodes), {secs:.0f} s")
         lines.append(head)
         lines.append(" ".join(f"{c:>19}" if i == 0 else f"{c:>13}" for i, c in enumerate(COLUMNS)))
         for r in rows:

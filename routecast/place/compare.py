@@ -288,7 +288,7 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
                     predicted: np.ndarray | dict[str, np.ndarray] | None = None, interval: int | None = None,
                     window: int | None = None, eplb_redundant: int = 2, window_transfers: int = 3,
                     k_max: int = 16, max_redundant: int = 3,
-                    decay: float = 0.8) -> dict[str, Any]:
+                    decay: float = 0.8, eplb_groups: int = 1, eplb_nodes: int = 1) -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
@@ -296,7 +296,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     "probe_pred", or {method name: (T, L, E)} for one PROBE row per forecast (e.g. compare_lookahead's arms);
     None = transition_forecast. ep: G ranks (E % G == 0); hw, model: sim profiles
     (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
-    (default T // 5 and interval // 3). window_transfers: PROBE's hiding window in expert transfers.
+    (default T // 5 and interval // 3). eplb_groups, eplb_nodes: EPLB's hierarchical mode (expert groups
+    packed onto nodes first, as DeepSeek's EPLB does for grouped routers; 1, 1 = global). window_transfers: PROBE's hiding window in expert transfers.
     Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "bytes_T", "planner_s_T", "load_TLG"}},
     "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
     """
@@ -334,10 +335,12 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     out: dict[str, dict[str, np.ndarray]] = {}
     static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
     runs = {"static": (static, np.zeros(T), np.zeros(T))}
-    once = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=interval, rebalance_every=None)
+    hier = {"num_groups": eplb_groups, "num_nodes": eplb_nodes}
+    once = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=interval, rebalance_every=None,
+                          **hier)
     runs["eplb_once"] = _eplb_counts(loads, once, eb)
     periodic = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=window,
-                              rebalance_every=interval)
+                              rebalance_every=interval, **hier)
     runs["eplb_window"] = _eplb_counts(loads, periodic, eb)
     runs["probe_oracle"] = _probe_counts(loads, loads, P0, costs, hide, k_max, max_redundant)
     for k, v in preds.items():
@@ -362,7 +365,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
             "settings": {"ep": ep, "hardware": hw.name, "model": model.name, "steps": T, "layers": L,
                          "experts": E, "eplb_interval": interval, "eplb_window": window,
-                         "eplb_redundant_per_rank": eplb_redundant, "probe_hide_window_s": hide,
+                         "eplb_redundant_per_rank": eplb_redundant, "eplb_groups": eplb_groups,
+                         "eplb_nodes": eplb_nodes, "probe_hide_window_s": hide,
                          "probe_window_transfers": window_transfers, "k_max": k_max,
                          "max_redundant": max_redundant, "forecast_decay": decay}}
 

@@ -15,7 +15,7 @@ from routecast.sim.models import (
 from routecast.trace.spec import MoESpec
 
 SHIPPED = [
-    "deepseek-v2", "deepseek-v3", "gpt-oss-120b", "llama-moe-3.5b", "mixtral-8x22b", "mixtral-8x7b",
+    "deepseek-v2", "deepseek-v2-lite", "deepseek-v3", "gpt-oss-120b", "llama-moe-3.5b", "mixtral-8x22b", "mixtral-8x7b",
     "olmoe-1b-7b", "qwen3-235b-a22b", "switch-base-128",
 ]
 
