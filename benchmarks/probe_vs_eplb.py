@@ -47,7 +47,13 @@ from pathlib import Path
 import numpy as np
 
 from routecast.common.machine import cpu_name
-from routecast.place.compare import compare_lookahead, compare_methods, plot_throughput, split_requests, summarize
+from routecast.place.compare import (
+    compare_lookahead,
+    compare_methods,
+    plot_throughput,
+    split_requests,
+    summarize,
+)
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace.io import read_trace
