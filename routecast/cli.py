@@ -32,7 +32,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
 
     _threads(a.threads)
-    run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed)
+    run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed, model=a.model)
     return 0
 
 
@@ -183,7 +183,7 @@ def cmd_place_compare(a: argparse.Namespace) -> int:
 def _profile_for(trace, load_model):
     # A trace from a built-in model prices as that model; otherwise match the expert count.
     name = trace.spec.name if trace.spec.name in ("builtin", "builtin-fine") else {
-        8: "mixtral-8x7b", 128: "qwen3-235b-a22b", 256: "deepseek-v3"}.get(trace.spec.num_experts)
+        8: "mixtral-8x7b", 64: "deepseek-v2-lite", 128: "qwen3-235b-a22b", 256: "deepseek-v3"}.get(trace.spec.num_experts)
     if name is None:
         raise ConfigError(
             f"no model profile matches a trace with {trace.spec.num_experts} experts; pass --model-profile."
@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use a synthetic preset trace instead of capturing the built-in model",
     )
+    p.add_argument("--model", choices=("builtin", "builtin-fine"), default="builtin",
+                   help="built-in model to capture (default builtin: Mixtral, 8 experts; builtin-fine: DeepSeek-V3, 64)")
     p.add_argument("--requests", type=int, default=None, help="number of requests to capture/generate")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     _add_threads(p)
