@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--shift-tasks", default=None,
                     help="with --trace: also run the trace as traffic from these tasks (comma-separated) first, "
                          "then from the others")
+    ap.add_argument("--trace-only", action="store_true", help="with --trace: skip the synthetic workloads")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
     ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
     args = ap.parse_args()
@@ -121,7 +122,8 @@ def main() -> None:
                             f"{hw.link_bandwidth('nvlink') / 1e9:.0f} GB/s)"}
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; simulated: {machine['simulated']}")
     jobs = []
-    for name, preset, over, shift in workloads(args.quick, 4 if args.quick else args.layers, args.seed):
+    synthetic = [] if (args.trace_only and args.trace) else workloads(args.quick, 4 if args.quick else args.layers, args.seed)
+    for name, preset, over, shift in synthetic:
         jobs.append((name, lambda p=preset, o=over: generate(dataclasses.replace(PRESETS[p](), **o)),
                      SIM_MODEL[preset], shift, PRESETS[preset]().num_layers))
     if args.trace:
