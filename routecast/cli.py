@@ -86,6 +86,8 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
+    import numpy as np
+
     from routecast.trace.io import inspect_trace
 
     info = inspect_trace(a.trace)
@@ -93,6 +95,9 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2, default=str))
     else:
         for k, v in info.items():
+            if isinstance(v, dict):  # long arrays (e.g. the routers' correction bias) print as their shape
+                v = {kk: f"<{np.shape(vv)} array; see --json>" if isinstance(vv, list) and np.size(vv) > 16 else vv
+                     for kk, vv in v.items()}
             print(f"{k:>16}: {v}")
     return 0 if info.get("valid") else 1
 
