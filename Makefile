@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/routecast demo
+	$(BIN)/routecast demo --model builtin-fine
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

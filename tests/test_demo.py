@@ -39,3 +39,13 @@ def test_demo_on_the_builtin_model(tmp_path):
 def _run(out):
     run_demo(out, requests=16, max_new_tokens=8)
     return out
+
+
+@pytest.mark.slow
+def test_demo_on_the_fine_model_places_64_experts(tmp_path):
+    out = tmp_path / "demo"
+    run_demo(out, requests=12, max_new_tokens=6, model="builtin-fine")
+    summary = _check(out)
+    assert summary["trace"]["experts"] == 64 and summary["trace"]["moe_layers"] == 5
+    assert 0 <= summary["stats"]["stats"]["unused_experts"] < 64
+    assert {r["method"] for r in summary["probe"]["rows"]} >= {"static", "eplb_window", "probe_oracle"}
