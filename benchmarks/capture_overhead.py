@@ -12,7 +12,11 @@ overhead in % of the hook-free forward+generate time, for hooks alone and hooks 
 are CPU seconds of the running thread (robust on a shared machine); wall-clock overhead is reported too.
 Target: hooks <= 10% of forward time.
 
-Usage: python benchmarks/capture_overhead.py [--model tiny|builtin] [--reps 7] [--batch-size 8]
+The overhead is quoted as the median of per-repetition paired ratios with its quartiles and a
+distribution-free 95% confidence interval of the median; on a shared machine a few % of overhead needs
+tens of repetitions to resolve.
+
+Usage: python benchmarks/capture_overhead.py [--model tiny|builtin] [--reps 31] [--batch-size 8]
        [--batches 2] [--max-new-tokens 32] [--threads 1]
 --model tiny (default): a random Mixtral config (4 layers, hidden 64, 8 experts, top-2, vocab 512).
 --model builtin: the checkpoint in routecast/models/builtin/ (routecast.models.builtin.builtin_path()).
@@ -148,6 +152,20 @@ def hook_call_cost(model: torch.nn.Module, per_batch: int, calls: int = 20000) -
     return {"overhead_us": 1e6 * statistics.median(diffs), "hooks_per_forward": len(rec.blocks)}
 
 
+def spread(ratios: list[float]) -> dict:
+    """Median, quartiles and a distribution-free ~95% confidence interval of the median, all in %.
+
+    The interval is the order-statistic one (ranks n/2 -+ 0.98 sqrt(n)), so it needs no normality; with the
+    per-repetition paired ratios it says whether the overhead is resolved (interval excludes 0) on this machine.
+    """
+    x = np.sort(100 * np.asarray(ratios, np.float64))
+    n = len(x)
+    lo = max(int(np.floor(n / 2 - 0.98 * np.sqrt(n))), 0)
+    hi = min(int(np.ceil(n / 2 + 0.98 * np.sqrt(n))), n - 1)
+    return {"median": float(np.median(x)), "p25": float(np.percentile(x, 25)), "p75": float(np.percentile(x, 75)),
+            "ci95": [float(x[lo]), float(x[hi])], "n": n}
+
+
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -165,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=("tiny", "builtin", "builtin-fine"), default="tiny",
                     help="tiny random Mixtral or a built-in checkpoint (builtin: Mixtral; builtin-fine: DeepSeek-V3)")
-    ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions per mode (median reported)")
+    ap.add_argument("--reps", type=int, default=31, help="interleaved repetitions per mode (median reported)")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
     ap.add_argument("--batches", type=int, default=2, help="generate calls per pass")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt (eos disabled)")
@@ -191,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         g = [t[0] for t in times[m]]
         gb = [t[0] + t[1] for t in times[m]]
         w = [t[2] / o[2] - 1 for t, o in zip(times[m], times["off"], strict=True)]
-        rows.append({"mode": m, "generate_cpu_s": statistics.median(g),
+        hooks = spread([x / o - 1 for x, o in zip(g, off, strict=True)])
+        total = spread([x / o - 1 for x, o in zip(gb, off, strict=True)])
+        rows.append({"mode": m, "generate_cpu_s": statistics.median(g), "hooks_spread_pct": hooks,
+                     "total_spread_pct": total,
                      "bookkeeping_cpu_s": statistics.median(t[1] for t in times[m]),
                      "hooks_overhead_pct": 100 * statistics.median(x / o - 1 for x, o in zip(g, off, strict=True)),
                      "total_overhead_pct": 100 * statistics.median(x / o - 1 for x, o in zip(gb, off, strict=True)),
@@ -217,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['mode']:<20}{r['generate_cpu_s']:>11.3f}{r['bookkeeping_cpu_s']:>11.4f}"
               f"{r['hooks_overhead_pct']:>9.1f}{r['total_overhead_pct']:>9.1f}{r['wall_overhead_pct']:>8.1f}"
               f"{r['tokens_per_cpu_s']:>11.0f}")
+    print("paired per-repetition overhead, % of hook-free generate: median [95% CI of the median] (quartiles)")
+    for r in rows[1:]:
+        for what in ("hooks", "total"):
+            sp = r[f"{what}_spread_pct"]
+            resolved = "resolved" if sp["ci95"][0] > 0 or sp["ci95"][1] < 0 else "not resolved from 0"
+            print(f"  {r['mode']:<18} {what:<6} {sp['median']:+.1f}% [{sp['ci95'][0]:+.1f}, {sp['ci95'][1]:+.1f}] "
+                  f"({sp['p25']:+.1f} .. {sp['p75']:+.1f}), n={sp['n']}: {resolved}")
     print(f"per hooked call: +{per_call['overhead_us']:.1f} us ({per_call['hooks_per_forward']} hooked calls per forward "
           f"of {fwd_s * 1e3:.2f} ms) -> estimated hooks overhead {result['hooks_estimate_pct']:.2f}%")
     print(f"wrote {out}")

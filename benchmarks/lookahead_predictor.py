@@ -1,7 +1,9 @@
 """PROBE's lookahead predictor per layer: frozen-gate prior vs offline-distilled vs online, with its cost.
 
-The trace (with router inputs and logits: ``routecast capture --hidden --logits``) is split by request
-(--train-fraction, seeded). Variants, each scored causally on the held-out requests (layer horizon):
+The trace (with router inputs and logits: ``routecast capture --hidden --logits``) is split by source
+document (--split document, the default: no held-out request shares a document with a training one; a trace
+that records no documents falls back to requests with a note) or by request (--split request), with
+--train-fraction, seeded. Variants, each scored causally on the held-out requests (layer horizon):
 - untrained: the cloned routers of layer l applied to layer l-1's router input (eq. 7, zero residual);
 - offline: the residual MLP distilled on the training requests (--epochs passes, Adam);
 - online: starts as the untrained prior and distils while it streams over the held-out steps (replay
@@ -15,7 +17,7 @@ top-k accuracy (layers >= 1) per window of --window steps, and the cost: the pre
 the built-in model's ``model.layers[l].mlp``) timed in this run on the same step batches of held-out
 tokens, one thread, best of --repeat.
 
-Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|builtin-fine|DIR] [--epochs 8]
+Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|builtin-fine|DIR] [--split document|request] [--epochs 8]
        [--window 25] [--repeat 3] [--out out/bench/lookahead_predictor.json]
 Prints a table and writes the JSON; the machine is stated in both.
 """
@@ -95,6 +97,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True, help="trace directory captured with --hidden --logits")
     ap.add_argument("--model", default="builtin", help="model the trace was captured from: builtin, builtin-fine or a directory")
+    ap.add_argument("--split", choices=("document", "request"), default="document",
+                    help="held-out split (default document: no source document on both sides)")
     ap.add_argument("--train-fraction", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=8, help="offline distillation epochs")
@@ -108,7 +112,9 @@ def main() -> None:
     torch.set_num_threads(1)
 
     trace = read_trace(a.trace)
-    train, test = trace.split("request", (a.train_fraction, 1 - a.train_fraction), seed=a.seed)
+    (train, test), split, note = trace.heldout_split(a.split, (a.train_fraction, 1 - a.train_fraction), seed=a.seed)
+    if note:
+        print(note)
     model = load_model(a.model)[0]
     blocks = find_blocks(model)
     base = LookaheadConfig(mlp_dim=a.mlp_dim, buffer_tokens=a.buffer_tokens, online_updates=a.online_updates,
@@ -139,7 +145,7 @@ def main() -> None:
     mach = machine_info()
     print(f"trace {a.trace}: {trace.num_tokens} tokens, L={L}, E={trace.spec.num_experts}, K={trace.spec.top_k}; "
           f"held-out {test.num_tokens} tokens / {len(np.unique(test.step))} steps "
-          f"({1 - a.train_fraction:.0%} of requests, seed {a.seed}); model {a.model}")
+          f"(split by {split}: {1 - a.train_fraction:.0%} of the {split}s, seed {a.seed}); model {a.model}")
     print(f"machine: {mach['cpu']}, {mach['cpus']} CPUs, torch {torch.__version__}, 1 thread\n")
     head = f"{'variant':15} {'layer':>5} {'top-k acc':>9} {'half-k hit':>10} {'recall@2k':>9}"
     print(head + "\n" + "-" * len(head))
@@ -162,6 +168,7 @@ def main() -> None:
 
     doc = {"trace": str(a.trace), "model": a.model, "trace_tokens": trace.num_tokens, "test_tokens": test.num_tokens,
            "test_steps": int(len(np.unique(test.step))), "train_fraction": a.train_fraction, "seed": a.seed,
+           "split": split,
            "args": vars(a), "machine": {**mach, "torch_threads": 1}, "variants": results, "cost": cost,
            "paper": PAPER}
     out = Path(a.out)

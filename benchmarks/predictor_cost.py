@@ -114,9 +114,11 @@ def main() -> None:
     if emb is not None and int(trace.token_id.max()) >= emb.shape[0]:
         print(f"note: trace token ids exceed the {emb.shape[0]}-row embedding table; neural predictors learn their own.")
         emb = None
-    train, test = trace.split("request", (0.8, 0.2), seed=a.seed)
+    (train, test), split, note = trace.heldout_split("document", (0.8, 0.2), seed=a.seed)
+    if note:
+        print(note)
     steps = len(np.unique(test.step))
-    print(f"trace: {trace_desc}; {trace!r}; test: {test.num_tokens} tokens in {steps} steps "
+    print(f"trace: {trace_desc}; {trace!r}; test (split by {split}): {test.num_tokens} tokens in {steps} steps "
           f"({test.num_tokens / max(steps, 1):.1f} tokens/step)")
 
     model = None
@@ -154,7 +156,7 @@ def main() -> None:
     print(f"machine: {m['processor']}, {m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} thread(s)")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"trace": trace_desc, "test_tokens": test.num_tokens, "test_steps": steps, "machine": m,
+    doc = {"trace": trace_desc, "split": split, "test_tokens": test.num_tokens, "test_steps": steps, "machine": m,
            "model_forward": model, "predictors": rows}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")

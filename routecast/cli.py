@@ -149,12 +149,15 @@ def cmd_predict(a: argparse.Namespace) -> int:
     if a.action == "eval":
         return predict_eval_main(
             a.trace, a.predictors, model=a.model, as_json=a.json, train_fraction=a.train_fraction, seed=a.seed,
-            threads=a.threads, epochs=a.epochs, quiet=a.quiet,
+            threads=a.threads, epochs=a.epochs, quiet=a.quiet, split=a.split,
         )
+    if a.split not in ("document", "request", "none"):
+        raise ConfigError(f"--split is {a.split!r}; expected document, request or none for predict fit.")
     if not a.out or not a.predictor:
         raise ConfigError("predict fit needs --predictor NAME and --out DIR.")
     return predict_fit_main(
-        a.trace, a.predictor, a.out, model=a.model, seed=a.seed, threads=a.threads, epochs=a.epochs, quiet=a.quiet
+        a.trace, a.predictor, a.out, model=a.model, seed=a.seed, threads=a.threads, epochs=a.epochs, quiet=a.quiet,
+        split=a.split, train_fraction=a.train_fraction,
     )
 
 
@@ -301,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(fn=cmd_capture)
 
-    p = sub.add_parser("calibrate", help="measure this machine (GEMM efficiency, peak, bandwidth) into a hardware TOML")
+    p = sub.add_parser("calibrate", help="measure this machine (expert call floor, weight-read bandwidth, activation work, GEMM efficiency, peak) into a hardware TOML")
     p.add_argument("--out", default=None, help="output TOML (default out/hardware/calibrated-<device>.toml)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 20 s)")
@@ -345,7 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor", default=None, help="fit: the predictor name to train")
     p.add_argument("--out", default=None, help="fit: output directory (safetensors + json)")
     p.add_argument("--model", default=None, help="checkpoint for input embeddings: DIR, builtin, builtin-fine or none")
-    p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests to fit on (default 0.8)")
+    p.add_argument("--split", default="document",
+                   help="held-out split: document (default; requests from one source document stay on one side; "
+                        "falls back to request, with a note, on traces that record no documents), request, or "
+                        "for fit: none (fit on the whole trace)")
+    p.add_argument("--train-fraction", type=float, default=0.8,
+                   help="share of documents (or requests) to fit on (default 0.8)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")

@@ -33,7 +33,7 @@ def build_small_trace(num_requests: int = 4, prompt_len: int = 6, decode_len: in
                       tasks: tuple[str, ...] = ("qa", "code"), dropped: float = 0.0, seed: int = 0) -> Trace:
     """A Trace of num_requests requests, each prompt_len prefill tokens then decode_len decode tokens.
 
-    Steps follow a simple server: each request's prompt is one step (steps 0..R-1), then decode round d
+    Each request is its own source document (id 100 + request). Steps follow a simple server: each request's prompt is one step (steps 0..R-1), then decode round d
     batches every request's d-th generated token (step R + d). Rows are in step order, then request.
     Routing: top_k of softmax(logits) with a skewed per-expert bias (hot experts exist, as in real MoE);
     `dropped` is the fraction of (token, layer, k) slots set to -1 with weight 0. hidden > 0 adds
@@ -54,7 +54,7 @@ def build_small_trace(num_requests: int = 4, prompt_len: int = 6, decode_len: in
         ids[drop], w[drop] = -1, 0.0
     tokens = make_columns(T, request=req, position=pos, token_id=rng.integers(0, 1000, T), phase=phase,
                           step=step, task=req % len(tasks) if tasks else np.full(T, -1), source=np.zeros(T),
-                          arrival_s=req * 0.25)
+                          arrival_s=req * 0.25, document=100 + req)
     return Trace(
         spec=MoESpec(num_layers=L, num_experts=E, top_k=K, hidden_size=hidden, name="tiny-moe"),
         tokens=tokens, experts_TLK=ids, weights_TLK=w, logits_TLE=lg if logits else None,

@@ -30,6 +30,15 @@ def _check_run(out, **kw):
     return first
 
 
+def test_demo_smoke_on_the_builtin_model(tmp_path):
+    # The default path (capture from the built-in checkpoint, then every section), kept small enough for
+    # `make test`: 4 requests of 4 new tokens; the slow test below runs the bigger version.
+    run_demo(tmp_path / "demo", requests=4, max_new_tokens=4)
+    summary = _check(tmp_path / "demo")
+    assert summary["trace"]["source"] == "built-in model capture"
+    assert summary["trace"]["moe_layers"] == 4 and summary["trace"]["requests"] == 4
+
+
 @pytest.mark.slow
 def test_demo_on_the_builtin_model(tmp_path):
     summary = _check(_run(tmp_path / "demo"))

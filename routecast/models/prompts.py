@@ -17,9 +17,13 @@ prompt + new tokens stays <= 256 (plus <|bos|>), the sequence length the built-i
 Arrivals form a Poisson process of ``rate`` requests per second (exponential gaps, seeded); with
 ``rate=inf`` every request arrives at 0 s (offline batch).
 
+Each record names its source document as ``task/doc_id``: several requests can be windows of one document,
+and a held-out evaluation must keep them on one side (routecast.trace.Trace.split(by="document")).
+
 A prompts file is JSONL, one request per line:
-``{"prompt": str, "task": str, "max_new_tokens": int, "arrival_s": float}`` (``task`` defaults to
-"unknown", ``max_new_tokens`` to 32, ``arrival_s`` to 0; arrivals must not decrease).
+``{"prompt": str, "task": str, "max_new_tokens": int, "arrival_s": float, "document": str}`` (``task``
+defaults to "unknown", ``max_new_tokens`` to 32, ``arrival_s`` to 0; arrivals must not decrease; ``document``
+is optional: absent, the request's document is unknown).
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ class PromptConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PromptRecord:
-    """One request: id, task, prompt (text and token ids), output budget (tokens), arrival time (s)."""
+    """One request: id, task, prompt (text and token ids), output budget (tokens), arrival time (s), and the
+    document the prompt was cut from ("task/doc_id"; None = unknown)."""
 
     request: int
     task: str
@@ -93,6 +98,7 @@ class PromptRecord:
     prompt_ids: tuple[int, ...] | None
     max_new_tokens: int
     arrival_s: float
+    document: str | None = None
 
 
 def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -114,8 +120,10 @@ def build_prompts(tokenizer, config: PromptConfig = PromptConfig(), *, corpus_ro
     """
     docs = load_corpus(config.split, root=corpus_root)
     by_task: dict[str, list[str]] = {}
+    doc_ids: dict[str, list[str]] = {}
     for d in docs:
         by_task.setdefault(d.task, []).append(d.text)
+        doc_ids.setdefault(d.task, []).append(d.doc_id)
     mix = dict(config.mix) if config.mix is not None else {t: 1.0 for t in sorted(by_task)}
     missing = [t for t in mix if t not in by_task]
     if missing:
@@ -144,19 +152,23 @@ def build_prompts(tokenizer, config: PromptConfig = PromptConfig(), *, corpus_ro
         start = int(rng.choice(fits)) if len(fits) else 0
         window = tuple(ids[start : start + want])  # a document shorter than `want` gives all it has
         out.append(PromptRecord(request=r, task=task, prompt_text=tokenizer.decode(list(window)),
-                                prompt_ids=window, max_new_tokens=new, arrival_s=float(arrivals[r])))
+                                prompt_ids=window, max_new_tokens=new, arrival_s=float(arrivals[r]),
+                                document=f"{task}/{doc_ids[task][d]}"))
     return out
 
 
 def write_prompts(path: str | Path, records: Sequence[PromptRecord]) -> Path:
-    """Write records as a JSONL prompts file (one {"prompt", "task", "max_new_tokens", "arrival_s"} per line)."""
+    """Write records as a JSONL prompts file (one {"prompt", "task", "max_new_tokens", "arrival_s"[, "document"]}
+    per line)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for rec in records:
-            fh.write(json.dumps({"request": rec.request, "prompt": rec.prompt_text, "task": rec.task,
-                                 "max_new_tokens": rec.max_new_tokens, "arrival_s": rec.arrival_s},
-                                ensure_ascii=False) + "\n")
+            obj = {"request": rec.request, "prompt": rec.prompt_text, "task": rec.task,
+                   "max_new_tokens": rec.max_new_tokens, "arrival_s": rec.arrival_s}
+            if rec.document is not None:
+                obj["document"] = rec.document
+            fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
     return path
 
 
@@ -206,8 +218,12 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
             if request in seen:
                 raise ConfigError(f"{where}: request id {request} repeats line {seen[request]}; expected unique ids.")
             seen[request] = lineno
+            document = obj.get("document")
+            if document is not None and not isinstance(document, str):
+                raise ConfigError(f"{where}: field 'document' is {document!r}; expected a string naming the "
+                                  "prompt's source document.")
             out.append(PromptRecord(request=request, task=task, prompt_text=prompt, prompt_ids=None,
-                                    max_new_tokens=new, arrival_s=arrival))
+                                    max_new_tokens=new, arrival_s=arrival, document=document))
             last_arrival, last_line = arrival, lineno
     if not out:
         raise ConfigError(f"prompts file {path} holds no requests; expected at least one JSON line.")

@@ -24,7 +24,7 @@ scaled to this step's token count. Rows never seen fall back to uniform. It read
 routing of layers < l and past steps, so it is causal.
 
 With router inputs (hidden_TLH) and the model, compare_lookahead runs two forecast arms on the held-out
-requests of a chronological split by request (split_requests): probe_lookahead, PROBE's gate-initialised
+requests of a chronological split by document (split_requests; by request when the trace records none): probe_lookahead, PROBE's gate-initialised
 lookahead predictor (predict.lookahead, §4.2) fitted on the earlier requests, each layer's counts being the
 sum of every token's predicted top-k set from its router input of the previous layer (lookahead_forecast);
 and probe_transition, the forecast above with its statistics learnt on the same earlier requests first.
@@ -38,6 +38,7 @@ layer, PROBE §5: up to three), so none is exposed; EPLB's rebalance transfers a
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -50,7 +51,7 @@ from routecast.place.probe import load_lower_bound, plan_layers, planner_costs, 
 from routecast.sim.cost import Workload, layer_cost, probe_options
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
-from routecast.trace.trace import Trace
+from routecast.trace.trace import NO_DOCUMENTS_NOTE, Trace
 
 METHODS = ("static", "eplb_once", "eplb_window", "probe_oracle", "probe_pred")
 
@@ -112,21 +113,36 @@ def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
     return pred
 
 
-def split_requests(trace: Trace, train_fraction: float) -> tuple[Trace, Trace]:
-    """Chronological split by request -> (train, held-out) traces.
+def split_requests(trace: Trace, train_fraction: float, by: str = "document") -> tuple[Trace, Trace]:
+    """Chronological split by document (by="request": by request) -> (train, held-out) traces.
 
-    The first round(train_fraction x R) of the R requests in request-id (arrival) order train; the later ones
-    are held out, so a forecast for the held-out part never reads a token the predictor was fitted on, and
-    in a trace captured batch by batch the held-out steps come after the training steps.
+    Documents in order of their first request id: the first round(train_fraction x D) train, the requests of
+    the later ones are held out, so no held-out request shares a source document (text) with a training one,
+    and a forecast for the held-out part never reads a token the predictor was fitted on. A trace that records
+    no documents falls back to requests, with a printed note. by="request": the first round(train_fraction x R)
+    requests in request-id (arrival) order train; in a trace captured batch by batch the held-out steps then
+    come after the training steps.
     """
     if not 0.0 < train_fraction < 1.0:
         raise ConfigError(f"train_fraction is {train_fraction}; expected a value in (0, 1).")
-    req = np.unique(trace.tokens["request"])
-    n = int(round(train_fraction * req.size))
-    if not 0 < n < req.size:
-        raise ConfigError(f"train_fraction {train_fraction} of {req.size} requests leaves an empty part; "
-                          "expected at least one training and one held-out request.")
-    train = np.isin(trace.tokens["request"], req[:n])
+    if by == "document" and not trace.has_documents:
+        print(NO_DOCUMENTS_NOTE, file=sys.stderr)
+        by = "request"
+    req = trace.tokens["request"]
+    if by == "document":
+        trace.check_documents()  # every request names one document
+        key = trace.tokens["document"]
+        docs, inv = np.unique(key, return_inverse=True)
+        first = np.full(docs.size, np.iinfo(np.int64).max)
+        np.minimum.at(first, inv, req)
+        groups = docs[np.argsort(first, kind="stable")]  # by first request id (arrival order)
+    else:
+        key, groups = req, np.unique(req)
+    n = int(round(train_fraction * groups.size))
+    if not 0 < n < groups.size:
+        raise ConfigError(f"train_fraction {train_fraction} of {groups.size} {by}s leaves an empty part; "
+                          f"expected at least one training and one held-out {by}.")
+    train = np.isin(key, groups[:n])
     return trace.select(train), trace.select(~train)
 
 

@@ -1,4 +1,8 @@
-"""Entry points: build predictors by name, fit them on a request split, evaluate causally, tabulate.
+"""Entry points: build predictors by name, fit them on a held-out split, evaluate causally, tabulate.
+
+Held out means by source document by default (Trace.split(by="document")): requests cut from one document
+share text, so a request split lets a token-id table memorise the held-out prompts' own n-grams. A trace that
+records no documents falls back to the request split with a printed note; `--split request` asks for it.
 
 Names: distribution, probability, conditional-token, conditional-position, ffn, lstm; or the path of
 a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
@@ -7,8 +11,10 @@ a directory written by save_predictor / fit_and_save (loaded, not refitted). The
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +44,33 @@ PREDICTOR_NAMES = (
 # Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
 NEEDS_ROUTER_INPUTS = ("lookahead",)
 NEURAL = ("ffn", "lstm")
+SPLIT_CHOICES = ("document", "request")
+
+
+def trace_fingerprint(trace: Trace) -> str:
+    """A short hash of the trace's requests, documents, positions and routing: which trace a predictor saw."""
+    h = hashlib.blake2b(digest_size=12)
+    for a in (trace.tokens["request"], trace.tokens["document"], trace.tokens["position"], trace.experts_TLK):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def heldout(trace: Trace, split: str, train_fraction: float, seed: int) -> tuple[Trace, Trace, str]:
+    """(train, test, split used) by whole documents or requests; prints the fallback note on stderr."""
+    if split not in SPLIT_CHOICES:
+        raise ConfigError(f"--split is {split!r}; expected one of {', '.join(SPLIT_CHOICES)}.")
+    if not 0 < train_fraction < 1:
+        raise ConfigError(f"train_fraction is {train_fraction}; expected a number strictly between 0 and 1.")
+    (train, test), used, note = trace.heldout_split(split, (train_fraction, 1 - train_fraction), seed=seed)
+    if note:
+        print(note, file=sys.stderr)
+    if train.num_tokens == 0 or test.num_tokens == 0:
+        n = len(np.unique(trace.tokens[used]))
+        raise ConfigError(
+            f"trace has {n} {used}(s); a {train_fraction:.2f}/{1 - train_fraction:.2f} split by {used} left one "
+            f"side empty; expected more {used}s."
+        )
+    return train, test, used
 
 
 def parse_names(names: str | Sequence[str]) -> list[str]:
@@ -109,23 +142,19 @@ def _nanmean(v: list[float]) -> float:
 def evaluate(
     trace: Trace, predictor_names: str | Sequence[str], *, model_dir: str | Path | None = None,
     train_fraction: float = 0.8, seed: int = 0, progress: bool = True, threads: int = 1, epochs: int | None = None,
+    split: str = "document",
 ) -> list[dict[str, Any]]:
-    """Fit each predictor on train_fraction of the requests and score it causally on the rest.
+    """Fit each predictor on train_fraction of the documents (split="request": of the requests) and score it
+    causally on the requests of the others; a saved predictor fitted on this trace must come from the same split.
 
     model_dir: checkpoint for the neural predictors' embeddings (a directory, "builtin", "none", or None =
     from the trace's provenance, else learned embeddings). Returns one row per predictor: the mean over
     layers of every metric in metrics.METRICS, "per_layer" (metric -> L values), us_per_token,
-    us_per_batch, observe_us_per_batch, fit_s, and what was fitted on what.
+    us_per_batch, observe_us_per_batch, fit_s, "split" (the split used), and what was fitted on what.
     """
     names = parse_names(predictor_names)
-    if not 0 < train_fraction < 1:
-        raise ConfigError(f"train_fraction is {train_fraction}; expected a number strictly between 0 and 1.")
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
-    if train.num_tokens == 0 or test.num_tokens == 0:
-        raise ConfigError(
-            f"trace has {len(np.unique(trace.request))} request(s); a {train_fraction:.2f}/{1 - train_fraction:.2f} "
-            "request split left one side empty; expected more requests."
-        )
+    train, test, used = heldout(trace, split, train_fraction, seed)
+    fitted_on = {"trace": trace_fingerprint(trace), "split": used, "train_fraction": train_fraction, "seed": seed}
     emb, emb_source = _embeddings_for(names, trace, model_dir)
     rows = []
     with torch_threads(threads):
@@ -136,9 +165,10 @@ def evaluate(
                                       threads=threads, progress=progress, epochs=epochs,
                                       model_path=_router_model(name, trace, model_dir))
                 pred.fit(train)
-                fitted = f"{train.num_tokens} tokens ({train_fraction:.0%} of requests)"
+                fitted = f"{train.num_tokens} tokens ({train_fraction:.0%} of {used}s)"
             else:
                 pred = load_predictor(name)
+                _check_fitted_on(name, fitted_on)
                 fitted = f"loaded from {name}"
             fit_s = time.perf_counter() - t0
             res = run_harness(pred, test, progress=progress)
@@ -148,6 +178,7 @@ def evaluate(
                 "forecast": res.forecast_kind,
                 "embedding": getattr(pred, "embedding_source", ""),
                 "fitted": fitted,
+                "split": used,
                 "test_tokens": res.num_tokens,
                 "test_steps": res.num_steps,
                 "fit_s": fit_s,
@@ -157,6 +188,22 @@ def evaluate(
                        observe_us_per_batch=res.observe_us_per_batch, per_layer=res.metrics)
             rows.append(row)
     return rows
+
+
+def _check_fitted_on(path: str, want: dict[str, Any]) -> None:
+    """Refuse a saved predictor fitted on this trace under another split: it would be scored on its own data."""
+    from routecast.predict.store import fitted_on
+
+    have = fitted_on(path)
+    if have is None or have.get("trace") != want["trace"]:
+        return  # fitted on another trace (or saved before this was recorded): nothing here was fitted on
+    if have.get("split") == "none" or any(have.get(k) != want[k] for k in ("split", "train_fraction", "seed")):
+        raise ConfigError(
+            f"--predictors: {path} was fitted on this trace with split {have.get('split')}, train fraction "
+            f"{have.get('train_fraction')}, seed {have.get('seed')}, so some of the requests scored here trained it; "
+            f"expected the same split as this evaluation ({want['split']}, {want['train_fraction']}, "
+            f"{want['seed']}), or a predictor fitted on another trace."
+        )
 
 
 # Table columns: (row key, header, format).
@@ -211,46 +258,63 @@ def rows_to_json(rows: Sequence[dict[str, Any]]) -> str:
 
 def fit_and_save(
     trace: Trace, name: str, out_dir: str | Path, *, model_dir: str | Path | None = None, seed: int = 0,
-    threads: int = 1, progress: bool = True, epochs: int | None = None,
+    threads: int = 1, progress: bool = True, epochs: int | None = None, split: str = "document",
+    train_fraction: float = 0.8,
 ) -> Path:
-    """Fit predictor `name` on the whole trace and save it to out_dir (see store.save_predictor)."""
+    """Fit predictor `name` on the training part of the held-out split that evaluate() uses with the same split,
+    train_fraction and seed (split="none": the whole trace, for deployment) and save it to out_dir with what
+    it was fitted on (see store.save_predictor), so `predict eval` can score it on the held-out part only.
+    """
     if name not in PREDICTOR_NAMES:
         raise ConfigError(f"--predictor is {name!r}; expected one of {', '.join(PREDICTOR_NAMES)}.")
+    used, fingerprint = "none", trace_fingerprint(trace)
+    if split != "none":
+        trace, _, used = heldout(trace, split, train_fraction, seed)
     emb, emb_source = _embeddings_for([name], trace, model_dir)
     with torch_threads(threads):
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                               threads=threads, progress=progress, epochs=epochs,
                               model_path=_router_model(name, trace, model_dir))
         pred.fit(trace)
-    return save_predictor(pred, out_dir)
+    return save_predictor(pred, out_dir, fitted_on={"trace": fingerprint, "split": used,
+                                                    "train_fraction": train_fraction, "seed": seed})
 
 
 # ------------------------------------------------------------------------------------------- CLI handlers
 def predict_eval_main(
     trace_path: str | Path, predictors: str, *, model: str | None = None, as_json: bool = False,
     train_fraction: float = 0.8, seed: int = 0, threads: int = 1, epochs: int | None = None, quiet: bool = False,
+    split: str = "document",
 ) -> int:
-    """`routecast predict eval TRACE --predictors A,B [--model DIR|builtin|none] [--json]`: prints, returns 0."""
+    """`routecast predict eval TRACE --predictors A,B [--split document|request] [--model DIR|builtin|none]
+    [--json]`: prints the table (with the split it used), returns 0."""
     from routecast.trace.io import read_trace
 
     routers = any(n.strip() in NEEDS_ROUTER_INPUTS for n in predictors.split(","))
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
     rows = evaluate(trace, predictors, model_dir=model, train_fraction=train_fraction, seed=seed,
-                    progress=not quiet, threads=threads, epochs=epochs)
-    print(rows_to_json(rows) if as_json else format_table(rows))
+                    progress=not quiet, threads=threads, epochs=epochs, split=split)
+    if as_json:
+        print(rows_to_json(rows))
+    else:
+        print(f"held-out split by {rows[0]['split']}: fitted on {train_fraction:.0%} of the {rows[0]['split']}s "
+              f"(seed {seed}), scored on the rest")
+        print(format_table(rows))
     return 0
 
 
 def predict_fit_main(
     trace_path: str | Path, predictor: str, out: str | Path, *, model: str | None = None, seed: int = 0,
-    threads: int = 1, epochs: int | None = None, quiet: bool = False,
+    threads: int = 1, epochs: int | None = None, quiet: bool = False, split: str = "document",
+    train_fraction: float = 0.8,
 ) -> int:
-    """`routecast predict fit TRACE --predictor NAME --out DIR [--model DIR|builtin|none]`: prints the path."""
+    """`routecast predict fit TRACE --predictor NAME --out DIR [--split document|request|none]
+    [--model DIR|builtin|none]`: prints the path."""
     from routecast.trace.io import read_trace
 
     routers = predictor in NEEDS_ROUTER_INPUTS
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
     path = fit_and_save(trace, predictor, out, model_dir=model, seed=seed, threads=threads, progress=not quiet,
-                        epochs=epochs)
+                        epochs=epochs, split=split, train_fraction=train_fraction)
     print(f"wrote {path}")
     return 0

@@ -50,8 +50,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_predictor(pred: Predictor, out_dir: str | Path) -> Path:
-    """Write pred to out_dir (created if missing; an earlier predictor there is replaced). Returns out_dir."""
+def save_predictor(pred: Predictor, out_dir: str | Path, *, fitted_on: dict | None = None) -> Path:
+    """Write pred to out_dir (created if missing; an earlier predictor there is replaced). Returns out_dir.
+
+    fitted_on: what it was fitted on ({trace fingerprint, split, train_fraction, seed}), kept in predictor.json
+    so an evaluation on the same trace can refuse to score it on its own training requests.
+    """
     from safetensors.numpy import save
 
     meta, tensors = pred.state()
@@ -66,6 +70,8 @@ def save_predictor(pred: Predictor, out_dir: str | Path) -> Path:
         "spec": pred.spec.to_dict(),
         "meta": meta,
     }
+    if fitted_on is not None:
+        doc["fitted_on"] = dict(fitted_on)
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     _write_atomic(d / TENSOR_FILE, save(arrays, metadata={"format": FORMAT}))
     _write_atomic(d / META_FILE, (json.dumps(doc, indent=1) + "\n").encode())
@@ -75,6 +81,15 @@ def save_predictor(pred: Predictor, out_dir: str | Path) -> Path:
 def is_predictor_dir(path: str | Path) -> bool:
     """True when path is a directory holding a saved predictor."""
     return (Path(path) / META_FILE).is_file()
+
+
+def fitted_on(path: str | Path) -> dict | None:
+    """The 'fitted_on' record of a saved predictor (None when it has none); load_predictor checks the rest."""
+    try:
+        v = json.loads((Path(path) / META_FILE).read_text()).get("fitted_on")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def load_predictor(path: str | Path) -> Predictor:

@@ -5,7 +5,8 @@ and `calibrate` (measure this machine into a hardware profile).
     load_model(name | path) -> ModelProfile       list_models(), model_profile_from_hf_config(config.json)
     layer_cost(counts (C, G, E), model=, hw=, work=Workload(...), opts=CostOptions(...)) -> LayerCost
     strategy_cost("none" | "distribution" | "token", model=, hw=, skewness=, num_ranks=, ...) -> LayerCost
-    calibrate(out_toml, device="cpu", threads=1, quick=False) -> Hardware   (imports torch lazily)
+    calibrate(out_toml, device="cpu" | "cuda[:N]", threads=1, quick=False) -> Hardware   (imports torch lazily):
+        expert call floor, weight-read bandwidth vs expert size, peak, eta vs tokens (cpu_plan / cuda_plan)
 """
 
 from routecast.sim.calibrate import calibrate

@@ -47,7 +47,8 @@ from routecast.sim.fits import (
     measure_predictors,
     measured_overhead_curve,
     paper_dist_error,
-    paper_overhead_curve,
+    reference_measurement,
+    reference_overhead_curve,
 )
 from routecast.sim.hardware import Hardware, load_hardware
 from routecast.sim.models import ModelProfile, load_model
@@ -188,14 +189,15 @@ def sweep(setting: Setting, *, skewness: Any, accuracies: Sequence[float] = ACCU
           overhead: OverheadCurve | None = None, dist_error: Any = None) -> Grid:
     """Price the three strategies at every skewness (S,) and accuracy (A,): three vectorised cost calls.
 
-    overhead: token-to-expert overhead curve (default: paper_overhead_curve()); dist_error: (S,) or scalar
+    overhead: token-to-expert overhead curve (default: fits.reference_overhead_curve(), our predictors measured on
+    the built-in model's trace; fits.paper_overhead_curve() is the estimated-Figure-4 what-if); dist_error: (S,) or scalar
     distribution-only error (default: paper_dist_error(skewness), MoE-GPS Table 1).
     """
     s = np.atleast_1d(np.asarray(skewness, np.float64))
     a = np.atleast_1d(np.asarray(accuracies, np.float64))
     if s.ndim != 1 or a.ndim != 1 or np.any((a < 0) | (a > 1)):
         raise ConfigError(f"accuracies are {accuracies!r}; expected a 1-D list of values in [0, 1].")
-    curve = overhead or paper_overhead_curve()
+    curve = overhead or reference_overhead_curve()
     derr = np.broadcast_to(paper_dist_error(s) if dist_error is None else np.asarray(dist_error, np.float64), s.shape)
     none = _parts(setting.cost("none", s))
     dist = _parts(setting.cost("distribution", s, dist_error=derr))
@@ -334,7 +336,8 @@ def advise(
     Each number's source, most specific first: skewness = the argument, else the trace's (trace_skewness over
     batch x seq tokens), else 1.4; predictor_rows = the argument, else `predictors` measured on the trace
     (fits.measure_predictors; `epochs` caps neural training), else none; token overhead = `overhead`, else
-    the exponential fit to the measured predictors, else the paper's curve; distribution error = the argument,
+    the exponential fit to the predictors measured here, else the shipped measurement of our predictors on the
+    built-in model's trace (fits.reference_overhead_curve); distribution error = the argument,
     else the measured distribution predictor's, else the paper's Table 1 line. With measured predictors, each
     is also an option of its own, and grid accuracies outside their measured range are shown but not picked.
     """
@@ -368,10 +371,12 @@ def advise(
     else:
         measured = None
     from_rows = overhead is None and len({r["top_k_accuracy"] for r in tok_rows}) >= 2
-    curve = measured_overhead_curve(measured, skew) if from_rows else (overhead or paper_overhead_curve())
-    # Only accuracies the measured predictors span count as achievable; beyond them the fit extrapolates.
-    acc_range = ((min(r["top_k_accuracy"] for r in tok_rows), max(r["top_k_accuracy"] for r in tok_rows))
-                 if from_rows else (0.0, 1.0))
+    curve = measured_overhead_curve(measured, skew) if from_rows else (overhead or reference_overhead_curve())
+    # Only accuracies the measured predictors span count as achievable; beyond them the fit extrapolates. With the
+    # shipped reference curve, the span is the reference predictors'; a curve given as an argument spans 0..1.
+    span = tok_rows if from_rows else reference_measurement()[0].token_rows() if overhead is None else []
+    acc_range = ((min(r["top_k_accuracy"] for r in span), max(r["top_k_accuracy"] for r in span))
+                 if span else (0.0, 1.0))
     if dist_error is None and measured is not None and np.isfinite(measured.dist_error()):
         derr, inputs["dist_error_source"] = measured.dist_error(), "measured (distribution predictor, test set)"
     elif dist_error is None:

@@ -3,12 +3,16 @@ at once.
 
     T = T_attn + AR_tp + max_g A2A_dispatch,g + max_g FFN_g + max_g A2A_combine,g + T_predict
         + max(0, T_transfer - W_hide)
-    FFN_g = sum_{e on g, n_ge > 0} max(W_e / HBM_eff, flops(n_ge) / (eta(n_ge) * peak)) + shared + overhead
+    FFN_g = sum_{e on g, n_ge > 0} [c_call + max(W_e / B(W_e), flops(n_ge) / (eta(n_ge) * peak)) + a n_ge (3H + 2I)]
+            + shared + overhead
     A2A_g = alpha + V_g / B_link,  V_g = (1 - local_g) * U_g * H * bytes
 
-where n_ge is the number of (token, expert) assignments of expert e processed on rank g, U_g the tokens rank g
-receives (U_g = sum_e n_ge, or the unique tokens with `dedup`), local_g the share already on g (1/G when tokens
-are spread at random, as MoE-GPS assumes after the TP reduce). Attention is a roofline per rank (FLOPs
+where c_call is the fixed cost of one expert call (the launch / dispatch floor of an eager expert loop, which
+sets a one-token decode step), B(W) the weight-read bandwidth at expert size W (the measured curve of a
+calibrated profile, else HBM_eff), a the cost per activation value an eager expert call touches outside its
+GEMMs (gather, SiLU x up, scale, scatter-add), overhead the fixed per-layer router cost, n_ge the number of (token,
+expert) assignments of expert e processed on rank g, U_g the tokens rank g receives (U_g = sum_e n_ge, or
+the unique tokens with `dedup`), local_g the share already on g (1/G when tokens are spread at random, as MoE-GPS assumes after the TP reduce). Attention is a roofline per rank (FLOPs
 over eta x peak vs weight + KV + activation bytes over HBM_eff), heads split over the G ranks (`attn_parallel="tp"`, MoE-GPS) or sequences split (`"dp"`, PROBE).
 The collectives (ring all-reduce / all-gather / reduce-scatter, all-to-all) are public functions below.
 
@@ -299,21 +303,31 @@ def _link(hw: Hardware, opts: CostOptions, C: int) -> np.ndarray:
 
 
 def _expert_time(n: np.ndarray, model: ModelProfile, hw: Hardware, staircase: bool) -> np.ndarray:
-    """(C, G, E) counts -> (C, G) seconds of routed-expert GEMMs per rank (experts with no tokens cost 0)."""
+    """(C, G, E) counts -> (C, G) seconds of routed-expert calls per rank (experts with no tokens cost 0).
+
+    An active expert costs its call floor, the slower of reading its weights and its GEMM FLOPs, and its
+    activation work (n x (3 H + 2 I) values at hw.activation_cost each).
+    """
     C, G, E = n.shape
-    t_mem = model.expert_bytes() / hw.mem_effective
+    t_mem = float(hw.weight_read_time(model.expert_bytes())) + hw.expert_call_overhead
     per_token = model.expert_flops_per_token / hw.peak_flops
+    act_per_token = hw.activation_cost * (3 * model.hidden_size + 2 * model.expert_ffn)
     flat = n.reshape(-1)
     active = np.flatnonzero(flat)
     if active.size * 2 < flat.size:
         # Sharded placements leave most (rank, expert) cells empty (DeepSeek-V3 on 32 ranks: 97%); pricing
         # only the active cells and summing them per rank with bincount is several times faster.
         v = flat[active]
-        t = np.maximum(v * per_token / hw.eta(v, staircase=staircase), t_mem)
+        t = np.maximum(v * per_token / hw.eta(v, staircase=staircase) + hw.expert_call_overhead, t_mem)
+        if act_per_token:
+            t += v * act_per_token
         return np.bincount(active // E, weights=t, minlength=C * G).reshape(C, G)
     t = n * per_token
     t /= hw.eta(n, staircase=staircase)
+    t += hw.expert_call_overhead
     np.maximum(t, t_mem, out=t)
+    if act_per_token:
+        t += n * act_per_token
     t *= n > 0
     return t.sum(axis=-1)
 
@@ -368,8 +382,9 @@ def layer_cost(
         local_tokens = tokens / G  # shared experts run on every rank over the tokens it holds
         t_sh = np.maximum(
             model.shared_flops_per_token * local_tokens / (hw.eta(local_tokens) * hw.peak_flops),
-            model.shared_bytes / hw.mem_effective,
-        )
+            hw.weight_read_time(model.shared_bytes),
+        ) + hw.expert_call_overhead
+        t_sh = t_sh + hw.activation_cost * local_tokens * (3 * model.hidden_size + 2 * model.shared_ffn * model.num_shared_experts)
         ffn_CG = ffn_CG + t_sh[:, None]
     ffn_CG = ffn_CG + hw.moe_layer_overhead
 

@@ -7,6 +7,10 @@
     measure_predictors(trace, names, ...) -> PredictorMeasurement   OUR predictors on OUR trace, with the model's
                                                                     forward timed in the same run
     measured_overhead_curve(measurement, skewness) -> OverheadCurve
+    save_measurement / load_measurement(path) -> (PredictorMeasurement, skewness, info)   a measurement on disk
+    reference_measurement(), reference_overhead_curve()  the shipped measurement (sim/predictors/builtin.json:
+                                                    our predictors on the built-in model's trace, split by
+                                                    document), the default overhead curve of the advisor
 
 Units: accuracy is top-k accuracy in [0, 1] (1 - accuracy is MoE-GPS's token error rate eps); overhead is a
 fraction of the model's runtime (predictor µs per token / forward µs per token), the y-axis of MoE-GPS
@@ -16,13 +20,16 @@ Reference data. Table 1 (skewness, distribution error rate) is quoted from the p
 are NOT in our copy of the paper: it is text only, and keeps the figure's axes (accuracy 0-1, overhead 0-0.3
 of runtime, performance 0-1) and its story (five predictor families per dataset; the neural ones the most
 accurate and the most expensive, up to ~0.3 of runtime; at skewness 2.0 the same accuracy costs less) but not
-its markers. FIG4_ESTIMATE holds our estimate of those points under exactly those constraints; every figure
-built on it says so, and a reader with the figure can replace the table.
+its markers. FIG4_ESTIMATE holds our estimate of those points under exactly those constraints; it is only a
+what-if (paper_overhead_curve), labelled so wherever it is used. The default overhead curve is measured:
+reference_overhead_curve(), the exponential fit to OUR predictors' accuracy and µs/token over the built-in
+model's forward µs/token in the same run, as benchmarks/moe_gps_figures.py --save-reference wrote it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +55,10 @@ FIG4_ESTIMATE: dict[float, tuple[tuple[str, float, float], ...]] = {
     2.0: (("probability", 0.40, 0.001), ("conditional-position", 0.45, 0.002), ("conditional-token", 0.62, 0.005),
           ("ffn", 0.78, 0.03), ("lstm", 0.90, 0.15)),
 }
+
+# The shipped measurement of our predictors (benchmarks/moe_gps_figures.py --trace out/traces/builtin --save-reference).
+REFERENCE_FILE = Path(__file__).resolve().parent / "predictors" / "builtin.json"
+MEASUREMENT_FORMAT = "routecast-predictor-measurement"
 
 # Token-to-expert predictors of routecast.predict (the MoE-GPS families); "distribution" is distribution-only.
 TOKEN_PREDICTORS = ("probability", "conditional-token", "conditional-position", "ffn", "lstm")
@@ -198,10 +209,12 @@ class OverheadCurve:
 
 
 def paper_overhead_curve() -> OverheadCurve:
-    """Exponential fits to FIG4_ESTIMATE at skewness 1.4 and 2.0 (our estimate of MoE-GPS Figure 4)."""
+    """What-if only: exponential fits to FIG4_ESTIMATE at skewness 1.4 and 2.0 (our ESTIMATE of MoE-GPS Figure 4's
+    points, written by hand: the figure is not in our copy of the paper)."""
     skews = tuple(sorted(FIG4_ESTIMATE))
     fits = tuple(fit_exponential([p[1] for p in FIG4_ESTIMATE[s]], [p[2] for p in FIG4_ESTIMATE[s]]) for s in skews)
-    return OverheadCurve(skews=skews, fits=fits, source="MoE-GPS Figure 4 (points estimated: figure not in our copy)")
+    return OverheadCurve(skews=skews, fits=fits,
+                         source="what-if: estimated MoE-GPS Figure 4 points (hand-written; the figure is not in our copy)")
 
 
 def paper_dist_error(skewness: Any) -> np.ndarray:
@@ -301,9 +314,10 @@ def measure_predictors(
     trace: Trace, names: str | Sequence[str] = ("distribution", "probability", "conditional-token",
                                                 "conditional-position", "ffn"),
     *, model_dir: str | Path | None = None, epochs: int | None = None, train_fraction: float = 0.8, seed: int = 0,
-    threads: int = 1, repeat: int = 10,
+    threads: int = 1, repeat: int = 10, split: str = "document",
 ) -> PredictorMeasurement:
-    """Fit and score `names` on a request split of `trace` (routecast.predict.evaluate) and time the model's
+    """Fit and score `names` on a held-out split of `trace` (routecast.predict.evaluate; by document unless the
+    trace records none, or split="request") and time the model's
     forward in the same process at the test split's mean tokens per step, once before and once after the
     predictors (the mean of the two medians), so both costs see the same machine load.
 
@@ -311,12 +325,12 @@ def measure_predictors(
     """
     from routecast.predict.evaluate import evaluate
 
-    train, test = trace.split("request", (train_fraction, 1 - train_fraction), seed=seed)
+    (train, test), used, _ = trace.heldout_split(split, (train_fraction, 1 - train_fraction), seed=seed)
     n_fwd = max(1, round(test.num_tokens / max(np.unique(test.step).size, 1)))
     model = _forward_model(trace, model_dir, seed)
     before, source = forward_us_per_token(trace, tokens=n_fwd, repeat=repeat, seed=seed, model=model)
     rows = evaluate(trace, names, model_dir=model_dir, train_fraction=train_fraction, seed=seed, progress=False,
-                    threads=threads, epochs=epochs)
+                    threads=threads, epochs=epochs, split=split)
     after, _ = forward_us_per_token(trace, tokens=n_fwd, repeat=repeat, seed=seed, model=model)
     fwd_us = (before + after) / 2
     out = []
@@ -328,7 +342,7 @@ def measure_predictors(
             "distribution_error": float(r["distribution_error"]),
             "distribution_error_total": float(r["distribution_error_total"]), "fit_s": float(r["fit_s"]),
         })
-    split = (f"fitted on {train_fraction:.0%} of {np.unique(trace.request).size} requests, scored on "
+    split = (f"split by {used}: fitted on {train_fraction:.0%} of {np.unique(trace.tokens[used]).size} {used}s, scored on "
              f"{test.num_tokens} tokens in {np.unique(test.step).size} steps; forward {before:.1f} / {after:.1f} "
              "µs/token before / after")
     return PredictorMeasurement(rows=tuple(out), forward_us_per_token=fwd_us, forward_tokens=n_fwd,
@@ -354,3 +368,50 @@ def measured_overhead_curve(measurement: PredictorMeasurement, skewness: float, 
     return OverheadCurve(skews=(float(skewness),), fits=(fit,),
                          source=f"measured on the trace, {which} token predictors: {names}; forward of "
                                 f"{measurement.forward_source}")
+
+
+# ------------------------------------------------------------------------------- a measurement on disk
+def save_measurement(measurement: PredictorMeasurement, skewness: float, path: str | Path, **info: Any) -> Path:
+    """Write a measurement and the trace's skewness as JSON (info: trace, command, machine, ...). Returns path."""
+    doc = {"format": MEASUREMENT_FORMAT, "version": 1, "skewness": float(skewness), **info,
+           "measurement": measurement.as_dict()}
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(doc, indent=1) + "\n")
+    return p
+
+
+def load_measurement(path: str | Path = REFERENCE_FILE) -> tuple[PredictorMeasurement, float, dict[str, Any]]:
+    """A measurement written by save_measurement -> (PredictorMeasurement, skewness, the whole document)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+        m = doc["measurement"]
+        meas = PredictorMeasurement(rows=tuple(dict(r) for r in m["rows"]),
+                                    forward_us_per_token=float(m["forward_us_per_token"]),
+                                    forward_tokens=int(m["forward_tokens"]), forward_source=str(m["forward_source"]),
+                                    split=str(m["split"]))
+        skew = float(doc["skewness"])
+        ok = doc.get("format") == MEASUREMENT_FORMAT and all(
+            {"predictor", "strategy", "top_k_accuracy", "overhead_frac"} <= set(r) for r in meas.rows)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{p}: cannot be read as a predictor measurement ({type(e).__name__}: {e}); expected the "
+                          "JSON that benchmarks/moe_gps_figures.py --save-reference writes.") from None
+    if not ok:
+        raise ConfigError(f"{p}: is not a {MEASUREMENT_FORMAT} with predictor rows; expected the JSON that "
+                          "benchmarks/moe_gps_figures.py --save-reference writes.")
+    return meas, skew, doc
+
+
+def reference_measurement() -> tuple[PredictorMeasurement, float, dict[str, Any]]:
+    """The shipped measurement: our predictors on the built-in model's trace (REFERENCE_FILE)."""
+    return load_measurement(REFERENCE_FILE)
+
+
+def reference_overhead_curve() -> OverheadCurve:
+    """The advisor's default overhead curve: measured_overhead_curve of the shipped measurement (one skewness, so
+    the same curve at every skewness: one trace cannot show the paper's "higher skew, cheaper accuracy")."""
+    meas, skew, doc = reference_measurement()
+    c = measured_overhead_curve(meas, skew)
+    return dataclasses.replace(c, source=f"measured ({doc.get('trace', 'shipped measurement')}, {meas.split.split(';')[0]}): "
+                                         + c.source.removeprefix("measured on the trace, "))

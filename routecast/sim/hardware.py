@@ -10,9 +10,15 @@ Schema (units in the file; `Hardware` holds SI units: FLOP/s, bytes/s, bytes, se
     name, kind ("gpu" | "cpu"), description
     [compute]      dtype, peak_tflops                      dense peak of `dtype`
     [memory]       bandwidth_gbps, derate, capacity_gb     HBM (or DRAM); derate = achievable fraction
+                   weight_mb = [...], weight_gbps = [...]  optional: measured expert weight-read bandwidth vs
+                                                           expert size (empty or absent: bandwidth x derate)
     [interconnect] nvlink_gbps, pcie_gbps, h2d_gbps, alpha_us   per direction; 0 = not applicable
     [gemm]         tile_m, tokens = [...], eta = [...]      efficiency curve vs tokens per expert
     [overhead]     moe_layer_us                            fixed router/permutation cost per MoE layer
+                   expert_call_us                          optional: fixed cost per active expert call (the
+                                                           launch / dispatch floor of an eager expert loop)
+                   activation_ns                           optional: cost per non-GEMM activation value of an
+                                                           expert call (n x (3 hidden + 2 ffn) values)
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ class Hardware:
     eta_tokens (P,), eta_values (P,): GEMM efficiency (achieved / peak) at P token counts, increasing.
     tile_m: GEMM tile rows for the staircase option (0 = no staircase).
     moe_layer_overhead: seconds of fixed router/permutation cost per MoE layer (0 when not modelled).
+    weight_bytes (S,), weight_bandwidth (S,): measured bytes/s of reading one expert's weights at S expert
+      sizes, increasing (empty: every size reads at mem_effective).
+    expert_call_overhead: seconds of fixed cost per active expert call (0 when not modelled).
+    activation_cost: seconds per activation value an expert call touches outside its GEMMs (gather, SiLU x up,
+      scale, scatter-add: n (3 hidden + 2 ffn) values per call; 0 when not modelled).
     """
 
     name: str
@@ -63,12 +74,29 @@ class Hardware:
     eta_values: tuple[float, ...]
     tile_m: int = 0
     moe_layer_overhead: float = 0.0
+    weight_bytes: tuple[float, ...] = ()
+    weight_bandwidth: tuple[float, ...] = ()
+    expert_call_overhead: float = 0.0
+    activation_cost: float = 0.0
     source: str = ""
 
     @property
     def mem_effective(self) -> float:
         """Achievable device-memory bandwidth, bytes/s (bandwidth x derate)."""
         return self.mem_bandwidth * self.mem_derate
+
+    def weight_read_time(self, nbytes: Any) -> np.ndarray:
+        """Seconds to stream `nbytes` of expert weights (any shape) -> same shape, float64.
+
+        With a measured curve: nbytes / B(nbytes), B piecewise linear in log(bytes) between the measured sizes
+        and flat beyond both ends (small matrices do not reach the streaming rate). Without: nbytes / mem_effective.
+        """
+        w = np.asarray(nbytes, dtype=np.float64)
+        if not self.weight_bytes:
+            return w / self.mem_effective
+        with np.errstate(divide="ignore"):
+            bw = np.interp(np.log(np.maximum(w, 1.0)), np.log(self.weight_bytes), self.weight_bandwidth)
+        return w / bw
 
     def link_bandwidth(self, link: str) -> float:
         """Per-direction bandwidth of `link` ("nvlink" | "pcie") in bytes/s."""
@@ -127,6 +155,8 @@ class Hardware:
             line("bandwidth_gbps", "memory", self.mem_bandwidth / 1e9),
             line("derate", "memory", self.mem_derate),
             line("capacity_gb", "memory", self.mem_capacity / 1e9),
+            line("weight_mb", "memory", [w / 1e6 for w in self.weight_bytes]),
+            line("weight_gbps", "memory", [v / 1e9 for v in self.weight_bandwidth]),
             "",
             "[interconnect]",
             line("nvlink_gbps", "interconnect", self.nvlink_bandwidth / 1e9),
@@ -141,6 +171,8 @@ class Hardware:
             "",
             "[overhead]",
             line("moe_layer_us", "overhead", self.moe_layer_overhead * 1e6),
+            line("expert_call_us", "overhead", self.expert_call_overhead * 1e6),
+            line("activation_ns", "overhead", self.activation_cost * 1e9),
         ]
         return "\n".join(lines) + "\n"
 
@@ -213,6 +245,17 @@ def _parse(path: Path) -> Hardware:
         raise ConfigError(f"{path}: field 'gemm.tokens' is {tokens}; expected positive, strictly increasing counts.")
     if any(not 0.0 < v <= 1.0 for v in eta):
         raise ConfigError(f"{path}: field 'gemm.eta' is {eta}; expected efficiencies in (0, 1].")
+    weight_mb = r.number_list("memory.weight_mb", optional=True)
+    weight_gbps = r.number_list("memory.weight_gbps", optional=True)
+    if len(weight_mb) != len(weight_gbps):
+        raise ConfigError(
+            f"{path}: field 'memory.weight_gbps' has {len(weight_gbps)} values but 'memory.weight_mb' has "
+            f"{len(weight_mb)}; expected equal lengths."
+        )
+    if any(w <= 0 for w in weight_mb) or any(b <= a for a, b in zip(weight_mb, weight_mb[1:], strict=False)):
+        raise ConfigError(f"{path}: field 'memory.weight_mb' is {weight_mb}; expected positive, strictly increasing sizes.")
+    if any(v <= 0 for v in weight_gbps):
+        raise ConfigError(f"{path}: field 'memory.weight_gbps' is {weight_gbps}; expected positive bandwidths.")
     derate = r.number("memory.derate")
     if not 0.0 < derate <= 1.0:
         raise ConfigError(f"{path}: field 'memory.derate' is {derate}; expected a fraction in (0, 1].")
@@ -233,6 +276,10 @@ def _parse(path: Path) -> Hardware:
         eta_values=tuple(float(v) for v in eta),
         tile_m=int(r.number("gemm.tile_m", integer=True)),
         moe_layer_overhead=r.number("overhead.moe_layer_us") * 1e-6,
+        weight_bytes=tuple(w * 1e6 for w in weight_mb),
+        weight_bandwidth=tuple(v * 1e9 for v in weight_gbps),
+        expert_call_overhead=r.number("overhead.expert_call_us", default=0.0) * 1e-6,
+        activation_cost=r.number("overhead.activation_ns", default=0.0) * 1e-9,
         source=str(path),
     )
 
@@ -243,10 +290,13 @@ class _Reader:
     def __init__(self, doc: dict[str, Any], path: Path):
         self.doc, self.path = doc, path
 
-    def get(self, dotted: str) -> Any:
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """The value at `dotted`; a missing key gives `default` when one is given, else a ConfigError."""
         node: Any = self.doc
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
+                if default is not None:
+                    return default
                 raise ConfigError(f"{self.path}: field '{dotted}' is missing.")
             node = node[part]
         return node
@@ -257,8 +307,8 @@ class _Reader:
             raise ConfigError(f"{self.path}: field '{dotted}' is {v!r}; expected a string.")
         return v
 
-    def number(self, dotted: str, *, positive: bool = False, integer: bool = False) -> float:
-        v = self.get(dotted)
+    def number(self, dotted: str, *, positive: bool = False, integer: bool = False, default: float | None = None) -> float:
+        v = self.get(dotted, default)
         ok = isinstance(v, int) if integer else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok or not math.isfinite(v) or v < 0 or (positive and v <= 0):
             what = "integer" if integer else "number"
@@ -267,8 +317,11 @@ class _Reader:
             )
         return v
 
-    def number_list(self, dotted: str) -> list[float]:
-        v = self.get(dotted)
+    def number_list(self, dotted: str, *, optional: bool = False) -> list[float]:
+        """A non-empty list of finite numbers; with `optional`, an absent key or an empty list gives []."""
+        v = self.get(dotted, [] if optional else None)
+        if optional and v == []:
+            return []
         if (
             not isinstance(v, list)
             or not v

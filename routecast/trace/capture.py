@@ -248,7 +248,7 @@ def _int(v: Any, where: str, lo: int = 0) -> int:
 
 
 def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[dict[str, Any]]:
-    """Validated request records: request, prompt, task, source, max_new_tokens, arrival_s."""
+    """Validated request records: request, prompt, task, source, max_new_tokens, arrival_s, document."""
     out = []
     for i, r in enumerate(prompts):
         if isinstance(r, str):
@@ -264,6 +264,10 @@ def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[di
         for key in ("task", "source"):
             if r.get(key) is not None and not isinstance(r[key], str):
                 raise ConfigError(f"{where}: record {i} has {key} {r[key]!r}; expected a string.")
+        doc = r.get("document")
+        if doc is not None and not isinstance(doc, str) and (isinstance(doc, bool) or not isinstance(doc, int) or doc < 0):
+            raise ConfigError(f"{where}: record {i} has document {doc!r}; expected a string or an integer >= 0 "
+                              "naming the prompt's source document.")
         out.append({
             "request": _int(r.get("request", i), f"{where}: record {i} field 'request'"),
             "prompt": text,
@@ -271,12 +275,27 @@ def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[di
             "source": r.get("source"),
             "max_new_tokens": _int(r.get("max_new_tokens", max_new_tokens), f"{where}: record {i} field 'max_new_tokens'"),
             "arrival_s": float(arrival),
+            "document": doc,
         })
     ids = [r["request"] for r in out]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
         raise ConfigError(f"{where}: request id {dup} appears more than once; expected unique request ids.")
     return out
+
+
+def document_ids(records: Sequence[Mapping[str, Any]], where: str = "prompts") -> tuple[list[int], tuple[str, ...]]:
+    """Each record's 'document' as an int64 id (-1 = none given) -> (ids, names).
+
+    String documents are numbered by their sorted order (names[i] is document i), so the same prompts give the
+    same ids on a resumed run; integer documents are kept as they are (names empty). Mixing the two is refused.
+    """
+    docs = [r.get("document") for r in records]
+    strs = sorted({d for d in docs if isinstance(d, str)})
+    if strs and any(d is not None and not isinstance(d, str) for d in docs):
+        raise ConfigError(f"{where}: documents mix strings and integers; expected one kind for every record.")
+    index = {n: i for i, n in enumerate(strs)}
+    return [-1 if d is None else index[d] if isinstance(d, str) else int(d) for d in docs], tuple(strs)
 
 
 def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
@@ -298,14 +317,14 @@ def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
     if tokenizer is None:
         raise ConfigError(f"--prompts: corpus:{name} needs the model's tokenizer to size prompts; expected one.")
     return [{"request": r.request, "prompt": r.prompt_text, "task": r.task, "max_new_tokens": r.max_new_tokens,
-             "arrival_s": r.arrival_s} for r in build_prompts(tokenizer, PromptConfig(**kw))]
+             "arrival_s": r.arrival_s, "document": r.document} for r in build_prompts(tokenizer, PromptConfig(**kw))]
 
 
 def load_prompts(source: str | Path | Sequence[Mapping[str, Any]], tokenizer: Any = None) -> list[dict[str, Any]]:
     """Prompt records from a JSONL file, 'corpus:NAME[:N]' or a sequence of dicts.
 
     JSONL: one object per line, {"prompt": str, "task": str?, "max_new_tokens": int?, "arrival_s": float?,
-    "request": int?}; blank lines are skipped. corpus:NAME samples N prompts (default 64) from the
+    "request": int?, "document": str or int?}; blank lines are skipped. corpus:NAME samples N prompts (default 64) from the
     built-in corpus with routecast.models.prompts: NAME is a split (train, val, test: all tasks) or a
     task (code, docs, austen, bible, wiki: test split); lengths are counted in tokenizer's tokens.
     """
@@ -341,8 +360,7 @@ def load_model(model_dir_or_builtin: str | Path) -> tuple[nn.Module, Any]:
     name = str(model_dir_or_builtin)
     path = check_checkpoint(name) if is_builtin_name(name) else Path(name)
     if not (path / "config.json").is_file():
-        raise ConfigError(f"--model: {name!r} has no config.json; expected a Hugging Face model directory, "
-                          "'builtin' or 'builtin-fine'.")
+        raise ConfigError(f"--model: {name!r} has no config.json; expected an HF model directory, builtin or builtin-fine.")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(path)
@@ -469,7 +487,8 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
     """Run greedy generate over prompts batch by batch and write every processed token's routing to writer.
 
     prompts: records with 'prompt' and optional 'task', 'source', 'max_new_tokens', 'arrival_s',
-    'request' (default: the record's index). Requests in writer.committed_requests() are skipped, so an
+    'request' (default: the record's index), 'document' (the prompt's source document, a string or an id;
+    recorded in the trace's document column by document_ids' numbering, -1 when absent). Requests in writer.committed_requests() are skipped, so an
     interrupted capture resumes. Each batch is appended and flushed as one shard. Steps continue from
     writer.num_tokens, which keeps them unique across resumed runs.
     Returns {requests, skipped, tokens, prefill_tokens, decode_tokens, forwards, seconds, tokens_per_s}.
@@ -485,6 +504,8 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
                 raise ConfigError(
                     f"prompts: request {r['request']} has {k} {r[k]!r}; expected one of the writer's {k}_names {list(names[k])}."
                 )
+    for r, d in zip(recs, document_ids(recs)[0], strict=True):
+        r["document_id"] = d
     done = {int(x) for x in np.asarray(writer.committed_requests()).ravel().tolist()}
     todo = [r for r in recs if r["request"] not in done]
     model.eval()
@@ -509,13 +530,14 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
             seqs = _run(model, ids, mask, budgets, gc, enc_dec)
             cols, parts, used = _assemble(rec.forwards(), ids, mask, seqs, budgets, eos, enc_dec)
             rec.reset()  # drop the references to this batch's activations
-            meta = {k: np.asarray([r[k] for r in batch]) for k in ("request", "arrival_s")}
+            meta = {k: np.asarray([r[k] for r in batch]) for k in ("request", "arrival_s", "document_id")}
             for k in ("task", "source"):
                 meta[k] = np.asarray([names[k].index(r[k]) if r[k] is not None else -1 for r in batch])
             bi = cols["b"]
             tokens = make_columns(len(bi), request=meta["request"][bi], position=cols["position"],
                                   token_id=cols["token_id"], phase=cols["phase"], step=step + cols["step_offset"],
-                                  task=meta["task"][bi], source=meta["source"][bi], arrival_s=meta["arrival_s"][bi])
+                                  task=meta["task"][bi], source=meta["source"][bi], arrival_s=meta["arrival_s"][bi],
+                                  document=meta["document_id"][bi])
             cat = [None if p[0] is None else np.concatenate(p) for p in zip(*parts, strict=True)]
             writer.append(tokens, cat[0], cat[1], logits_TLE=cat[2], hidden_TLH=cat[3])
             writer.flush()
@@ -564,9 +586,12 @@ def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Pat
         "dtype": str(next(model.parameters()).dtype),
     }
     provenance["prompts"] = str(provenance["prompts"])
-    bias = router_correction_bias(find_blocks(model))
-    if bias is not None:  # selection-only bias (DeepSeek-V3): lets `stats` separate its effect from the group limit
+    if (bias := router_correction_bias(find_blocks(model))) is not None:  # lets `stats` tell bias from group limit
         provenance["router_correction_bias_LE"] = bias
+    doc_ids, doc_names = document_ids(_records(records, max_new_tokens, "prompts"))
+    # Which text each document id stands for (string documents only; absent ones are -1 in the trace).
+    provenance["documents"] = list(doc_names) if doc_names else (
+        "integer ids from the prompts" if any(d >= 0 for d in doc_ids) else "none given (unknown)")
     # On an exception the writer keeps the committed shards, so running again with resume=True goes on.
     with TraceWriter(out, spec, task_names=task_names, source_names=source_names, provenance=provenance,
                      resume=resume) as writer:

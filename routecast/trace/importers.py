@@ -12,6 +12,8 @@ Canonical fields (field_map={"name in the log": "canonical name"} renames; ALIAS
   weights    list of routing weights, one per expert id (absent: 1/K each)
   token_id   int; phase "prefill"/"decode" or 0/1 (absent: prefill); step int >= 0 (absent: derived);
   task, source  string names or int indices; arrival_s  seconds (float)
+  document   the request's source document: int id >= 0, or string id (renumbered in order of first
+             appearance); absent: -1, unknown (a document split then falls back to the request split)
 The names are resolved from the first record; every record must then carry every resolved field.
 
 Streaming, in bounded memory: two passes with pyarrow's block-wise JSON reader. Pass 1 checks every
@@ -48,7 +50,7 @@ from routecast.trace.spec import MoESpec
 from routecast.trace.trace import DECODE, PREFILL
 
 REQUIRED = ("request", "layer", "position", "experts")
-OPTIONAL = ("weights", "token_id", "phase", "step", "task", "source", "arrival_s")
+OPTIONAL = ("weights", "token_id", "phase", "step", "task", "source", "arrival_s", "document")
 ALIASES: dict[str, tuple[str, ...]] = {
     "request": ("request_id", "req_id", "seq_id", "sequence_id", "req"),
     "layer": ("layer_id", "layer_idx", "moe_layer"),
@@ -57,6 +59,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "weights": ("gating_probs", "topk_weights", "routing_weights", "expert_weights", "probs", "scores"),
     "token_id": ("token", "input_id"),
     "arrival_s": ("arrival", "arrival_time"),
+    "document": ("document_id", "doc_id", "doc"),
 }
 _BLOCK = 4 << 20  # bytes of JSON per block: large enough for long lines, small against the window
 _I32 = 2**31
@@ -68,8 +71,8 @@ def _kinds(first: dict[str, Any], fields: dict[str, str]) -> dict[str, str]:
     """canonical -> value kind: int, float, str, ints, floats (request/phase/task/source may be str)."""
     kinds = {"request": "int", "layer": "int", "position": "int", "experts": "ints", "weights": "floats",
              "token_id": "int", "phase": "int", "step": "int", "task": "int", "source": "int",
-             "arrival_s": "float"}
-    for c in ("request", "phase", "task", "source"):
+             "arrival_s": "float", "document": "int"}
+    for c in ("request", "phase", "task", "source", "document"):
         if c in fields and isinstance(first.get(fields[c]), str):
             kinds[c] = "str"
     return {c: kinds[c] for c in fields}
@@ -248,7 +251,8 @@ def _check(cols: dict[str, Any], ctx: dict) -> tuple[int, str] | None:
     checks: list[tuple[str, Any, str]] = []
     ints = {"position": (0, _I32, "0..2**31-1"), "layer": (0, _I32, "0..2**31-1"), "step": (0, 2**62, ">= 0"),
             "token_id": (-1, _I32, "-1..2**31-1"), "task": (-1, 2**15, "-1..32767"),
-            "source": (-1, 2**15, "-1..32767"), "phase": (0, 2, "0 (prefill) or 1 (decode)")}
+            "source": (-1, 2**15, "-1..32767"), "document": (-1, 2**62, "-1 (unknown) or a document id >= 0"),
+            "phase": (0, 2, "0 (prefill) or 1 (decode)")}
     for c, (lo, hi, exp) in ints.items():
         if c in cols and not isinstance(cols[c], tuple):
             checks.append((c, (cols[c] < lo) | (cols[c] >= hi), exp))
@@ -347,7 +351,7 @@ def _make_spec(src: Path, st: dict[str, Any], spec: MoESpec | None, num_experts:
 
 
 # ---------------------------------------------------------------- pass 2: group records into tokens
-_TOKEN_FIELDS = ("token_id", "phase", "step", "task", "source", "arrival_s")
+_TOKEN_FIELDS = ("token_id", "phase", "step", "task", "source", "arrival_s", "document")
 
 
 def _records(cols: dict[str, Any], kinds: dict[str, str], lut: tuple[np.ndarray, np.ndarray], K: int,
@@ -373,7 +377,8 @@ def _records(cols: dict[str, Any], kinds: dict[str, str], lut: tuple[np.ndarray,
         if kinds[c] == "str":  # dictionary-encoded: map this batch's few distinct strings
             codes, names = cols[c]
             m = maps[c]
-            look = np.array([m.setdefault(s, len(m)) if c == "request" else m[s] for s in names], np.int64)
+            look = np.array([m.setdefault(s, len(m)) if c in ("request", "document") else m[s] for s in names],
+                            np.int64)
             rec[c] = look[codes] if names else np.zeros(n, np.int64)
         else:
             rec[c] = cols[c]
@@ -489,14 +494,17 @@ def import_jsonl(src: str | os.PathLike, out: str | os.PathLike, *, spec: MoESpe
     st = _scan(src, fields, kinds, ctx, progress)
     spec, keys, order = _make_spec(src, st, spec, num_experts, top_k)
     L, K = spec.num_layers, spec.top_k
-    maps = {"request": {}, "task": st["task"], "source": st["source"], "phase": dict(_PHASES)}
+    maps = {"request": {}, "task": st["task"], "source": st["source"], "phase": dict(_PHASES), "document": {}}
     prov = {"importer": "jsonl", "source_file": str(src), "records": st["records"], "fields": fields,
             "window": window, "step": "from the log" if "step" in fields else
             "derived: consecutive prefill tokens of a request form one step, each decode token its own",
             "phase": "from the log" if "phase" in fields else "absent: all prefill",
             "weights": "from the log" if "weights" in fields else "absent: 1/K per routed slot",
             "request": "renumbered from strings in order of first appearance" if kinds["request"] == "str"
-            else "from the log"}
+            else "from the log",
+            "document": "absent: unknown (a document split falls back to the request split)"
+            if "document" not in fields else "renumbered from strings in order of first appearance"
+            if kinds["document"] == "str" else "from the log"}
     writer = TraceWriter(out, spec, task_names=_names(st, "task"), source_names=_names(st, "source"),
                          provenance=prov, shard_tokens=shard_tokens, overwrite=overwrite)
     schema = _schema(fields, kinds)

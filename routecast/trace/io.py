@@ -1,6 +1,7 @@
 """On-disk Trace format: a directory of trace.json, tokens.parquet and safetensors routing shards.
 
-Layout (schema_version 1):
+Layout (schema_version 2; version 1, without the per-token 'document' column, is still read: its
+documents read as -1, unknown):
   trace.json                    spec, provenance, task/source names, num_tokens, tensor layout, shard list
   tokens.parquet                every row's COLUMNS (exact dtypes, page checksums), in row order
   routing-00000.safetensors...  a contiguous row range: experts_TLK int16, weights_TLK float32, optional
@@ -38,7 +39,9 @@ from routecast.trace.shards import (
     _SHARD_RE,
     _TMP_RE,
     _TOK,
+    ADDED_IN_V2,
     LOCK_FILE,
+    READ_VERSIONS,
     SCHEMA_VERSION,
     TOKENS_PARQUET,
     TRACE_JSON,
@@ -84,7 +87,8 @@ def _hidden_ok(h: Any) -> bool:
 
 
 _META_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("schema_version", lambda v: v == SCHEMA_VERSION, f"{SCHEMA_VERSION} (the version this routecast reads)"),
+    ("schema_version", lambda v: type(v) is int and v in READ_VERSIONS,
+     f"one of {list(READ_VERSIONS)} (the versions this routecast reads)"),
     ("spec", lambda v: isinstance(v, dict), "a JSON object"),
     ("num_tokens", _nonneg, "a non-negative integer"),
     ("task_names", _strs, "a list of strings"),
@@ -131,7 +135,7 @@ def _write_tokens(file: Path, chunks: Iterable[dict[str, np.ndarray]]) -> None:
     _atomic_write(file, write)
 
 
-def _read_tokens(file: Path, T: int) -> dict[str, np.ndarray]:
+def _read_tokens(file: Path, T: int, version: int = SCHEMA_VERSION) -> dict[str, np.ndarray]:
     if not file.is_file():
         raise TraceError(f"{file}: file is missing; expected the trace's token columns.")
     try:
@@ -140,10 +144,14 @@ def _read_tokens(file: Path, T: int) -> dict[str, np.ndarray]:
         msg = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
         msg = f"{file}: cannot be parsed as Parquet ({msg}); expected the trace's token columns."
         raise TraceError(msg) from None
-    if sorted(table.column_names) != sorted(COLUMNS):
+    # A schema-1 file predates the 'document' column: it reads as -1 (unknown document).
+    absent = [c for c in ADDED_IN_V2 if c not in table.column_names] if version == 1 else []
+    if sorted(table.column_names) != sorted(c for c in COLUMNS if c not in absent):
         raise TraceError(f"{file}: columns are {table.column_names}; expected exactly {list(COLUMNS)}.")
-    out = {}
+    out = {c: np.full(table.num_rows, -1, COLUMNS[c]) for c in absent}
     for c, dt in COLUMNS.items():
+        if c in absent:
+            continue
         col = table.column(c)
         try:
             have = np.dtype(col.type.to_pandas_dtype())
@@ -196,7 +204,7 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
     """
     d = _trace_dir(path)
     m, spec = _read_meta(d)
-    tokens = _read_tokens(d / TOKENS_PARQUET, m["num_tokens"])
+    tokens = _read_tokens(d / TOKENS_PARQUET, m["num_tokens"], m["schema_version"])
     lay = m["tensors"]
     want = {"experts_TLK", "weights_TLK"}
     want |= {"logits_TLE"} if load_logits and lay["logits_TLE"] else set()

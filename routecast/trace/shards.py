@@ -25,7 +25,10 @@ from routecast.common.errors import TraceError
 from routecast.trace.spec import MoESpec
 from routecast.trace.trace import COLUMNS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions read: 1 lacks the per-token 'document' column (read as -1, unknown); 2 added it.
+READ_VERSIONS = (1, 2)
+ADDED_IN_V2 = ("document",)
 TRACE_JSON, TOKENS_PARQUET, WRITER_JSON, LOCK_FILE = "trace.json", "tokens.parquet", "_writer.json", ".lock"
 _SHARD_RE = re.compile(r"routing-(\d{5,})\.safetensors")
 _TMP_RE = re.compile(r"\..+\.tmp-\d+")
@@ -221,7 +224,10 @@ def _load_shard(file: Path, spec: MoESpec | None, *, rows: int | None = None, nb
     for name in entries:
         if name not in expect:
             raise TraceError(f"{file}: holds unexpected tensor '{name}'; expected only {sorted(expect)}.")
+    v1_fill = [] if meta.get("schema_version") != "1" else [_TOK + c for c in ADDED_IN_V2 if _TOK + c not in entries]
     for name, (dts, shape) in expect.items():
+        if name in v1_fill:
+            continue  # a schema-1 shard predates the column; filled with -1 (unknown) below
         if name not in entries:
             raise TraceError(f"{file}: tensor '{name}' is missing; expected it in every routing shard.")
         dt, sh = entries[name][:2]
@@ -251,8 +257,10 @@ def _load_shard(file: Path, spec: MoESpec | None, *, rows: int | None = None, nb
         raise _oserr(file, e, "a readable routing shard") from None
     if raw.size != size:
         raise TraceError(f"{file}: file changed size while being read; expected {size} bytes.")
-    return {k: raw[start + a: start + b].view(dt).reshape(sh)
-            for k, (dt, sh, a, b) in entries.items() if want is None or k in want}, info
+    out = {k: raw[start + a: start + b].view(dt).reshape(sh)
+           for k, (dt, sh, a, b) in entries.items() if want is None or k in want}
+    out.update({k: np.full(n, -1, COLUMNS[k[len(_TOK):]]) for k in v1_fill if want is None or k in want})
+    return out, info
 
 
 def _write_shard(file: Path, spec: MoESpec, task_names: tuple[str, ...], source_names: tuple[str, ...],

@@ -333,11 +333,13 @@ def top1_TL(experts_TLK: np.ndarray, weights_TLK: np.ndarray) -> np.ndarray:
 
 
 def half_masks(trace: Trace, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Fit/score halves by whole requests (shuffled with seed, as Trace.split does): bool (T,), (T,).
+    """Fit/score halves by whole source documents, or whole requests when the trace records no documents
+    (shuffled with seed, as Trace.split does): bool (T,), (T,).
 
-    A trace of a single request is cut by token order instead (first half fits, second half scores).
+    Requests cut from one document share text, so halves by request would score a token-id table on n-grams
+    it was fitted on. A trace of a single document (or request) is cut by token order instead.
     """
-    req = trace.tokens["request"]
+    req = trace.tokens["document" if trace.has_documents else "request"]
     groups = np.unique(req)
     if len(groups) >= 2:
         perm = np.random.default_rng(seed).permutation(groups)

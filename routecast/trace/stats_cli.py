@@ -69,7 +69,8 @@ LEGEND = (
     "and per sequence. IR: PROBE imbalance ratio (max/mean rank load, contiguous sharding on ep ranks); "
     "IR/st, IRmax: mean and max per step. H/Hmax: routing entropy / log2 E. unused: experts never chosen in the trace. top10%: share of slots on the "
     "top 10% of experts (at least one). kurt: median kurtosis of per-token-id activation maps (s-MoE). tok@1, tok-hit: "
-    "token-id table's expert = true top-1 / is in the true top-k (held-out requests); glob@1: most "
+    "token-id table's expert = true top-1 / is in the true top-k (held-out documents; requests when the "
+    "trace records none); glob@1: most "
     "frequent expert = top-1. prev@1: argmax transition from the previous layer's experts = top-1. "
     "taskL1: mean pairwise L1 between task distributions; halfL1: L1 between two halves of one task "
     "(the noise floor). drift: L1 between consecutive windows of steps. Grouped routers with a recorded "
@@ -130,7 +131,8 @@ def routing_stats(
 
     ep: EP ranks for PROBE IR (contiguous sharding). window: steps per drift window (None: ~16 windows).
     seq_len: also report MoE-GPS skewness per seq_len-token sequence (None: skip). max_tokens: cap on
-    the tokens (half fit, half scored, split by request with seed) behind the token-id table, kurtosis and
+    the tokens (half fit, half scored, split by document with seed; by request when the trace records no
+    documents) behind the token-id table, kurtosis and
     transition statistics. max_step_rows: per-step arrays longer than this are stored as means over
     consecutive steps (`steps.pool` says how many). `per_layer` maps a statistic to a list of L values;
     `overall` holds the mean over layers of each.
@@ -162,7 +164,7 @@ def routing_stats(
     if seq_len is not None:
         per["skewness_seq_mean"] = _nan_reduce(np.nanmean, sequence_skewness(trace, seq_len), axis=0)
 
-    # Token-level statistics on a capped sample: fit on one half of the requests, score on the other.
+    # Token-level statistics on a capped sample: fit on one half of the documents (requests), score on the other.
     rng = np.random.default_rng(seed)
     fit_m, eval_m = half_masks(trace, seed=seed)
     fit = sample_indices(fit_m, max_tokens // 2, rng)
@@ -198,7 +200,8 @@ def routing_stats(
         "model": s.name, "num_layers": L, "num_experts": E, "top_k": K, "layer_ids": list(s.layer_ids),
         "num_tokens": trace.num_tokens, "num_requests": int(len(np.unique(trace.tokens["request"]))),
         "num_steps": int(len(st.steps_S)), "ep": int(ep), "window": st.window, "seq_len": seq_len,
-        "token_sample": {"fit": int(len(fit)), "scored": int(len(ev)), "kurtosis_ids": int(known_k.sum())},
+        "token_sample": {"fit": int(len(fit)), "scored": int(len(ev)), "kurtosis_ids": int(known_k.sum()),
+                         "split": "document" if trace.has_documents else "request"},
         "per_layer": per,
         "overall": {k: _nan_reduce(np.nanmean, v) for k, v in per.items()},
         "reference": {"entropy_max_bits": float(np.log2(E)), "kurtosis_fixed_set": fixed_set_kurtosis(E, K)},
@@ -228,7 +231,7 @@ def format_stats(d: dict) -> str:
         f"routing statistics: {d['model'] or 'moe'}  T={d['num_tokens']}  L={d['num_layers']}  "
         f"E={d['num_experts']}  K={d['top_k']}  requests={d['num_requests']}  steps={d['num_steps']}  "
         f"ep={d['ep']}  window={d['window']} steps",
-        f"token sample: fit {ts['fit']}, scored {ts['scored']} (split by request); kurtosis over "
+        f"token sample: fit {ts['fit']}, scored {ts['scored']} (split by {ts['split']}); kurtosis over "
         f"{ts['kurtosis_ids']} token ids, fixed-set reference {_cell(d['reference']['kurtosis_fixed_set'], '{:.1f}')}",
     ]
     if d["tasks"]["names"]:

@@ -25,8 +25,8 @@ def _lognormal_len(median: np.ndarray, sigma: float, z: np.ndarray, lo: int, hi:
 
 
 def schedule(cfg: SynthConfig, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Serving simulation: returns token columns (request, position, phase, step, task, arrival_s, source)
-    in processing order (by step; decode tokens before prefill chunks inside a step) and task per request.
+    """Serving simulation: returns token columns (request, position, phase, step, task, arrival_s, source,
+    document) in processing order (by step; decode tokens before prefill chunks inside a step) and task per request.
 
     The loop runs once per step and once per admitted request, never once per token: decode tokens are
     implied by each request's prefill-completion step and expanded with np.repeat afterwards.
@@ -68,7 +68,10 @@ def schedule(cfg: SynthConfig, rng: np.random.Generator) -> tuple[dict[str, np.n
     order = np.lexsort((pos, req, -phase, step))  # decode first inside a step, as vLLM schedules
     req, pos, step, phase = req[order], pos[order], step[order], phase[order]
     cols = {"request": req, "position": pos, "phase": phase, "step": step, "task": task[req],
-            "arrival_s": arrival[req], "source": np.zeros(req.size, dtype=np.int16)}
+            "arrival_s": arrival[req], "source": np.zeros(req.size, dtype=np.int16),
+            # The generator draws every request's tokens independently (no text is shared between requests),
+            # so each request is its own document and the document split equals the request split.
+            "document": req}
     return cols, task
 
 

@@ -4,7 +4,9 @@ Shapes (legend in spec.py): experts_TLK int16 (-1 = dropped by a capacity limit)
 weights_TLK float32, logits_TLE float32 (optional), hidden_TLH float16/float32 (optional, router input).
 Per-token columns (all length T): request int64, position int32, token_id int32, phase int8
 (PREFILL=0, DECODE=1), step int64 (forward-pass index: same step = one batch), task int16 (index into
-task_names, -1 unknown), source int16 (index into source_names, -1 unknown), arrival_s float64.
+task_names, -1 unknown), source int16 (index into source_names, -1 unknown), arrival_s float64,
+document int64 (id of the text the request's prompt came from, -1 unknown: requests that share a
+document share text, so held-out requests must not share one with training requests; see split).
 """
 
 from __future__ import annotations
@@ -31,8 +33,14 @@ COLUMNS: dict[str, np.dtype] = {
     "task": np.dtype(np.int16),
     "source": np.dtype(np.int16),
     "arrival_s": np.dtype(np.float64),
+    "document": np.dtype(np.int64),
 }
-_DEFAULTS = {"token_id": -1, "phase": PREFILL, "task": -1, "source": -1, "arrival_s": 0.0}
+_DEFAULTS = {"token_id": -1, "phase": PREFILL, "task": -1, "source": -1, "arrival_s": 0.0, "document": -1}
+SPLITS = ("document", "request", "task")
+# Printed where a document split was asked of a trace that records no documents and the request split is used.
+NO_DOCUMENTS_NOTE = ("note: this trace records no source document per request (written before schema 2, or by a "
+                     "producer that gave none), so held-out requests may share text with training requests; "
+                     "splitting by request instead of by document.")
 
 
 def make_columns(num_tokens: int, **cols: Any) -> dict[str, np.ndarray]:
@@ -127,6 +135,9 @@ class Trace:
                         f"{where}: token column '{name}' holds {lo if lo < -1 else hi} but {len(names)} "
                         f"{name} name(s) are defined; expected -1..{len(names) - 1}."
                     )
+            if int(self.tokens["document"].min()) < -1:
+                raise TraceError(f"{where}: token column 'document' holds {int(self.tokens['document'].min())}; "
+                                 "expected -1 (unknown) or a document id >= 0.")
             if not np.isfinite(self.tokens["arrival_s"]).all():
                 raise TraceError(f"{where}: token column 'arrival_s' holds NaN or inf; expected finite seconds.")
         if self.logits_TLE is not None:
@@ -244,22 +255,33 @@ class Trace:
             provenance=dict(self.provenance),
         )
 
-    def split(
-        self, by: str = "request", fractions: Sequence[float] = (0.8, 0.2), seed: int = 0
-    ) -> tuple[Trace, ...]:
-        """Split into len(fractions) traces by whole requests or whole tasks, shuffled with seed.
+    @property
+    def has_documents(self) -> bool:
+        """True when every token records its source document (document >= 0), so split(by="document") works."""
+        return bool(self.num_tokens) and int(self.tokens["document"].min()) >= 0
 
-        by="request": each request goes wholly to one part (held-out requests, same tasks);
+    def split(
+        self, by: str = "document", fractions: Sequence[float] = (0.8, 0.2), seed: int = 0
+    ) -> tuple[Trace, ...]:
+        """Split into len(fractions) traces by whole documents, requests or tasks, shuffled with seed.
+
+        by="document": each source document goes wholly to one part, and with it every request whose prompt
+        came from it (held-out text: no part shares a document with another); needs every token's document
+        (has_documents) and one document per request, else TraceError;
+        by="request": each request goes wholly to one part (held-out requests, same tasks; requests cut from
+        one document land on both sides);
         by="task": each task goes wholly to one part (held-out tasks, for shift experiments).
         Parts get round(fraction * groups) groups (the last part takes the rest); order inside a part
         follows the trace.
         """
-        if by not in ("request", "task"):
-            raise TraceError(f"split: by is {by!r}; expected 'request' or 'task'.")
+        if by not in SPLITS:
+            raise TraceError(f"split: by is {by!r}; expected one of {', '.join(repr(x) for x in SPLITS)}.")
         fr = np.asarray(fractions, dtype=float)
         if fr.ndim != 1 or fr.size < 1 or (fr < 0).any() or not np.isclose(fr.sum(), 1.0):
             raise TraceError(f"split: fractions are {list(fractions)}; expected non-negative numbers summing to 1.")
         key = self.tokens[by]
+        if by == "document":
+            self.check_documents()
         groups = np.unique(key)
         perm = np.random.default_rng(seed).permutation(groups)
         bounds = np.round(np.cumsum(fr) * len(groups)).astype(int)
@@ -287,6 +309,35 @@ class Trace:
         b.tokens["step"] = b.tokens["step"] + (a.tokens["step"].max() + 1 - b.tokens["step"].min())
         b.tokens["request"] = b.tokens["request"] + (a.tokens["request"].max() + 1 - b.tokens["request"].min())
         return Trace.concat([a, b]), int(np.unique(a.tokens["step"]).size)
+
+    def check_documents(self) -> None:
+        """Raise TraceError unless every request records exactly one source document (a document split's needs)."""
+        doc, req = self.tokens["document"], self.tokens["request"]
+        unknown = np.unique(req[doc < 0])
+        if unknown.size:
+            raise TraceError(
+                f"split: {unknown.size} of {np.unique(req).size} requests record no source document (document "
+                "-1: a trace written before schema 2, or a producer that did not give one); expected every "
+                "request's document for a document split (use by='request', or --split request)."
+            )
+        # One document per request: a request spread over two documents would be cut in two by the split.
+        order = np.lexsort((doc, req))
+        r, d = req[order], doc[order]
+        bad = (r[1:] == r[:-1]) & (d[1:] != d[:-1])
+        if bad.any():
+            raise TraceError(f"split: request {int(r[1:][bad][0])} records several documents; expected one "
+                             "document per request.")
+
+    def heldout_split(self, by: str = "document", fractions: Sequence[float] = (0.8, 0.2), seed: int = 0,
+                      ) -> tuple[tuple[Trace, ...], str, str | None]:
+        """split(by, fractions, seed) where a predictor is fitted and scored -> (parts, split used, note).
+
+        by="document" on a trace that records no documents (has_documents False) falls back to the split by
+        request; note then says so in one sentence (callers print it), else note is None.
+        """
+        if by == "document" and not self.has_documents:
+            return self.split("request", fractions, seed), "request", NO_DOCUMENTS_NOTE
+        return self.split(by, fractions, seed), by, None
 
     @classmethod
     def concat(cls, traces: Sequence[Trace]) -> Trace:

@@ -21,8 +21,9 @@ from routecast.models.corpus import (
     split_documents,
     write_corpus,
 )
-from routecast.models.rdata import RObject, unserialize
-from routecast.models.sources import read_austen, read_bible, strip_wiki_markup
+from routecast.models.rdata import RObject, read_lazyload, unserialize
+from routecast.models.sources import read_austen, read_bible, strip_wiki_markup, unlzw
+from tests.models import corpus_fixture as fx
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +158,81 @@ def test_rdata_reads_a_character_vector():
     assert unserialize(_xdr_strings(["Emma", "", "CHAPTER I"])) == ["Emma", "", "CHAPTER I"]
     with pytest.raises(ConfigError, match="not supported"):
         unserialize(b"A\n" + b"\0" * 12)
-    assert isinstance(RObject([1]), RObject)
+
+
+def test_rdata_reads_attributes_and_na():
+    body = fx.r_strings(["a", None, "b"], {"names": fx.r_strings(["x", "y", "z"]), "class": fx.r_strings(["k"])})
+    got = unserialize(fx.r_serialize(body))
+    assert got == RObject(["a", None, "b"], {"names": ["x", "y", "z"], "class": ["k"]})
+    assert unserialize(fx.r_serialize(fx.r_ints([3, -1, 7]))) == (3, -1, 7)
+    with pytest.raises(ConfigError, match="ends early"):
+        unserialize(fx.r_serialize(body)[:-3])
+
+
+# ---- the Austen and KJV readers on the committed fixtures (tests/models/corpus_fixture.py) -------------
+FIXTURES = Path(__file__).parent / "data"
+
+
+def test_fixtures_are_what_the_writer_writes(tmp_path):
+    fx.write_all(tmp_path)
+    for rel in ("austen/Rdata.rdx", "austen/Rdata.rdb", "bible.data"):
+        assert (tmp_path / rel).read_bytes() == (FIXTURES / rel).read_bytes(), rel
+
+
+def test_lazyload_database_round_trip():
+    objects = read_lazyload(FIXTURES / "austen" / "Rdata")
+    assert set(objects) == {*fx.NOVELS, "unrelated"}
+    assert objects["unrelated"] == (1, 2, 3)
+    assert isinstance(objects["emma"], RObject) and objects["emma"].attrs == {"class": ["character"]}
+    assert objects["persuasion"] == fx.novel_lines("persuasion", chapters=2 + fx.NOVELS.index("persuasion") % 3)
+
+
+def test_austen_reader_splits_chapters_on_the_fixture():
+    chapters = read_austen(FIXTURES / "austen")
+    ids = [doc_id for doc_id, _ in chapters]
+    assert len(chapters) == sum(2 + i % 3 for i in range(6)) == 18
+    assert ids[:2] == ["emma/chapter001", "emma/chapter002"] and ids[-1] == "sensesensibility/chapter004"
+    pride = dict(chapters)["prideprejudice/chapter001"]
+    # Hard-wrapped lines are joined into one paragraph; NA lines count as blank.
+    assert pride.startswith(f"Pride and Prejudice\n\nChapter 1\n\n{fx.PRIDE_FIRST}\n\n")
+    assert "chapter 1 of prideprejudice, wrapped over two lines." in pride
+    assert "CHAPTER" not in pride and "by Jane Austen" not in pride
+
+
+def test_austen_reader_names_a_missing_novel(tmp_path):
+    fx.write_lazyload(tmp_path / "Rdata", {"emma": fx.r_strings(["CHAPTER 1", "x"])})
+    with pytest.raises(ConfigError, match="'mansfieldpark' is missing"):
+        read_austen(tmp_path)
+    with pytest.raises(ConfigError, match="r-cran-janeaustenr"):
+        read_austen(tmp_path / "nope")
+
+
+def test_bible_reader_on_the_fixture():
+    books = read_bible(FIXTURES / "bible.data")
+    assert len(books) == 66
+    assert books[0] == ("01_Genesis", f"The Book of Genesis\n\n1:1 {fx.GENESIS_1_1}\n1:2 And a made-up second verse.\n")
+    assert books[8][0] == "09_1_Samuel" and books[8][1].startswith("The Book of 1 Samuel\n\n1:1 Verse one of book 9.")
+    assert books[-1] == ("66_Revelation", f"The Book of Revelation\n\n22:21 {fx.REVELATION_22_21}\n")
+
+
+def test_unlzw_round_trip_across_clear_codes():
+    data = bytes(range(256)) * 3 + b"tail"  # > 248 literals: the stream holds CLEAR codes
+    assert unlzw(fx.lzw_literals(data)) == data
+
+
+def test_bible_reader_rejects_bad_files(tmp_path):
+    bad = tmp_path / "bible.data"
+    bad.write_bytes(b"XXXX" + b"\0" * 100)
+    with pytest.raises(ConfigError, match="EC02"):
+        read_bible(bad)
+    short = tmp_path / "short.data"
+    fx.write_bible(short, books=fx.BOOK_NAMES[:-1])
+    with pytest.raises(ConfigError, match="found 65 books"):
+        read_bible(short)
 
 
 @pytest.mark.skipif(not Path("/usr/lib/bible.data").is_file(), reason="bible-kjv-text is not installed")
-def test_bible_reader_finds_66_books():
+def test_bible_reader_finds_66_books_in_the_installed_package():
     books = read_bible()
     assert len(books) == 66
     assert books[0][1].startswith("The Book of Genesis\n\n1:1 In the beginning God created the heaven and the earth.")
@@ -170,7 +241,7 @@ def test_bible_reader_finds_66_books():
 
 @pytest.mark.skipif(not Path("/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb").is_file(),
                     reason="r-cran-janeaustenr is not installed")
-def test_austen_reader_finds_six_novels():
+def test_austen_reader_finds_six_novels_in_the_installed_package():
     chapters = read_austen()
     novels = {doc_id.split("/")[0] for doc_id, _ in chapters}
     assert len(novels) == 6 and len(chapters) > 250

@@ -84,9 +84,19 @@ def test_jsonl_round_trip(tmp_path, records):
     back = read_prompts(path)
     assert len(back) == len(records)
     for a, b in zip(records, back, strict=True):
-        assert (a.request, a.task, a.prompt_text, a.max_new_tokens, a.arrival_s) == (
-            b.request, b.task, b.prompt_text, b.max_new_tokens, b.arrival_s)
+        assert (a.request, a.task, a.prompt_text, a.max_new_tokens, a.arrival_s, a.document) == (
+            b.request, b.task, b.prompt_text, b.max_new_tokens, b.arrival_s, b.document)
     assert dataclasses.replace(back[0], prompt_ids=None).prompt_ids is None
+
+
+def test_every_prompt_names_the_document_it_was_cut_from(records):
+    from routecast.models.corpus import load_corpus
+
+    texts = {f"{d.task}/{d.doc_id}": d.text for d in load_corpus("test")}
+    for r in records:
+        assert r.document.startswith(r.task + "/") and r.document in texts
+        assert r.prompt_text.strip()[:40] in texts[r.document]  # the window really comes from that document
+    assert len({r.document for r in records}) < len(records)  # several windows share a document
 
 
 def test_defaults_for_optional_fields(tmp_path):

@@ -1,4 +1,5 @@
-"""The advisor reproduces MoE-GPS's qualitative findings (paper setting), prices §3.3's error models in order,
+"""The advisor reproduces MoE-GPS's qualitative findings on our measured predictor overheads (and, as a what-if,
+on the estimated Figure 4 curve; where a trend holds only on one of them the test says which), prices §3.3's error models in order,
 skips the scatter for token-to-expert, and recommends the option with the minimum total, explained in one line."""
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from routecast.sim.advisor import (
     sweep,
     trace_skewness,
 )
-from routecast.sim.fits import ExponentialFit, OverheadCurve
+from routecast.sim.fits import (
+    ExponentialFit,
+    OverheadCurve,
+    measured_overhead_curve,
+    paper_overhead_curve,
+    reference_measurement,
+)
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace import PREFILL, MoESpec, Trace, make_columns
@@ -30,44 +37,80 @@ from routecast.trace import PREFILL, MoESpec, Trace, make_columns
 SKEWS = (1.0, 1.4, 1.8, 2.2)
 
 
-def test_distribution_only_wins_at_low_skew_on_nvlink():
-    g = sweep(moe_gps_setting("nvlink"), skewness=[1.2, 1.4])
+def _measured() -> dict:
+    """Our predictors as measured (the shipped reference): their overhead curve, and only the grid accuracies
+    they reach (beyond them the fit would extrapolate)."""
+    meas, skew, _ = reference_measurement()
+    acc = [r["top_k_accuracy"] for r in meas.token_rows()]
+    return {"overhead": measured_overhead_curve(meas, skew),
+            "accuracies": [a for a in ACCURACIES if min(acc) - 1e-9 <= a <= max(acc) + 1e-9]}
+
+
+# The trends are checked on measured inputs first; the estimated-Figure-4 curve is a what-if kept for comparison.
+INPUTS = {"measured": _measured(), "what-if estimate": {"overhead": paper_overhead_curve(), "accuracies": ACCURACIES}}
+
+
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_distribution_only_wins_at_low_skew_on_nvlink(inputs):
+    g = sweep(moe_gps_setting("nvlink"), skewness=[1.2, 1.4], **INPUTS[inputs])
     assert np.all(g.figure7 > 0) and np.all(g.distribution["total"] < g.none["total"])
     assert np.all(g.distribution["total"] < g.best_token_total)
 
 
-def test_token_to_expert_wins_at_high_skew_on_pcie():
-    g = sweep(moe_gps_setting("pcie"), skewness=[2.2])
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_token_to_expert_wins_at_high_skew_on_pcie_under_the_strict_model(inputs):
+    # The strict physical model (real replicas, 32 GB/s per direction) shows the trend on both inputs.
+    assert sweep(moe_gps_setting("pcie", strict=True), skewness=[2.2], **INPUTS[inputs]).figure7[0] < 0
+
+
+def test_token_to_expert_wins_at_high_skew_on_pcie_in_the_paper_setting_only_with_the_estimate():
+    g = sweep(moe_gps_setting("pcie"), skewness=[2.2], **INPUTS["what-if estimate"])
     assert g.figure7[0] < 0 and g.best_token_total[0] < g.distribution["total"][0] < g.none["total"][0]
-    # The strict physical model agrees on this one (real replicas, 32 GB/s per direction).
-    assert sweep(moe_gps_setting("pcie", strict=True), skewness=[2.2]).figure7[0] < 0
+    # Measured inputs: this trend does NOT hold in the paper setting. Our most accurate predictors reach ~0.76, so
+    # the best token-to-expert option still leaves ~24% error on the busiest rank, and distribution-only keeps a
+    # small lead at skewness 2.2 on PCIe (it shrinks with skewness; see the next tests).
+    m = sweep(moe_gps_setting("pcie"), skewness=[1.4, 2.2], **INPUTS["measured"])
+    assert 0 < m.figure7[1] < m.figure7[0]
 
 
 @pytest.mark.parametrize("link", ["nvlink", "pcie"])
 def test_token_curve_is_u_shaped_in_accuracy(link):
-    g = sweep(moe_gps_setting(link), skewness=[1.4, 1.8])
-    tot = g.token["total"]
-    best = g.best_token
-    assert np.all((best > 0) & (best < len(ACCURACIES) - 1))  # the minimum lies strictly inside 0.5..0.95
-    rows = np.arange(2)
-    assert np.all(tot[:, 0] > tot[rows, best]) and np.all(tot[:, -1] > tot[rows, best])
-    assert np.all(np.diff(g.overhead_frac, axis=1) > 0)  # overhead grows with accuracy ...
-    assert np.all(np.diff(g.token["ffn"], axis=1) < 0)  # ... while FFN imbalance shrinks
+    for inputs, setting in (("what-if estimate", moe_gps_setting(link)),
+                            ("measured", moe_gps_setting(link, strict=True))):
+        g = sweep(setting, skewness=[1.4, 1.8], **INPUTS[inputs])
+        tot, best, rows = g.token["total"], g.best_token, np.arange(2)
+        assert np.all((best > 0) & (best < g.accuracies.size - 1)), inputs  # the minimum lies strictly inside
+        assert np.all(tot[:, 0] > tot[rows, best]) and np.all(tot[:, -1] > tot[rows, best])
+        assert np.all(np.diff(g.overhead_frac, axis=1) > 0)  # overhead grows with accuracy ...
+        ffn = np.diff(g.token["ffn"], axis=1)  # ... while FFN imbalance shrinks (with real replicas it stops
+        assert np.all(ffn <= 0) and np.all(ffn[:, 0] < 0)  # falling once the replicas' own weight reads dominate)
+    # Measured inputs in the paper setting (ideal duplication): NO U inside the accuracies our predictors reach.
+    # Their overhead stays below ~3% of the forward, so the curve keeps falling up to the most accurate one; it
+    # turns up inside the range only once every overhead is ~5-10x larger (asserted at 10x).
+    m = INPUTS["measured"]
+    g = sweep(moe_gps_setting(link), skewness=[1.4, 1.8], **m)
+    assert np.all(np.diff(g.token["total"], axis=1) < 0)
+    g10 = sweep(moe_gps_setting(link), skewness=[1.4, 1.8], overhead=m["overhead"].scaled(10.0),
+                accuracies=m["accuracies"])
+    assert np.all((g10.best_token > 0) & (g10.best_token < g10.accuracies.size - 1))
 
 
-def test_figure7_gap_shrinks_with_skew_and_slower_links():
-    v = figure7(moe_gps_setting("nvlink"), bandwidths=[b * 1e9 for b in FIG7_GBPS], skewness=SKEWS)
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_figure7_gap_shrinks_with_skew_and_slower_links(inputs):
+    v = figure7(moe_gps_setting("nvlink"), bandwidths=[b * 1e9 for b in FIG7_GBPS], skewness=SKEWS, **INPUTS[inputs])
     assert v.shape == (4, 4)
     assert np.all(np.diff(v, axis=1) < 0)  # token-to-expert gains with skewness
     assert np.all(np.diff(v, axis=0) < 0)  # and as bandwidth falls (600 -> 64 GB/s)
 
 
-def test_error_models_are_ordered():
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_error_models_are_ordered(inputs):
     base = moe_gps_setting("nvlink")
     acc = np.linspace(0.5, 0.95, 4)
     tot = {}
     for em in ("optimistic", "typical", "pessimistic"):
-        g = sweep(dataclasses.replace(base, error_model=em), skewness=SKEWS, accuracies=acc)
+        g = sweep(dataclasses.replace(base, error_model=em), skewness=SKEWS, accuracies=acc,
+                  overhead=INPUTS[inputs]["overhead"])
         tot[em] = (g.token["total"], g.distribution["total"])
     for i in range(2):
         assert np.all(tot["optimistic"][i] <= tot["typical"][i] + 1e-12)

@@ -124,3 +124,26 @@ def test_measure_predictors_relates_predictor_time_to_the_forward():
     assert np.isfinite(m.dist_error()) and len(m.token_rows()) == 2
     curve = measured_overhead_curve(m, 1.6)
     assert curve.skews == (1.6,) and curve.fits[0].n == 2 and "measured" in curve.source
+
+
+def test_measurement_round_trips_and_the_shipped_reference_is_the_default_curve(tmp_path):
+    from routecast.sim.fits import (
+        load_measurement,
+        reference_measurement,
+        reference_overhead_curve,
+        save_measurement,
+    )
+
+    meas, skew, doc = reference_measurement()
+    assert doc["trace"] and "split by document" in meas.split  # held-out documents, not requests
+    for r in meas.rows:
+        assert r["overhead_frac"] == pytest.approx(r["us_per_token"] / meas.forward_us_per_token)
+    curve = reference_overhead_curve()
+    want = measured_overhead_curve(meas, skew)
+    assert curve.fits == want.fits and curve.source.startswith("measured")
+    p = save_measurement(meas, skew, tmp_path / "m.json", trace="t")
+    back, s2, d2 = load_measurement(p)
+    assert back == meas and s2 == skew and d2["trace"] == "t"
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ConfigError, match="bad.json: cannot be read as a predictor measurement"):
+        load_measurement(tmp_path / "bad.json")

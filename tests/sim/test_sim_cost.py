@@ -60,17 +60,26 @@ def test_single_expert_by_hand():
     assert r.total[0] == pytest.approx(r.attention[0] + r.ffn[0])
 
 
+# A100 with a measured weight-read curve (Mixtral's 352 MB expert sits between 100 MB and 1 GB), a call floor
+# and activation work: each term priced by hand below.
+A100_CAL = dataclasses.replace(A100, weight_bytes=(100e6, 1e9), weight_bandwidth=(1e12, 2e12),
+                               expert_call_overhead=20e-6, activation_cost=1e-12)
+
+
+@pytest.mark.parametrize("hw", [A100, A100_CAL], ids=["datasheet", "calibrated"])
 @pytest.mark.parametrize("zero_share", [0.2, 0.8])  # dense path and sparse (bincount) path
-def test_expert_time_matches_a_loop(zero_share):
+def test_expert_time_matches_a_loop(zero_share, hw):
     rng = np.random.default_rng(1)
     n = rng.integers(1, 3000, (5, 4, 8)).astype(float) * (rng.random((5, 4, 8)) >= zero_share)
+    W = MIX.expert_bytes()
+    bw = 1e12 + 1e12 * np.log(W / 100e6) / np.log(10.0) if hw.weight_bytes else hw.mem_effective
     for staircase in (False, True):
-        got = _expert_time(n, MIX, A100, staircase)
+        got = _expert_time(n, MIX, hw, staircase)
         ref = np.zeros((5, 4))
         for c, g, e in zip(*np.nonzero(n), strict=True):
-            eta = float(A100.eta(n[c, g, e], staircase=staircase))
-            ref[c, g] += max(MIX.expert_bytes() / A100.mem_effective,
-                             n[c, g, e] * MIX.expert_flops_per_token / (eta * A100.peak_flops))
+            eta = float(hw.eta(n[c, g, e], staircase=staircase))
+            ref[c, g] += hw.expert_call_overhead + max(W / bw, n[c, g, e] * MIX.expert_flops_per_token / (eta * hw.peak_flops))
+            ref[c, g] += hw.activation_cost * n[c, g, e] * (3 * 4096 + 2 * 14336)
         np.testing.assert_allclose(got, ref, rtol=1e-12)
 
 

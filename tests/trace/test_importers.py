@@ -18,7 +18,7 @@ from routecast.trace.trace import PHASES, Trace
 
 LOG_NAMES = {"request": "request", "layer": "layer", "position": "token_idx", "token_id": "token_id",
              "experts": "experts", "weights": "gating_probs", "phase": "phase", "step": "step",
-             "task": "task", "source": "source", "arrival_s": "arrival_s"}
+             "task": "task", "source": "source", "arrival_s": "arrival_s", "document": "doc_id"}
 
 
 def _records(t: Trace, *, order: str = "forward", names: dict[str, str] | None = None,
@@ -38,7 +38,7 @@ def _records(t: Trace, *, order: str = "forward", names: dict[str, str] | None =
                "weights": t.weights_TLK[i, layer].tolist(), "phase": PHASES[t.phase[i]],
                "step": int(t.step[i]),
                "task": t.task_names[t.task[i]], "source": t.source_names[t.source[i]],
-               "arrival_s": float(t.arrival_s[i])}
+               "arrival_s": float(t.arrival_s[i]), "document": int(t.document[i])}
         recs.append({names[k]: v for k, v in rec.items() if k not in drop})
     return recs
 
@@ -71,9 +71,10 @@ def test_round_trip_with_every_field(tmp_path, small_trace, assert_trace_equal, 
 
 def test_inference_aliases_and_derived_steps(tmp_path, small_trace):
     t = small_trace(dropped=0.0, seed=2)
-    src = _write(tmp_path / "log.jsonl", _records(t, drop=("step", "task", "source", "arrival_s", "phase"),
+    src = _write(tmp_path / "log.jsonl", _records(t, drop=("step", "task", "source", "arrival_s", "phase", "document"),
                                                   layer_ids=(3, 7, 11)), blank_every=5)
     got = read_trace(import_jsonl(src, tmp_path / "out", progress=False))
+    assert (got.document == -1).all() and got.provenance["document"].startswith("absent")
     s = got.spec
     assert (s.num_layers, s.top_k, s.layer_ids) == (3, 2, (3, 7, 11))
     assert s.num_experts == int(t.experts_TLK.max()) + 1
@@ -211,3 +212,16 @@ def test_incomplete_token_fails_once_the_window_has_passed(tmp_path, monkeypatch
     with pytest.raises(TraceError, match=r"line 1: token \(request 0, position 0\) starts here but has only "
                                          r"layer indices \[0\] of 2 when 30 more records \(the window\)"):
         import_jsonl(_write(tmp_path / "w.jsonl", recs), tmp_path / "o", window=30, progress=False)
+
+
+def test_string_documents_are_numbered_in_order_of_first_appearance(tmp_path, small_trace):
+    t = small_trace(4, seed=1)
+    recs = _records(t)
+    for r in recs:
+        r["doc_id"] = f"book-{r['request'] // 2}"  # two requests per document
+    got = read_trace(import_jsonl(_write(tmp_path / "log.jsonl", recs), tmp_path / "out", spec=t.spec,
+                                  progress=False))
+    np.testing.assert_array_equal(got.document, t.request // 2)
+    assert got.provenance["document"].startswith("renumbered")
+    a, b = got.split(by="document", fractions=(0.5, 0.5), seed=0)
+    assert not set(a.document.tolist()) & set(b.document.tolist())
