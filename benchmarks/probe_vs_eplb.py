@@ -21,8 +21,11 @@ deduplicated all-to-all):
                   held out and planned twice, probe_lookahead (PROBE's lookahead predictor fitted on the
                   earlier half) and probe_transition (the transition forecast, warmed on the earlier half).
   trace-shift     with --shift-tasks A,B: the same trace reordered as traffic from tasks A, B first, then from
-                  the others (Trace.shift_by_task); the shift step is where the others start. With --model,
-                  the predictor trains on the earlier requests, so it has seen (almost) only the first tasks.
+                  the others (Trace.shift_by_task), all of it planned (causal transition forecast); the shift
+                  step is where the others start.
+  trace-shift-lookahead  with --model too: compare_lookahead on that reordered trace; the predictor trains on
+                  the earlier documents (the first tasks' when they hold more than --train-fraction of them), so
+                  it forecasts traffic from tasks it never saw.
 Trace workloads price on --trace-model (default by expert count: 8 -> mixtral-8x7b, 64 -> deepseek-v2-lite,
 the production model with builtin-fine's routing geometry). EPLB runs hierarchically with --eplb-groups
 expert groups (default: the trace's n_group) on --eplb-nodes nodes (default: one per 8 ranks); its slots
@@ -133,6 +136,9 @@ def main() -> None:
         if args.shift_tasks:
             first = [t.strip() for t in args.shift_tasks.split(",") if t.strip()]
             jobs.append(("trace-shift", lambda f=first: _read().shift_by_task(f), args.trace_model, None, None))
+            if args.model:
+                jobs.append(("trace-shift-lookahead", lambda f=first: _read().shift_by_task(f), args.trace_model,
+                             None, None))
     doc = {"machine": machine, "workloads": {}}
     kw = {"eplb_redundant": args.eplb_redundant}
     lines = []
@@ -141,7 +147,7 @@ def main() -> None:
         trace = make()
         if shift is None:  # trace-shift: (reordered trace, first step of the later tasks)
             trace, shift = trace
-            if args.model:  # the held-out part starts inside the first tasks' traffic: count its steps there
+            if name == "trace-shift-lookahead":  # held-out part only: count its steps from the first tasks
                 held = split_requests(trace, args.train_fraction)[1]
                 first = np.isin(held.tokens["task"], [held.task_names.index(t) for t in args.shift_tasks.split(",")])
                 shift = int(np.unique(held.tokens["step"][first]).size)
@@ -151,7 +157,7 @@ def main() -> None:
         model = load_model(model_name)
         groups = args.eplb_groups or (trace.spec.n_group if name.startswith("trace") else 1)
         kw["eplb_groups"], kw["eplb_nodes"] = groups, args.eplb_nodes or max(1, args.ep // 8)
-        if name.startswith("trace") and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
+        if name in ("trace", "trace-shift-lookahead") and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
             res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
                                     train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed, **kw)
         else:
