@@ -38,7 +38,7 @@ def _capture_builtin(trace_dir: Path, requests: int, seed: int, max_new_tokens: 
         hidden=True, logits=True, threads=1, resume=False,
     )
     _swap(partial, trace_dir)
-    return {"source": f"{model} model capture", "requests": requests, "capture_s": time.perf_counter() - t0}
+    return {"source": "built-in model capture" if model == "builtin" else f"{model} model capture", "requests": requests, "capture_s": time.perf_counter() - t0}
 
 
 def _fresh(path: Path) -> Path:
