@@ -24,7 +24,7 @@ result on that same step (in sample for both) and the sharded start.
 Run: python benchmarks/planner_speed.py [--reps N]
 Writes out/bench/planner_speed.json; ends with one line per case:
 `CASE: planner X ms, EPLB baseline Y ms, R x faster` (per layer; R = EPLB / planner, below 1 when the planner
-is the slower one, which the line then says).
+is the slower one, which the line then says), with the inter-quartile range of the per-repeat ratio.
 """
 
 from __future__ import annotations
@@ -153,7 +153,9 @@ def main() -> None:
             "top_k": K, "tokens_per_rank": tpr, "eplb_slots": slots, "eplb_groups": groups, "eplb_nodes": nodes,
             "hide_window_s": window, "probe_ms_per_layer": p_ms, "eplb_ms_per_layer": e_ms,
             "probe_ms_per_call": float(np.median(t_probe) * 1e3), "eplb_ms_per_call": float(np.median(t_eplb) * 1e3),
-            "speedup": e_ms / p_ms, "probe_ms_one_layer_call": p1_ms, "eplb_ms_one_layer_call": e1_ms,
+            "speedup": e_ms / p_ms, "speedup_q25_q75": np.percentile(np.divide(t_eplb, t_probe), [25, 75]).tolist(),
+            "probe_ms_one_layer_call": p1_ms, "eplb_ms_one_layer_call": e1_ms,
+            "speedup_one_layer_call_q25_q75": np.percentile(np.divide(one_eplb, one_probe), [25, 75]).tolist(),
             "speedup_one_layer_call": e1_ms / p1_ms, "ir_start": ir_start, "ir_probe": ir_probe,
             "ir_eplb_in_sample": ir_eplb,
             "probe_mean_iterations": iters, "probe_new_replicas": int(plan.replicas_LEG.sum()),
@@ -173,12 +175,15 @@ def main() -> None:
     print("target: <= 1 ms per layer on one core and >= 10 x faster than EPLB; batched = one call for all L "
           "layers / L")
     for r in rows:
-        for mode, p_key, e_key in (("batched", "probe_ms_per_layer", "eplb_ms_per_layer"),
-                                   ("one layer per call", "probe_ms_one_layer_call", "eplb_ms_one_layer_call")):
+        for mode, p_key, e_key, q_key in (
+                ("batched", "probe_ms_per_layer", "eplb_ms_per_layer", "speedup_q25_q75"),
+                ("one layer per call", "probe_ms_one_layer_call", "eplb_ms_one_layer_call",
+                 "speedup_one_layer_call_q25_q75")):
             x = r[e_key] / r[p_key]
             slower = f" (the planner is {1 / x:.1f} x slower)" if x < 1 else ""
+            lo, hi = r[q_key]
             print(f"{r['case']} ({mode}): planner {r[p_key]:.3f} ms, EPLB baseline {r[e_key]:.3f} ms, "
-                  f"{x:.2f} x faster{slower}")
+                  f"{x:.2f} x faster{slower}; per-repeat ratio q25-q75 {lo:.2f}-{hi:.2f}")
 
 
 if __name__ == "__main__":

@@ -30,10 +30,15 @@ Trace workloads price on --trace-model (default by expert count: 8 -> mixtral-8x
 the production model with builtin-fine's routing geometry). EPLB runs hierarchically with --eplb-groups
 expert groups (default: the trace's n_group) on --eplb-nodes nodes (default: one per 8 ranks); its slots
 are E + ep x --eplb-redundant.
+Every method's expert-weight moves are charged (PROBE's replicas each step, EPLB's rebalances): the part of a
+rank's transfer time beyond its hiding window (its expert compute of the previous layer plus this layer's
+attention) adds to the layer (exposed_us: mean per layer over all steps), and PROBE's replica budget is that
+window, not a fixed count (--window-transfers N restores a fixed N transfers per rank, still charged).
 Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
 decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
 
-Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin|builtin-fine] [--shift-tasks A,B]] [--quick]
+Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin|builtin-fine] [--shift-tasks A,B]
+     [--trace-only]] [--ep 8] [--eplb-redundant 2] [--link pcie] [--window-transfers N] [--quick]
 Writes out/bench/probe_vs_eplb/{results.json, table.txt, <workload>.png}.
 """
 
@@ -50,13 +55,8 @@ from pathlib import Path
 import numpy as np
 
 from routecast.common.machine import cpu_name
-from routecast.place.compare import (
-    compare_lookahead,
-    compare_methods,
-    plot_throughput,
-    split_requests,
-    summarize,
-)
+from routecast.place.compare import compare_lookahead, compare_methods, split_requests, summarize
+from routecast.report.placement import plot_throughput
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
 from routecast.trace.io import read_trace
@@ -65,7 +65,7 @@ from routecast.trace.synth_presets import PRESETS
 
 SIM_MODEL = {"gpt-oss-120b": "gpt-oss-120b", "qwen3-235b": "qwen3-235b-a22b"}
 COLUMNS = ("method", "IR", "skew", "moe_us_before", "moe_us_after", "decode_vs_eplb", "prefill_speedup",
-           "MB_per_step", "planner_ms_per_step", "planner_ms_per_call")
+           "exposed_us", "MB_per_step", "planner_ms_per_step", "planner_ms_per_call")
 
 
 def workloads(quick: bool, layers: int, seed: int) -> list[tuple[str, str, dict, int]]:
@@ -114,6 +114,11 @@ def main() -> None:
                     help="with --trace: also run the trace as traffic from these tasks (comma-separated) first, "
                          "then from the others")
     ap.add_argument("--trace-only", action="store_true", help="with --trace: skip the synthetic workloads")
+    ap.add_argument("--window-transfers", type=int, default=None,
+                    help="PROBE budget as a fixed number of expert transfers per rank per layer (default: the "
+                         "computed hiding window); transfers are charged either way")
+    ap.add_argument("--link", default="nvlink", choices=("nvlink", "pcie"),
+                    help="link between the EP ranks (all-to-all and expert-weight transfers)")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
     ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
     args = ap.parse_args()
@@ -121,8 +126,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "numpy": np.__version__, "python": platform.python_version(),
-               "simulated": f"{args.ep} x {hw.name} ({hw.name} profile: link per direction "
-                            f"{hw.link_bandwidth('nvlink') / 1e9:.0f} GB/s)"}
+               "simulated": f"{args.ep} x {hw.name} ({hw.name} profile: {args.link} per direction "
+                            f"{hw.link_bandwidth(args.link) / 1e9:.0f} GB/s)"}
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; simulated: {machine['simulated']}")
     jobs = []
     synthetic = [] if (args.trace_only and args.trace) else workloads(args.quick, 4 if args.quick else args.layers, args.seed)
@@ -159,9 +164,11 @@ def main() -> None:
         kw["eplb_groups"], kw["eplb_nodes"] = groups, args.eplb_nodes or max(1, args.ep // 8)
         if name in ("trace", "trace-shift-lookahead") and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
             res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
-                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed, **kw)
+                                    train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed,
+                                    window_transfers=args.window_transfers, link=args.link, **kw)
         else:
-            res = compare_methods(trace, ep=args.ep, hw=hw, model=model, **kw)
+            res = compare_methods(trace, ep=args.ep, hw=hw, model=model, window_transfers=args.window_transfers,
+                                  link=args.link, **kw)
         rows = summarize(res, shift_step=shift, model_layers=model_layers)
         png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
                               title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
@@ -176,7 +183,7 @@ def main() -> None:
             lines.append(" ".join(f"{r['method']:>19}" if i == 0 else
                                   (f"{r[c]:>13.3f}" if c in r else f"{'':>13}") for i, c in enumerate(COLUMNS)))
         by = {r["method"]: r for r in rows}
-        ora, ew = by["probe_oracle"], by["eplb_window"]
+        ora, ew, st = by["probe_oracle"], by["eplb_window"], by["static"]
         col = "moe_us_after" if shift >= 0 else "moe_us_before"
         arms = [m for m in res["methods"] if m.startswith("probe_") and m != "probe_oracle"]
         err = res["settings"].get("forecast_error", {})
@@ -186,7 +193,9 @@ def main() -> None:
             gap = pr[col] / ora[col] - 1.0
             fe = f", forecast error {err[arm]:.3f}" if arm in err else ""
             beats = "beats" if pr[col] < ew[col] else "LOSES to"
+            vs_static = "beats" if pr[col] < st[col] * (1 - 1e-9) else "does NOT beat"
             verdicts.append(f"{name}: {arm} {pr[col]:.1f} us vs eplb_window {ew[col]:.1f} us ({beats} EPLB), "
+                            f"static {st[col]:.1f} us ({vs_static} static EP), "
                             f"{gap * 100:+.1f}% vs oracle ({'within' if gap <= 0.05 else 'OUTSIDE'} 5%) "
                             f"[{col}]{fe}")
         verdict = "\n".join(verdicts)

@@ -162,7 +162,8 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def cmd_place_compare(a: argparse.Namespace) -> int:
-    from routecast.place.compare import compare_methods, plot_throughput, summarize
+    from routecast.place.compare import compare_methods, summarize
+    from routecast.report.placement import plot_throughput
     from routecast.sim.hardware import load_hardware
     from routecast.sim.models import load_model
     from routecast.trace.io import read_trace

@@ -102,7 +102,7 @@ def section_moegps(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
 
 
 def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
-    from routecast.place.compare import section_probe as run
+    from routecast.report.placement import section_probe as run
 
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
 

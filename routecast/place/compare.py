@@ -30,14 +30,29 @@ sum of every token's predicted top-k set from its router input of the previous l
 and probe_transition, the forecast above with its statistics learnt on the same earlier requests first.
 
 Latency: sim.cost.layer_cost with probe_options (DP attention, deduplicated all-to-all) on the per-rank
-assignment each method produces; "MoE latency" is dispatch + FFN + combine + exposed transfer. PROBE's
-replica transfers are bounded by its hiding window (`window_transfers` expert transfers per rank per
-layer, PROBE §5: up to three), so none is exposed; EPLB's rebalance transfers are counted in bytes only
-(engines spread them over a few steps, PROBE §6.1), which favours EPLB.
+assignment each method produces; "MoE latency" is dispatch + FFN + combine + exposed transfer. Every expert
+weight a method moves is charged through the cost model's transfer term, max_g max(0, T_trans,g - W_g)
+(PROBE eq. 6 and §3.4: T_trans,g = max(experts received, experts sent by g) x W / B_link):
+  hiding window W_g of MoE layer l at step t: rank g's expert compute (FFN) of layer l-1 at step t plus the
+              attention of layer l (PROBE §4.4: a transfer starts with layer l-1's MoE compute, yields to its
+              combine, and finishes during layer l's attention); layer 0 has only its attention. Attention is
+              priced from the step's requests: batch = requests in the step, seq_len = its tokens / requests,
+              context = their mean first position in the step (a loads array has no requests: one token per
+              sequence, no context).
+  PROBE       replicas are sent every step (the replica buffer is rewritten per layer). Algorithm 2's
+              dual-side budget uses the same windows: layer l is planned after layer l-1 has been priced on
+              the actual loads (as the runtime plans layer l while layer l-1 runs, its assignment known), so
+              the budget follows the simulated compute. With `window_transfers` = N the budget is instead a
+              fixed N transfers per rank (the earlier setting), still charged against the computed windows.
+  EPLB        each rebalance moves, per layer, every expert a rank newly hosts (copies it already held are
+              local) from one of its previous holders (the one with the fewest sends so far); all of them
+              in the rebalance step, each layer's behind that layer's window, as PROBE's.
+Bytes moved count expert copies received over the network (x W).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any
@@ -48,7 +63,7 @@ from routecast.common.errors import ConfigError
 from routecast.place.duplication import sharded_placement
 from routecast.place.eplb import EPLBDeployment
 from routecast.place.probe import load_lower_bound, plan_layers, planner_costs, replica_budget, spread_sources
-from routecast.sim.cost import Workload, layer_cost, probe_options
+from routecast.sim.cost import LayerCost, Workload, attention_time, layer_cost, probe_options
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
 from routecast.trace.trace import NO_DOCUMENTS_NOTE, Trace
@@ -240,6 +255,26 @@ def compare_lookahead(trace: Trace, model_dir: Any, *, ep: int, hw: Hardware, mo
     return res
 
 
+def step_work(trace: Trace) -> Workload:
+    """Attention shape of every step -> Workload of (T,) arrays, steps in step_loads order.
+
+    batch = distinct requests with tokens in the step, seq_len = the step's tokens / batch, context_len = the
+    mean over those requests of their first position in the step (the cached tokens before it).
+    """
+    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
+    T = int(step_idx.max()) + 1
+    req = trace.tokens["request"].astype(np.int64)
+    req = req - req.min()
+    pair, inv = np.unique(step_idx * (int(req.max()) + 1) + req, return_inverse=True)
+    order = np.lexsort((trace.tokens["position"], inv))  # by pair, then position: a pair's first is its minimum
+    first = trace.tokens["position"][order[np.searchsorted(inv[order], np.arange(pair.size))]].astype(np.float64)
+    pstep = pair // (int(req.max()) + 1)
+    batch = np.bincount(pstep, minlength=T).astype(np.float64)
+    tokens = np.bincount(step_idx, minlength=T)
+    ctx = np.bincount(pstep, weights=first, minlength=T) / batch
+    return Workload(batch=batch, seq_len=np.maximum(tokens / batch, 1.0), context_len=np.maximum(ctx, 0.0))
+
+
 def _assignment(loads_TLE: np.ndarray, share_LEG: np.ndarray) -> np.ndarray:
     """(T, L, E) loads split by (L, E, G) shares -> (T, L, G, E) tokens per rank."""
     return np.einsum("tle,leg->tlge", loads_TLE.astype(np.float64), share_LEG)
@@ -254,13 +289,40 @@ def _eplb_shares(phy2log_LS: np.ndarray, E: int, G: int) -> np.ndarray:
     return cnt / np.maximum(cnt.sum(axis=2, keepdims=True), 1.0)
 
 
+def eplb_transfers(old_LS: np.ndarray, new_LS: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expert copies each rank receives and sends when an EPLB placement changes -> (in_LG, out_LG) int64.
+
+    old_LS / new_LS: (L, S) logical expert of every physical slot, S // G consecutive slots per rank. A rank
+    receives every expert it hosts in new and did not host in old (one copy, however many slots it fills);
+    each is sent by one old holder of that expert, the one that has sent the fewest so far (ties: lowest rank).
+    """
+    L, S = old_LS.shape
+    E = int(max(old_LS.max(), new_LS.max())) + 1
+    gpu = np.tile(np.arange(S) // (S // G), L)
+    lay = np.repeat(np.arange(L), S)
+    had, has = np.zeros((L, E, G), bool), np.zeros((L, E, G), bool)
+    had[lay, old_LS.reshape(-1), gpu] = True
+    has[lay, new_LS.reshape(-1), gpu] = True
+    recv = has & ~had
+    n_in = recv.sum(axis=1).astype(np.int64)
+    n_out = np.zeros((L, G), np.int64)
+    for lay_i, e, _ in np.argwhere(recv):  # sequential: each choice depends on the sends chosen before it
+        holders = np.flatnonzero(had[lay_i, e])
+        n_out[lay_i, holders[np.argmin(n_out[lay_i, holders])]] += 1
+    return n_in, n_out
+
+
 def _eplb_counts(loads: np.ndarray, dep: EPLBDeployment, expert_bytes: float) -> tuple[np.ndarray, ...]:
-    """Replay an EPLB deployment -> (counts_TLGE, bytes_T, planner_s_T)."""
+    """Replay an EPLB deployment -> (counts_TLGE, transfers_TLG, bytes_T, planner_s_T).
+
+    transfers: max(copies received, copies sent) per rank and layer at each rebalance step (PROBE eq. 6);
+    bytes: copies received over the network x expert_bytes.
+    """
     T, L, E = loads.shape
     G = dep.num_gpus
     bounds = [0, *dep.rebalance_steps(T), T]
     counts = np.empty((T, L, G, E))
-    bytes_T, plan_s = np.zeros(T), np.zeros(T)
+    xfer, bytes_T, plan_s = np.zeros((T, L, G)), np.zeros(T), np.zeros(T)
     old = None
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         c0 = time.thread_time()
@@ -268,43 +330,79 @@ def _eplb_counts(loads: np.ndarray, dep: EPLBDeployment, expert_bytes: float) ->
         p = dep.place(stats)
         plan_s[a] = time.thread_time() - c0 if a else 0.0
         if old is not None:
-            bytes_T[a] = float((p != old).sum()) * expert_bytes
+            n_in, n_out = eplb_transfers(old, p, G)
+            xfer[a] = np.maximum(n_in, n_out)
+            bytes_T[a] = float(n_in.sum()) * expert_bytes
         old = p
         counts[a:b] = _assignment(loads[a:b], _eplb_shares(p, E, G))
-    return counts, bytes_T, plan_s
+    return counts, xfer, bytes_T, plan_s
 
 
-def _probe_counts(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, costs: Any, window: float,
-                  k_max: int, max_redundant: int) -> tuple[np.ndarray, ...]:
-    """Plan every step on plan_loads (T, L, E), apply to loads -> (counts_TLGE, bytes_T, planner_s_T)."""
+def _windows(attn_T: np.ndarray, ffn_TLG: np.ndarray) -> np.ndarray:
+    """Hiding window of every (step, layer, rank) -> (T, L, G) seconds: attention of layer l plus rank g's
+    expert compute of layer l-1 (layer 0: attention only)."""
+    win = np.empty_like(ffn_TLG)
+    win[:] = attn_T[:, None, None]
+    win[:, 1:] += ffn_TLG[:, :-1]
+    return win
+
+
+def _price(counts_CGE: np.ndarray, work: Workload, model: ModelProfile, hw: Hardware, link: str,
+           xfer_bytes_CG: Any = 0.0, window_CG: Any = None) -> LayerCost:
+    """layer_cost under probe_options(link) with each rank's transfer bytes charged against its window."""
+    opts = dataclasses.replace(probe_options(link), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG)
+    return layer_cost(counts_CGE, model=model, hw=hw, work=work, opts=opts)
+
+
+def _probe_run(loads: np.ndarray, plan_loads: np.ndarray, P0: np.ndarray, costs: Any, fixed_window: float | None,
+               k_max: int, max_redundant: int, attn_T: np.ndarray, work: Workload, model: ModelProfile,
+               hw: Hardware, link: str) -> tuple[np.ndarray, ...]:
+    """Plan every (step, layer) on plan_loads (T, L, E), apply to loads and price it, layer by layer.
+
+    Layer l's window needs layer l-1's compute under its own plan, so layers run in order and each layer's
+    T steps are priced in one layer_cost call. One plan_layers call per (step, layer), as the runtime plans.
+    Returns (counts_TLGE, moe_s_TL, exposed_s_TL, window_TLG, ffn_TLG, bytes_T, planner_s_T).
+    """
     T, L, E = loads.shape
     G = P0.shape[1]
-    counts = np.empty((T, L, G, E))
+    counts, window, ffn = np.empty((T, L, G, E)), np.empty((T, L, G)), np.empty((T, L, G))
+    moe, exposed = np.empty((T, L)), np.empty((T, L))
     bytes_T, plan_s = np.zeros(T), np.zeros(T)
     integral = np.issubdtype(plan_loads.dtype, np.integer)
-    home = np.broadcast_to(P0.astype(np.float64), (L, E, G))
-    plan_layers(spread_sources(plan_loads[0], G), P0, costs=costs, hide_window_s=window)  # JIT warm-up
-    for t in range(T):
-        c0 = time.thread_time()
-        plan = plan_layers(spread_sources(plan_loads[t], G), P0, costs=costs, hide_window_s=window,
-                           k_max=k_max, max_redundant=max_redundant)
-        plan_s[t] = time.thread_time() - c0
-        bytes_T[t] = float(plan.bytes_moved_L.sum())
-        if integral and plan_loads is loads:
-            counts[t] = plan.n_LEG.transpose(0, 2, 1)
-            continue
-        n = plan.n_LEG.astype(np.float64)
-        tot = n.sum(axis=2, keepdims=True)
-        share = np.where(tot > 0, n / np.where(tot > 0, tot, 1.0), home)
-        counts[t] = _assignment(loads[t:t + 1], share)[0]
-    return counts, bytes_T, plan_s
+    home = P0.astype(np.float64)
+    plan_layers(spread_sources(plan_loads[0, :1], G), P0, costs=costs, hide_window_s=0.0)  # JIT warm-up
+    ffn_prev = np.zeros((T, G))
+    for lay in range(L):
+        window[:, lay] = attn_T[:, None] + (ffn_prev if lay else 0.0)
+        budget = window[:, lay] if fixed_window is None else np.full((T, G), fixed_window)
+        xfer = np.empty((T, G))
+        for t in range(T):
+            c0 = time.thread_time()
+            plan = plan_layers(spread_sources(plan_loads[t, lay:lay + 1], G), P0, costs=costs,
+                               hide_window_s=budget[t:t + 1], k_max=k_max, max_redundant=max_redundant)
+            plan_s[t] += time.thread_time() - c0
+            bytes_T[t] += float(plan.bytes_moved_L[0])
+            xfer[t] = plan.transfer_s_LG[0] * costs.link_bandwidth  # max(in, out) x W per rank
+            if integral and plan_loads is loads:
+                counts[t, lay] = plan.n_LEG[0].T
+                continue
+            n = plan.n_LEG[0].astype(np.float64)
+            tot = n.sum(axis=1, keepdims=True)
+            share = np.where(tot > 0, n / np.where(tot > 0, tot, 1.0), home)
+            counts[t, lay] = (loads[t, lay, :, None] * share).T
+        cost = _price(counts[:, lay], work, model, hw, link, xfer, window[:, lay])
+        ffn_prev = ffn[:, lay] = cost.ffn_CG
+        moe[:, lay] = cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed
+        exposed[:, lay] = cost.transfer_exposed
+    return counts, moe, exposed, window, ffn, bytes_T, plan_s
 
 
 def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: ModelProfile,
                     predicted: np.ndarray | dict[str, np.ndarray] | None = None, interval: int | None = None,
-                    window: int | None = None, eplb_redundant: int = 2, window_transfers: int = 3,
+                    window: int | None = None, eplb_redundant: int = 2, window_transfers: int | None = None,
                     k_max: int = 16, max_redundant: int = 3,
-                    decay: float = 0.8, eplb_groups: int = 1, eplb_nodes: int = 1) -> dict[str, Any]:
+                    decay: float = 0.8, link: str = "nvlink", eplb_groups: int = 1,
+                    eplb_nodes: int = 1) -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
@@ -313,13 +411,16 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     None = transition_forecast. ep: G ranks (E % G == 0); hw, model: sim profiles
     (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
     (default T // 5 and interval // 3). eplb_groups, eplb_nodes: EPLB's hierarchical mode (expert groups
-    packed onto nodes first, as DeepSeek's EPLB does for grouped routers; 1, 1 = global). window_transfers: PROBE's hiding window in expert transfers.
-    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "bytes_T", "planner_s_T", "load_TLG"}},
-    "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
+    packed onto nodes first, as DeepSeek's EPLB does for grouped routers; 1, 1 = global). window_transfers: None (default) = PROBE's budget is each rank's
+    computed hiding window (module docstring); N = a fixed N expert transfers per rank per layer. link:
+    "nvlink" or "pcie", the EP ranks' link (all-to-all and weight transfers).
+    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "exposed_s_TL", "bytes_T", "planner_s_T",
+    "load_TLG"}}, "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
     """
     if isinstance(loads, Trace):
         trace = loads
         loads, tokens, pre = step_loads(trace)
+        work = step_work(trace)
         if predicted is None:
             predicted = transition_forecast(trace, decay=decay)
     else:
@@ -330,6 +431,7 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
             raise ConfigError("predicted is None with a loads array; expected (T, L, E) forecast counts or a Trace.")
         tokens = np.maximum(loads.sum(axis=2).max(axis=1) // max(model.top_k, 1), 1)
         pre = np.zeros(loads.shape[0])
+        work = Workload(batch=tokens.astype(np.float64), seq_len=1, context_len=0)
     T, L, E = loads.shape
     arms = predicted if isinstance(predicted, dict) else {"probe_pred": predicted}
     preds = {k: np.asarray(v) for k, v in arms.items()}  # integer forecasts are planned in whole tokens
@@ -341,59 +443,74 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     if E != model.num_experts or ep < 2 or E % ep:
         raise ConfigError(f"{E} experts at ep={ep} with model {model.name} ({model.num_experts} experts); "
                           "expected matching expert counts and ep >= 2 dividing them.")
+    if window_transfers is not None and window_transfers < 0:
+        raise ConfigError(f"window_transfers is {window_transfers}; expected None (computed windows) or >= 0.")
     interval = interval or max(1, T // 5)
     window = window or max(1, interval // 3)
     P0 = sharded_placement(E, ep)
-    costs = planner_costs(model, hw)
-    hide = window_transfers * costs.transfer_s
+    costs = planner_costs(model, hw, link=link)
+    fixed = None if window_transfers is None else window_transfers * costs.transfer_s
     eb = float(model.expert_bytes())
+    attn = attention_time(model, hw, work, probe_options(), ep, T)[0]
+    work_TL = Workload(**{f: np.repeat(np.broadcast_to(getattr(work, f), (T,)), L)
+                          for f in ("batch", "seq_len", "context_len")})
+
+    runs: dict[str, tuple[np.ndarray, ...]] = {}
+    static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
+    cost = _price(static.reshape(T * L, ep, E), work_TL, model, hw, link)
+    ffn = cost.ffn_CG.reshape(T, L, ep)
+    runs["static"] = (static, (cost.dispatch + cost.ffn + cost.combine).reshape(T, L), np.zeros((T, L)),
+                      _windows(attn, ffn), ffn, np.zeros(T), np.zeros(T))
+    for name, every, stats in (("eplb_once", None, interval), ("eplb_window", interval, window)):
+        dep = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=stats, rebalance_every=every,
+                             num_groups=eplb_groups, num_nodes=eplb_nodes)
+        counts, xfer, bytes_T, plan_s = _eplb_counts(loads, dep, eb)
+        flat = counts.reshape(T * L, ep, E)
+        ffn = _price(flat, work_TL, model, hw, link).ffn_CG.reshape(T, L, ep)  # a layer's compute ignores its transfers
+        win = _windows(attn, ffn)
+        cost = _price(flat, work_TL, model, hw, link, xfer.reshape(T * L, ep) * eb, win.reshape(T * L, ep))
+        runs[name] = (counts, (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(T, L),
+                      cost.transfer_exposed.reshape(T, L), win, ffn, bytes_T, plan_s)
+    args = (fixed, k_max, max_redundant, attn, work, model, hw, link)
+    runs["probe_oracle"] = _probe_run(loads, loads, P0, costs, *args)
+    for k, v in preds.items():
+        runs[k] = _probe_run(loads, v, P0, costs, *args)
 
     out: dict[str, dict[str, np.ndarray]] = {}
-    static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
-    runs = {"static": (static, np.zeros(T), np.zeros(T))}
-    hier = {"num_groups": eplb_groups, "num_nodes": eplb_nodes}
-    once = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=interval, rebalance_every=None,
-                          **hier)
-    runs["eplb_once"] = _eplb_counts(loads, once, eb)
-    periodic = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=window,
-                              rebalance_every=interval, **hier)
-    runs["eplb_window"] = _eplb_counts(loads, periodic, eb)
-    runs["probe_oracle"] = _probe_counts(loads, loads, P0, costs, hide, k_max, max_redundant)
-    for k, v in preds.items():
-        runs[k] = _probe_counts(loads, v, P0, costs, hide, k_max, max_redundant)
-
-    work = Workload(batch=np.repeat(tokens, L).astype(np.float64), seq_len=1, context_len=0)
-    for name, (counts, bytes_T, plan_s) in runs.items():
-        cost = layer_cost(counts.reshape(T * L, ep, E), model=model, hw=hw, work=work, opts=probe_options())
+    for name, (counts, moe_s, exposed, win, ffn, bytes_T, plan_s) in runs.items():
         rank_load = counts.sum(axis=3)
         mean = rank_load.mean(axis=2)
-        ffn = cost.ffn_CG.reshape(T, L, ep)
         out[name] = {
             "ir_TL": np.where(mean > 0, rank_load.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0),
-            "skew_TL": ffn.max(axis=2) / ffn.mean(axis=2),
-            "moe_s_TL": (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(T, L),
-            "bytes_T": bytes_T, "planner_s_T": plan_s, "load_TLG": rank_load,
+            "skew_TL": ffn.max(axis=2) / ffn.mean(axis=2), "moe_s_TL": moe_s, "exposed_s_TL": exposed,
+            "window_s_TLG": win, "bytes_T": bytes_T, "planner_s_T": plan_s, "load_TLG": rank_load,
         }
-    budget = replica_budget(costs, hide, ep, k_max=k_max, max_redundant=max_redundant)
+    # the bound holds for any plan within the replica budget of the oracle's own windows
+    oracle_win = out["probe_oracle"]["window_s_TLG"].reshape(T * L, ep)
+    budget = replica_budget(costs, oracle_win if fixed is None else fixed, ep, k_max=k_max,
+                            max_redundant=max_redundant)
     mean_load = loads.sum(axis=2) / ep
-    bound = load_lower_bound(loads.reshape(T * L, E), P0, new_replicas=budget[0]).reshape(T, L)
+    bound = load_lower_bound(loads.reshape(T * L, E), P0, new_replicas=budget).reshape(T, L)
     ir_bound = np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0)
     return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
-            "settings": {"ep": ep, "hardware": hw.name, "model": model.name, "steps": T, "layers": L,
+            "settings": {"ep": ep, "hardware": hw.name, "link": link, "model": model.name, "steps": T, "layers": L,
                          "experts": E, "eplb_interval": interval, "eplb_window": window,
                          "eplb_redundant_per_rank": eplb_redundant, "eplb_groups": eplb_groups,
-                         "eplb_nodes": eplb_nodes, "probe_hide_window_s": hide,
-                         "probe_window_transfers": window_transfers, "k_max": k_max,
-                         "max_redundant": max_redundant, "forecast_decay": decay}}
+                         "eplb_nodes": eplb_nodes,
+                         "probe_hide_window": "computed" if fixed is None else f"{window_transfers} transfers",
+                         "probe_mean_window_s": float(out["probe_oracle"]["window_s_TLG"].mean()),
+                         "expert_transfer_s": costs.transfer_s, "probe_window_transfers": window_transfers,
+                         "k_max": k_max, "max_redundant": max_redundant, "forecast_decay": decay}}
 
 
 def summarize(res: dict[str, Any], *, shift_step: int = -1, model_layers: int | None = None) -> list[dict[str, Any]]:
     """One row per method: means before / after `shift_step` (-1 = no shift: all steps are 'before').
 
-    Columns: mean IR, skew, MoE latency (us) before / after, decode throughput (tokens/s over the MoE
-    layers of all `model_layers` layers, steps with < half prefill tokens) relative to eplb_window,
-    prefill speedup vs static (steps with >= half prefill), bytes moved per step (MB), planner CPU ms per
-    step (mean: EPLB's rebalances amortised) and per call (median over the steps that planned).
+    Columns: mean IR, skew, MoE latency (us) before / after (exposed transfer included), decode throughput
+    (tokens/s over the MoE layers of all `model_layers` layers, steps with < half prefill tokens) relative to
+    eplb_window, prefill speedup vs static (steps with >= half prefill), mean exposed transfer time per layer
+    (us, all steps), bytes moved per step (MB), planner CPU ms per step (mean: EPLB's rebalances amortised; PROBE:
+    all layers' calls of the step) and per call (median over the steps that planned).
     """
     T, L = res["ir_bound_TL"].shape
     t = np.arange(T)
@@ -415,6 +532,7 @@ def summarize(res: dict[str, Any], *, shift_step: int = -1, model_layers: int | 
             "moe_us_after": float(lat[after].mean() * 1e6) if after.any() else float("nan"),
             "decode_tok_s": float(thr[name]), "decode_vs_eplb": float(thr[name] / thr["eplb_window"]),
             "prefill_speedup": float(static_pre / m["moe_s_TL"][pre].sum()) if pre.any() else float("nan"),
+            "exposed_us": float(m["exposed_s_TL"].mean() * 1e6),
             "MB_per_step": float(m["bytes_T"].mean() / 1e6),
             "planner_ms_per_step": float(m["planner_s_T"].mean() * 1e3),
             "planner_ms_per_call": float(np.median(m["planner_s_T"][m["planner_s_T"] > 0]) * 1e3)
@@ -434,63 +552,3 @@ def throughput_series(res: dict[str, Any], *, model_layers: int | None = None, s
         pad = np.pad(tps, (k.size // 2, k.size - 1 - k.size // 2), mode="edge")
         out[name] = np.convolve(pad, k, mode="valid")
     return out
-
-
-def plot_throughput(res: dict[str, Any], png: str, *, shift_step: int = -1, title: str = "",
-                    model_layers: int | None = None) -> str:
-    """Throughput over steps per method (PROBE Figure 9 style) -> writes `png`, returns its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, y in throughput_series(res, model_layers=model_layers).items():
-        ax.plot(np.arange(y.size), y / 1e3, label=name, lw=1.3)
-    if shift_step >= 0:
-        ax.axvline(shift_step, color="k", ls="--", lw=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("simulated throughput (k tokens/s, MoE layers)")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
-
-
-def section_probe(trace: Trace, out_dir: str, *, ep: int = 8, hw: Hardware | None = None,
-                  model: ModelProfile | None = None, shift_step: int = -1) -> tuple[Any, dict[str, Any]]:
-    """Demo-report section: the comparison on `trace` -> (report.html.Section, summary dict).
-
-    hw defaults to h100-sxm; model to the sim profile with the trace's expert count (mixtral-8x7b for 8,
-    deepseek-v2-lite for 64).
-    Writes probe_vs_eplb.png into out_dir.
-    """
-    from pathlib import Path
-
-    from routecast.report.html import Section, figure, paragraph, table
-    from routecast.sim.hardware import load_hardware
-    from routecast.sim.models import load_model
-
-    hw = hw or load_hardware("h100-sxm")
-    if model is None:
-        by_e = {8: "mixtral-8x7b", 64: "deepseek-v2-lite", 128: "gpt-oss-120b", 256: "deepseek-v3"}
-        name = by_e.get(trace.spec.num_experts)
-        if name is None:
-            raise ConfigError(f"trace has {trace.spec.num_experts} experts; pass a model profile with that many.")
-        model = load_model(name)
-    res = compare_methods(trace, ep=ep, hw=hw, model=model)
-    rows = summarize(res, shift_step=shift_step)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    png = plot_throughput(res, str(Path(out_dir) / "probe_vs_eplb.png"), shift_step=shift_step,
-                          title=f"{model.name} profile, EP {ep}, {hw.name}")
-    sec = Section(key="probe", title="PROBE vs EPLB (simulated)")
-    sec.parts.append(paragraph(
-        f"Per step and layer of the trace ({res['settings']['steps']} steps), each method's per-rank assignment "
-        f"is priced by the layer cost model on {hw.name} with the {model.name} profile at EP {ep}. probe_pred "
-        "plans on a causal layer-ahead forecast (this step's previous-layer routing through past steps' "
-        "inter-layer transitions); probe_oracle on the actual loads."))
-    sec.parts.append(table(rows))
-    sec.parts.append(figure(png, "Simulated throughput over steps (MoE layers only)."))
-    return sec, {"rows": rows, "settings": res["settings"]}

@@ -23,7 +23,7 @@ P' (the static sharding). Per layer, as in the paper (§4.3, Algorithm 2):
  11 water-filling: r_dst's own tokens of e* become local to its new copy (locality-first); then remote
     tokens of e* are redirected from r_src to r_dst, at rank granularity, until r_src's latency reaches
     the cluster average or r_dst's rises to meet r_src's (the water level), or the pool runs out. The
-    level is found on a grid of J points, refined once on the bracketing interval, interpolated.
+    level is found on a grid of J points (by bisection), refined once on the bracketing interval, interpolated.
  12 gain = r_src's latency before - the larger of r_src's and r_dst's after (no other rank rises, so the
     bottleneck never does; with a tie at the top the gain is still positive and the next iteration takes
     the other tied rank); stop when gain <= eps x bottleneck or k >= k_max (16).
@@ -186,7 +186,9 @@ def spread_sources(load_LE: np.ndarray, num_ranks: int) -> np.ndarray:
 def _inputs(load_LGE: Any, placement: Any, hide_window_s: Any, k_max: int, max_redundant: int):
     """Shape and type checks (the value checks run compiled in _plan_call).
 
-    Returns (x_LGE float64 C-contiguous, integral, P (1 or L, E, G) bool view, win (1 or L, 1 or G) float64).
+    Returns (x_LGE C-contiguous, int64 for integer loads and float64 otherwise, integral, P (1 or L, E, G) bool
+    view, win (1 or L, 1 or G) float64). Integer loads are not copied to float64: a fresh (L, G, E) copy per
+    call costs more than the plan at 58 x 32 x 256 (each call's large allocations fault their pages in anew).
     """
     x = np.asarray(load_LGE)
     kind = x.dtype.kind
@@ -202,7 +204,9 @@ def _inputs(load_LGE: Any, placement: Any, hide_window_s: Any, k_max: int, max_r
         raise ConfigError(f"hide_window_s has shape {w.shape}; expected (), ({L},) or ({L}, {G}).")
     if k_max < 0 or max_redundant < 0:
         raise ConfigError(f"k_max is {k_max} and max_redundant {max_redundant}; expected both >= 0.")
-    return (np.ascontiguousarray(x, dtype=np.float64), kind != "f", P if P.ndim == 3 else P[None],
+    wide = kind == "u" and x.dtype.itemsize == 8 and x.size and int(x.max()) > np.iinfo(np.int64).max
+    dtype = np.float64 if kind == "f" or wide else np.int64
+    return (np.ascontiguousarray(x, dtype=dtype), kind != "f", P if P.ndim == 3 else P[None],
             np.ascontiguousarray(win))
 
 

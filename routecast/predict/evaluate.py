@@ -168,6 +168,11 @@ def evaluate(
                 fitted = f"{train.num_tokens} tokens ({train_fraction:.0%} of {used}s)"
             else:
                 pred = load_predictor(name)
+                ps, ts = pred.spec, trace.spec
+                if (ps.num_layers, ps.num_experts, ps.top_k) != (ts.num_layers, ts.num_experts, ts.top_k):
+                    raise ConfigError(f"{name}: predictor was fitted for L={ps.num_layers}, E={ps.num_experts}, "
+                                      f"K={ps.top_k}; expected the trace's L={ts.num_layers}, E={ts.num_experts}, "
+                                      f"K={ts.top_k}.")
                 _check_fitted_on(name, fitted_on)
                 fitted = f"loaded from {name}"
             fit_s = time.perf_counter() - t0

@@ -114,6 +114,10 @@ class DistributionPredictor(Predictor):
         return {"config": dataclasses.asdict(self.config)}, {"fit_LE": self._fit_LE}
 
     @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        return {"fit_LE": ((spec.num_layers, spec.num_experts), "f", ("nonneg",))}
+
+    @classmethod
     def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> DistributionPredictor:
         p = cls(spec, DistributionConfig(**meta["config"]))
         p._fit_LE = tensors["fit_LE"].astype(np.float64)
@@ -144,6 +148,10 @@ class ProbabilityPredictor(Predictor):
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return {}, {"p_LE": self.p_LE}
+
+    @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        return {"p_LE": ((spec.num_layers, spec.num_experts), "f", ("nonneg",))}
 
     @classmethod
     def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> ProbabilityPredictor:
@@ -225,6 +233,13 @@ class ConditionalPredictor(Predictor):
             {"config": dataclasses.asdict(self.config)},
             {"keys_U": self.keys_U, "probs_ULE": self.probs_ULE, "global_LE": self.global_LE},
         )
+
+    @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        L, E = spec.num_layers, spec.num_experts
+        # predict() binary-searches keys_U: unsorted keys would give wrong rows without any error
+        return {"keys_U": (("U",), "iu", ("sorted",)), "probs_ULE": (("U", L, E), "f", ("nonneg",)),
+                "global_LE": ((L, E), "f", ("nonneg",))}
 
     @classmethod
     def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> ConditionalPredictor:

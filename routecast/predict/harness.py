@@ -115,6 +115,15 @@ class Predictor:
     def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> Predictor:
         raise NotImplementedError(f"{cls.__name__} cannot be loaded (no from_state()).")
 
+    @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        """What load_predictor checks before from_state: name -> (shape, dtype kinds, rules).
+
+        shape: ints, or names bound on first sight and equal wherever repeated ("U" keys = "U" rows);
+        kinds: numpy dtype kinds ("f", "iu"); rules: "sorted" (strictly increasing lookup keys), "nonneg".
+        Every float tensor in the file is also checked finite. {} = no checks."""
+        return {}
+
 
 @dataclass
 class HarnessResult:
@@ -244,7 +253,7 @@ class LeakError(AssertionError):
 def perturb_forbidden(trace: Trace, step: int, layer: int, seed: int) -> Trace:
     """A copy of trace where everything unknown when predicting layer `layer` of `step` is random.
 
-    Randomised: every column and tensor of later steps (token ids, positions, requests, phases, tasks,
+    Randomised: every column and tensor of later steps (token ids, positions, requests (fresh ids), phases, tasks,
     routing, logits, router inputs), and this step's routing, logits and router inputs of layers >= layer.
     Kept: earlier steps, this step's token columns, and the step schedule (which tokens share a step).
     layer = 0 gives the request-horizon perturbation.
@@ -258,7 +267,10 @@ def perturb_forbidden(trace: Trace, step: int, layer: int, seed: int) -> Trace:
     hi_tok = max(int(tok["token_id"].max()) + 1, 2) if trace.num_tokens else 2
     tok["token_id"][fut] = rng.integers(0, hi_tok, nf)
     tok["position"][fut] = rng.integers(0, 4096, nf)
-    tok["request"][fut] = rng.choice(np.unique(tok["request"]), nf) if trace.num_tokens else 0
+    # Fresh request ids, one per future token: random positions inside existing requests could put a later
+    # position in an earlier step, which a Trace refuses (a token cannot run before the one it follows).
+    first_new = int(tok["request"].max()) + 1 if trace.num_tokens else 0
+    tok["request"][fut] = first_new + rng.permutation(nf)
     tok["phase"][fut] = rng.integers(0, 2, nf)
     tok["task"][fut] = rng.integers(-1, len(trace.task_names), nf)
     tok["source"][fut] = rng.integers(-1, len(trace.source_names), nf)

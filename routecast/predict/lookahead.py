@@ -353,6 +353,13 @@ class LookaheadPredictor(Predictor):
         return meta, tensors
 
     @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        # target layers 1..L-1 (row 0 is rebuilt as zeros); the MLP shapes are checked by load_state_dict
+        n, E, H = spec.num_layers - 1, spec.num_experts, spec.hidden_size or "H"
+        return {"prior_W": ((n, E, H), "f", ()), "prior_b": ((n, E), "f", ()), "correction": ((n, E), "f", ()),
+                "counts0_E": ((E,), "f", ("nonneg",))}
+
+    @classmethod
     def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> LookaheadPredictor:
         L, E = spec.num_layers, spec.num_experts
 

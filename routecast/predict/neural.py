@@ -477,6 +477,13 @@ class NeuralPredictor(Predictor):
         return meta, tensors
 
     @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        # vocab_ids is binary-searched (sorted); the embedding table has one row per id plus the unknown row.
+        # The net.* shapes are checked by load_state_dict, whose size-mismatch message store.py shortens.
+        n = meta.get("n_rows")
+        return {"vocab_ids": ((n - 1 if type(n) is int else "V",), "iu", ("sorted", "optional"))}
+
+    @classmethod
     def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> NeuralPredictor:
         p = cls(spec, NeuralConfig(**meta["config"]), embedding_source=meta.get("embedding_source", ""))
         p._n_rows = int(meta["n_rows"])

@@ -122,9 +122,54 @@ def load_predictor(path: str | Path) -> Predictor:
         tensors = load_file(str(tensor_path))
     except Exception as e:  # safetensors raises its own error types for a corrupt header
         raise ConfigError(f"{tensor_path} could not be read as safetensors ({e}); expected predictor tensors.") from None
+    meta = doc.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{meta_path} field 'meta' is {type(meta).__name__}; expected a JSON object.")
+    check_state(tensors, cls.state_schema(spec, meta), f"{tensor_path}", f"a {cls.__name__} of {_geometry(spec)}")
     try:
-        return cls.from_state(spec, doc.get("meta") or {}, tensors)
+        return cls.from_state(spec, meta, tensors)
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        # torch's load_state_dict lists every mismatch on its own line: keep the first one
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+                   lines[0] if lines else "")
         raise ConfigError(
-            f"{d}: saved {doc.get('class')} state does not match this version of routecast ({type(e).__name__}: {e})."
+            f"{d}: saved {doc.get('class')} state cannot be loaded ({type(e).__name__}: {why.rstrip('.')}); "
+            "expected the state save_predictor wrote with this version of routecast."
         ) from None
+
+
+def _geometry(spec: MoESpec) -> str:
+    return f"L={spec.num_layers}, E={spec.num_experts}, K={spec.top_k}"
+
+
+def check_state(tensors: dict[str, np.ndarray], schema: dict[str, tuple], where: str, what: str) -> None:
+    """Check loaded tensors against a Predictor.state_schema (see harness.Predictor); raise ConfigError.
+
+    Every float tensor must be finite; named tensors must have their shape (names in a shape bind once),
+    dtype kind, strictly increasing values ("sorted") and no negative entry ("nonneg")."""
+    bound: dict[str, int] = {}
+    for name, (shape, kinds, rules) in schema.items():
+        if name not in tensors:
+            if "optional" in rules:
+                continue
+            raise ConfigError(f"{where}: tensor '{name}' is missing; expected it in {what}.")
+        t = tensors[name]
+        want = tuple(bound.get(x, x) if isinstance(x, str) else x for x in shape)
+        ok = t.ndim == len(shape) and all(isinstance(w, str) or w == n for w, n in zip(want, t.shape, strict=True))
+        if not ok:
+            shown = "(" + ", ".join(str(w) for w in want) + (",)" if len(want) == 1 else ")")
+            raise ConfigError(f"{where}: tensor '{name}' has shape {tuple(t.shape)}; expected {shown} for {what}.")
+        bound.update({x: n for x, n in zip(shape, t.shape, strict=True) if isinstance(x, str)})
+        if t.dtype.kind not in kinds:
+            raise ConfigError(f"{where}: tensor '{name}' has dtype {t.dtype}; expected "
+                              f"{'a float' if kinds == 'f' else 'an integer'} dtype.")
+        if "sorted" in rules and t.size > 1 and not (t[1:] > t[:-1]).all():
+            i = int(np.flatnonzero(t[1:] <= t[:-1])[0])
+            raise ConfigError(f"{where}: tensor '{name}' holds {t[i]} before {t[i + 1]} (entry {i + 1}); expected "
+                              "strictly increasing lookup keys.")
+        if "nonneg" in rules and t.size and t.min() < 0:
+            raise ConfigError(f"{where}: tensor '{name}' holds {t.min()}; expected no negative entry.")
+    for name, t in tensors.items():
+        if t.dtype.kind == "f" and t.size and not np.isfinite(t).all():
+            raise ConfigError(f"{where}: tensor '{name}' holds NaN or inf; expected finite values.")

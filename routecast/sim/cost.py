@@ -143,9 +143,11 @@ class CostOptions:
       its predicted expert's rank during the TP reduce, so the dispatch all-to-all carries only the misrouted
       share (misroute_fraction of each rank's tokens); the combine is unchanged.
     predict_s: seconds of predictor time on the critical path.
-    transfer_bytes: expert-weight bytes each rank receives for replication, (C,) or (C, G); costs
-      max_g bytes / B_link (PROBE eq. 6) of which only the part beyond `hide_window_s` is exposed
-      (None = the attention time: MoE-GPS §5 hides duplication behind attention).
+    transfer_bytes: expert-weight bytes each rank moves for replication on its busier direction (PROBE eq. 6:
+      max(received, sent) x W), (C,) or (C, G); rank g's transfer takes bytes_g / B_link, of which only the part
+      beyond its window `hide_window_s` is exposed: max_g max(0, bytes_g / B_link - window_g) (PROBE §3.4).
+    hide_window_s: seconds of compute the transfers overlap, (C,) or (C, G) per rank (None = the attention
+      time: MoE-GPS §5 hides duplication behind attention).
     """
 
     link: str = "nvlink"
@@ -174,7 +176,9 @@ class CostOptions:
             v = getattr(self, name)
             if v is not None and np.any((np.asarray(v, np.float64) < 0) | (np.asarray(v, np.float64) > 1)):
                 raise ConfigError(f"CostOptions.{name} is {v!r}; expected fractions in [0, 1].")
-        for name in ("predict_s", "transfer_bytes"):
+        for name in ("predict_s", "transfer_bytes", "hide_window_s"):
+            if getattr(self, name) is None:
+                continue
             if np.any(np.asarray(getattr(self, name), np.float64) < 0):
                 raise ConfigError(f"CostOptions.{name} is {getattr(self, name)!r}; expected values >= 0.")
 
@@ -415,11 +419,13 @@ def layer_cost(
 
     t_attn, t_attn_comm = attention_time(model, hw, work, opts, G, C)
     predict = _per_config(opts.predict_s, C, "CostOptions.predict_s")
-    xfer = _per_rank(opts.transfer_bytes, C, G, "CostOptions.transfer_bytes").max(axis=-1)
+    xfer = _per_rank(opts.transfer_bytes, C, G, "CostOptions.transfer_bytes")
     if np.any(xfer > 0):
         xbw = _link(hw, opts, C) if G > 1 else np.full(C, hw.h2d_bandwidth or hw.mem_bandwidth)
-        window = t_attn if opts.hide_window_s is None else _per_config(opts.hide_window_s, C, "hide_window_s")
-        exposed = np.maximum(0.0, xfer / xbw - window)
+        window = t_attn if opts.hide_window_s is None else opts.hide_window_s
+        # a rank's transfer can only hide behind its own window (PROBE eq. 8 bounds each rank separately)
+        exposed = np.maximum(0.0, xfer / xbw[:, None] - _per_rank(window, C, G, "CostOptions.hide_window_s"))
+        exposed = exposed.max(axis=-1)
     else:
         exposed = np.zeros(C)
     ffn, dispatch, combine = ffn_CG.max(axis=-1), dispatch_CG.max(axis=-1), combine_CG.max(axis=-1)

@@ -5,16 +5,19 @@ from vLLM / SGLang / HF forward hooks (plain or gzip-compressed), e.g.
   {"request": 3, "layer": 0, "token_idx": 5, "token_id": 1234, "experts": [7, 0], "gating_probs": [0.8, 0.2]}
 
 Canonical fields (field_map={"name in the log": "canonical name"} renames; ALIASES below are tried too):
-  request    int id, or string id (renumbered 0, 1, ... in order of first appearance)           required
+  request    int id >= 0, or string id (renumbered 0, 1, ... in order of first appearance)      required
   layer      MoE layer: the model layer index (kept as spec.layer_ids) or 0..L-1 with a spec  required
-  position   the token's position in its request                                                required
-  experts    list of chosen expert ids, -1 = dropped; shorter lists are padded with -1 to K     required
-  weights    list of routing weights, one per expert id (absent: 1/K each)
+  position   the token's position in its request, 0..2**31-1                                    required
+  experts    list of distinct expert ids in -1..32767 (-1 = dropped, may repeat; below E when E is
+             given); shorter lists are padded with -1 to K                                      required
+  weights    list of finite, non-negative routing weights, one per expert id (absent: 1/K each)
   token_id   int; phase "prefill"/"decode" or 0/1 (absent: prefill); step int >= 0 (absent: derived);
   task, source  string names or int indices; arrival_s  seconds (float)
   document   the request's source document: int id >= 0, or string id (renumbered in order of first
              appearance); absent: -1, unknown (a document split then falls back to the request split)
 The names are resolved from the first record; every record must then carry every resolved field.
+A value outside its range (an id that would wrap in its int16/int32 column, an int beyond int64) is refused
+with the file, line, field, value and the allowed range; so is a truncated or damaged .gz file.
 
 Streaming, in bounded memory: two passes with pyarrow's block-wise JSON reader. Pass 1 checks every
 record and infers L (the distinct layer values), E (max expert id + 1 unless num_experts or spec), K (the
@@ -34,6 +37,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,7 @@ from tqdm import tqdm
 
 from routecast.common.errors import ConfigError, TraceError
 from routecast.trace.io import TraceWriter
-from routecast.trace.spec import MoESpec
+from routecast.trace.spec import MAX_EXPERTS, MoESpec
 from routecast.trace.trace import DECODE, PREFILL
 
 REQUIRED = ("request", "layer", "position", "experts")
@@ -63,6 +67,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 _BLOCK = 4 << 20  # bytes of JSON per block: large enough for long lines, small against the window
 _I32 = 2**31
+_I64 = 2**63
+_F32_MAX = float(np.finfo(np.float32).max)
 _PHASES = {"prefill": PREFILL, "decode": DECODE}
 
 
@@ -207,8 +213,19 @@ def _locate(src: Path, start: int, fields: dict[str, str], kinds: dict[str, str]
                 if not _py_ok(rec[k], kinds[c]):
                     return TraceError(f"{src} line {n}: field '{k}' is {rec[k]!r:.60}; expected "
                                       f"{_EXPECT[kinds[c]]}.")
-            row = pa.RecordBatch.from_pylist([{k: rec[k] for k in fields.values()}],
-                                             schema=_schema(fields, kinds))
+                lo, hi, exp = _ranges(ctx.get("E")).get(c, (-_I64, _I64, "-2**63..2**63-1"))
+                vals = rec[k] if isinstance(rec[k], list) else [rec[k]]
+                if kinds[c] in ("int", "ints") and any(not lo <= v < hi for v in vals):
+                    return TraceError(f"{src} line {n}: field '{k}' is {rec[k]!r:.60}; expected {exp}.")
+                if kinds[c] in ("float", "floats") and any(type(v) is int and not -_I64 <= v < _I64 for v in vals):
+                    return TraceError(f"{src} line {n}: field '{k}' is {rec[k]!r:.60}; expected {_EXPECT[kinds[c]]} "
+                                      "within +-2**63 (write larger values with an exponent, e.g. 1e30).")
+            try:
+                row = pa.RecordBatch.from_pylist([{k: rec[k] for k in fields.values()}],
+                                                 schema=_schema(fields, kinds))
+            except (pa.ArrowException, OverflowError) as e:  # a value no column type can hold
+                return TraceError(f"{src} line {n}: a value cannot be stored ({str(e)[:80]}); expected "
+                                  "numbers that fit int64 / float64.")
             bad = _check(_columns(row, fields, kinds), ctx)
             if bad:
                 return TraceError(f"{src} line {n}: {bad[1]}.")
@@ -243,17 +260,29 @@ def _first(mask: np.ndarray) -> int | None:
     return int(i[0]) if i.size else None
 
 
+def _ranges(E: int | None) -> dict[str, tuple[int, int, str]]:
+    """canonical int field -> (lo, hi exclusive, the allowed range in words); experts: each id in the list.
+
+    Every bound fits the trace column it lands in (int16 expert ids, int32 positions, int64 requests), so
+    no value can wrap on the cast; a log value beyond int64 is refused here too, before pyarrow sees it."""
+    hi_e = MAX_EXPERTS if E is None else E
+    return {"request": (0, _I64, "0..2**63-1"), "position": (0, _I32, "0..2**31-1"),
+            "layer": (0, _I32, "0..2**31-1"), "step": (0, _I64, "0..2**63-1"), "token_id": (-1, _I32, "-1..2**31-1"),
+            "task": (-1, 2**15, "-1..32767"), "source": (-1, 2**15, "-1..32767"),
+            "phase": (0, 2, "0 (prefill) or 1 (decode)"), "document": (-1, 2**62, "-1 (unknown) or a document id >= 0"),
+            "experts": (-1, hi_e, f"ids in -1..{hi_e - 1}" + (" (expert ids are int16)" if E is None else ""))}
+
+
 def _check(cols: dict[str, Any], ctx: dict) -> tuple[int, str] | None:
-    """First (row, problem) of a batch, or None: ranges, list lengths, finiteness, known names."""
+    """First (row, problem) of a batch, or None: ranges, list lengths, distinct ids, finiteness, known names."""
     if cols["_null"]:
         return cols["_null"]
     f, K, E = ctx["fields"], ctx.get("K"), ctx.get("E")
     checks: list[tuple[str, Any, str]] = []
-    ints = {"position": (0, _I32, "0..2**31-1"), "layer": (0, _I32, "0..2**31-1"), "step": (0, 2**62, ">= 0"),
-            "token_id": (-1, _I32, "-1..2**31-1"), "task": (-1, 2**15, "-1..32767"),
-            "source": (-1, 2**15, "-1..32767"), "document": (-1, 2**62, "-1 (unknown) or a document id >= 0"),
-            "phase": (0, 2, "0 (prefill) or 1 (decode)")}
+    ints = _ranges(E)
     for c, (lo, hi, exp) in ints.items():
+        if c == "experts":
+            continue
         if c in cols and not isinstance(cols[c], tuple):
             checks.append((c, (cols[c] < lo) | (cols[c] >= hi), exp))
     if "arrival_s" in cols:
@@ -267,14 +296,20 @@ def _check(cols: dict[str, Any], ctx: dict) -> tuple[int, str] | None:
     row_of = np.repeat(np.arange(n_e.size), n_e)
     if K is not None:
         checks.append(("experts", n_e > K, f"at most top_k = {K} ids"))
-    bad_id = (vals < -1) | (vals >= E) if E is not None else vals < -1
-    checks.append(("experts", np.bincount(row_of[bad_id], minlength=n_e.size) > 0,
-                   f"ids in -1..{E - 1}" if E is not None else "ids >= -1"))
+    lo_e, hi_e, exp_e = ints["experts"]
+    bad_id = (vals < lo_e) | (vals >= hi_e)
+    checks.append(("experts", np.bincount(row_of[bad_id], minlength=n_e.size) > 0, exp_e))
+    # the same expert twice in one record: sort (record, id) keys; -1 (dropped) may repeat
+    key = np.sort(row_of * (2 * _I32) + vals)
+    twice = (key[1:] == key[:-1]) & (key[1:] % (2 * _I32) != 2 * _I32 - 1)
+    checks.append(("experts", np.bincount(key[1:][twice] // (2 * _I32), minlength=n_e.size) > 0,
+                   "distinct ids (-1, a dropped slot, may repeat)"))
     if "weights" in cols:
         wv, woff = cols["weights"]
         checks.append(("weights", np.diff(woff) != n_e, "one weight per expert id"))
-        fin = np.bincount(np.repeat(np.arange(n_e.size), np.diff(woff))[~np.isfinite(wv)], minlength=n_e.size)
-        checks.append(("weights", fin > 0, "finite numbers"))
+        bad_w = ~((wv >= 0) & (wv <= _F32_MAX))  # stored as float32: larger values would become inf; NaN fails
+        fin = np.bincount(np.repeat(np.arange(n_e.size), np.diff(woff))[bad_w], minlength=n_e.size)
+        checks.append(("weights", fin > 0, "finite, non-negative numbers up to 3.4e38 (float32)"))
     for c, mask, exp in checks:
         j = _first(mask)
         if j is not None:
@@ -479,9 +514,24 @@ def import_jsonl(src: str | os.PathLike, out: str | os.PathLike, *, spec: MoESpe
     src = Path(src)
     if not src.is_file():
         raise TraceError(f"{src}: file does not exist; expected a JSON-lines routing log.")
+    try:
+        return _import(src, out, spec=spec, field_map=field_map, num_experts=num_experts, top_k=top_k,
+                       shard_tokens=shard_tokens, progress=progress, window=window, overwrite=overwrite)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # the writer has been aborted on the way out
+        why = "it ends before the end of the compressed stream" if isinstance(e, EOFError) else str(e)
+        raise TraceError(f"{src}: is not a complete gzip file ({why}); expected a JSON-lines log, plain or "
+                         "gzip-compressed.") from None
+
+
+def _import(src: Path, out: str | os.PathLike, *, spec: MoESpec | None, field_map: dict[str, str] | None,
+            num_experts: int | None, top_k: int | None, shard_tokens: int, progress: bool, window: int,
+            overwrite: bool) -> Path:
     for name, v in (("num_experts", num_experts), ("top_k", top_k), ("window", window)):
         if v is not None and (type(v) is not int or v < 1):
             raise ConfigError(f"import_jsonl: {name} is {v!r}; expected a positive integer.")
+    if num_experts is not None and num_experts > MAX_EXPERTS:  # refuse before a whole pass over the log
+        raise ConfigError(f"import_jsonl: num_experts is {num_experts}; expected at most {MAX_EXPERTS} (expert ids "
+                          "are stored as int16).")
     o = Path(out)
     if not overwrite and o.is_dir() and any(o.iterdir()):  # fail before a whole pass over the log
         raise TraceError(f"{o}: directory exists and is not empty; expected a new or empty path (pass "

@@ -10,7 +10,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from routecast.common.errors import TraceError
+
+MAX_EXPERTS = 1 << 15  # experts_TLK is int16: ids 0..32767
+MAX_LAYER_EXPERTS = 1 << 24  # L x E cells: counts_LE and predictor tables stay below ~128 MiB of int64
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,14 +61,26 @@ class MoESpec:
             raise TraceError(
                 f"MoESpec.top_k is {self.top_k} but num_experts is {self.num_experts}; expected top_k <= num_experts."
             )
-        if not self.layer_ids:
-            object.__setattr__(self, "layer_ids", tuple(range(self.num_layers)))
-        else:
-            object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
-        if len(self.layer_ids) != self.num_layers:
+        if self.num_experts > MAX_EXPERTS:
+            raise TraceError(f"MoESpec.num_experts is {self.num_experts}; expected at most {MAX_EXPERTS} (expert "
+                             "ids are stored as int16).")
+        if self.num_layers * self.num_experts > MAX_LAYER_EXPERTS:
+            raise TraceError(f"MoESpec.num_layers x num_experts is {self.num_layers} x {self.num_experts}; expected "
+                             f"at most {MAX_LAYER_EXPERTS} (per-layer expert tables are held in memory).")
+        ids = self.layer_ids
+        if not isinstance(ids, (tuple, list)) or not all(_is_int(i) for i in ids):
+            bad = ids if not isinstance(ids, (tuple, list)) else next(i for i in ids if not _is_int(i))
+            raise TraceError(f"MoESpec.layer_ids holds {bad!r}; expected integer model-layer indices.")
+        ids = tuple(int(i) for i in ids) if ids else tuple(range(self.num_layers))
+        object.__setattr__(self, "layer_ids", ids)
+        if len(ids) != self.num_layers:
             raise TraceError(
-                f"MoESpec.layer_ids has {len(self.layer_ids)} entries; expected num_layers = {self.num_layers}."
+                f"MoESpec.layer_ids has {len(ids)} entries; expected num_layers = {self.num_layers}."
             )
+        if min(ids) < 0 or len(set(ids)) != len(ids):
+            bad = min(ids) if min(ids) < 0 else next(i for i in ids if ids.count(i) > 1)
+            raise TraceError(f"MoESpec.layer_ids holds {bad} {'below 0' if bad < 0 else 'twice'}; expected "
+                             "distinct non-negative model-layer indices.")
         if self.n_group < 1 or self.num_experts % self.n_group:
             raise TraceError(
                 f"MoESpec.n_group is {self.n_group}; expected a positive divisor of num_experts = {self.num_experts}."

@@ -193,6 +193,7 @@ class SynthConfig:
                 fail(f, v, "weights with a positive sum")
         if min(self.prompt_len) < 1:
             fail("prompt_len", self.prompt_len, "medians >= 1 token")
+        self.spec()  # MoESpec's limits (E <= 32768 int16 ids, L x E, layer_ids) fail before any table is allocated
 
     # ---------------------------------------------------------------- helpers
     def spec(self) -> MoESpec:
@@ -201,8 +202,7 @@ class SynthConfig:
             num_layers=self.num_layers, num_experts=self.num_experts, top_k=self.top_k,
             hidden_size=self.hidden_size, expert_bytes=self.expert_bytes,
             num_shared_experts=self.num_shared_experts, layer_ids=self.layer_ids,
-            n_group=self.n_group, topk_group=self.topk_group, name=self.name,
-        )
+            n_group=self.n_group, topk_group=self.topk_group, name=self.name)
 
     def per_task(self, field: str) -> np.ndarray:
         """A per-task knob broadcast to (num_tasks,) float64 (task_mix: normalised, empty = uniform)."""

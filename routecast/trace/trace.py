@@ -7,6 +7,21 @@ Per-token columns (all length T): request int64, position int32, token_id int32,
 task_names, -1 unknown), source int16 (index into source_names, -1 unknown), arrival_s float64,
 document int64 (id of the text the request's prompt came from, -1 unknown: requests that share a
 document share text, so held-out requests must not share one with training requests; see split).
+
+Invariants, checked by validate() on every construction, TraceWriter.append and read (routecast/trace/checks.py;
+routing scans run in chunks, so memory-mapped shards are paged through once). Errors (TraceError, one sentence):
+  spec       num_experts <= 32768 (int16 ids); num_layers x num_experts <= 2**24; layer_ids distinct
+             non-negative integers (spec.py)
+  tokens     request, position, step >= 0; token_id >= -1; document >= -1; phase 0/1; task/source index a
+             name or -1; arrival_s finite; within a request each position once, and steps never decrease
+             along its positions (a token cannot run before the token it follows)
+  routing    ids in -1..E-1; no expert twice in one token's top-k at a layer; weights finite and >= 0
+  tensors    logits_TLE and hidden_TLH finite
+Documented allowances (accepted as they are):
+  rows in any order (consumers group by step and by request: batches(), requests()); -1 (a slot dropped by
+  a capacity limit) repeated in a top-k, with any finite non-negative weight; weights that do not sum to 1
+  (routers renormalise differently, DeepSeek-V3 scales by routed_scaling_factor); gaps in step, request and
+  position numbering; arrival_s of any sign.
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from routecast.common.errors import TraceError
+from routecast.trace.checks import check_finite, check_ids_and_weights, check_nonneg, check_request_order
 from routecast.trace.spec import MoESpec
 
 PREFILL, DECODE = 0, 1
@@ -115,39 +131,36 @@ class Trace:
         if w.dtype.kind != "f":
             raise TraceError(f"{where}: weights_TLK has dtype {w.dtype}; expected a float dtype.")
         if T:
-            lo, hi = int(e.min()), int(e.max())
-            if lo < -1 or hi >= s.num_experts:
-                bad = lo if lo < -1 else hi
-                raise TraceError(
-                    f"{where}: experts_TLK holds expert id {bad}; expected -1 (dropped) or 0..{s.num_experts - 1}."
-                )
-            if not np.isfinite(w).all():
-                raise TraceError(f"{where}: weights_TLK holds NaN or inf; expected finite routing weights.")
-            for name in ("phase",):
-                col = self.tokens[name]
-                if col.min() < 0 or col.max() > 1:
-                    raise TraceError(f"{where}: token column 'phase' holds {int(col.max())}; expected 0 (prefill) or 1 (decode).")
+            tok = self.tokens
+            for name in ("request", "position", "step"):
+                check_nonneg(tok[name], name, where)
+            check_nonneg(tok["token_id"], "token_id", where, lo=-1)
+            col = tok["phase"]
+            if col.min() < 0 or col.max() > 1:
+                bad = int(col.min()) if col.min() < 0 else int(col.max())
+                raise TraceError(f"{where}: token column 'phase' holds {bad}; expected 0 (prefill) or 1 (decode).")
             for name, names in (("task", self.task_names), ("source", self.source_names)):
-                col = self.tokens[name]
+                col = tok[name]
                 lo, hi = int(col.min()), int(col.max())
                 if lo < -1 or hi >= len(names):
                     raise TraceError(
                         f"{where}: token column '{name}' holds {lo if lo < -1 else hi} but {len(names)} "
                         f"{name} name(s) are defined; expected -1..{len(names) - 1}."
                     )
-            if int(self.tokens["document"].min()) < -1:
-                raise TraceError(f"{where}: token column 'document' holds {int(self.tokens['document'].min())}; "
+            if int(tok["document"].min()) < -1:
+                raise TraceError(f"{where}: token column 'document' holds {int(tok['document'].min())}; "
                                  "expected -1 (unknown) or a document id >= 0.")
-            if not np.isfinite(self.tokens["arrival_s"]).all():
+            if not np.isfinite(tok["arrival_s"]).all():
                 raise TraceError(f"{where}: token column 'arrival_s' holds NaN or inf; expected finite seconds.")
+            check_request_order(tok["request"], tok["position"], tok["step"], where)
+            check_ids_and_weights(e, w, s.num_experts, where)
         if self.logits_TLE is not None:
             lg = self.logits_TLE
             if lg.shape != (T, s.num_layers, s.num_experts) or lg.dtype.kind != "f":
                 raise TraceError(
                     f"{where}: logits_TLE has shape {lg.shape} dtype {lg.dtype}; expected float ({T}, {s.num_layers}, {s.num_experts})."
                 )
-            if T and not np.isfinite(lg).all():
-                raise TraceError(f"{where}: logits_TLE holds NaN or inf; expected finite router logits.")
+            check_finite(lg, "logits_TLE", where, "finite router logits")
         if self.hidden_TLH is not None:
             h = self.hidden_TLH
             if h.ndim != 3 or h.shape[:2] != (T, s.num_layers) or h.dtype.kind != "f":
@@ -156,6 +169,7 @@ class Trace:
                 )
             if s.hidden_size and h.shape[2] != s.hidden_size:
                 raise TraceError(f"{where}: hidden_TLH has H = {h.shape[2]}; expected hidden_size = {s.hidden_size}.")
+            check_finite(h, "hidden_TLH", where, "finite router inputs")
 
     # ---------------------------------------------------------------- basics
     @property

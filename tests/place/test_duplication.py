@@ -17,6 +17,21 @@ def test_paper_figure_2_example_balances_the_hot_expert():
     assert r.served_EG.sum(axis=1).tolist() == load.tolist()
 
 
+def test_golden_moves_pin_line_5_of_algorithm_1():
+    # Worked by hand from MoE-GPS Algorithm 1 (l = ceil((L_gh - L_gc) / 2), line 5), Figure 2's loads:
+    # L = [75, 10, 10, 5]. 1: gh 0, gc 3, l = ceil(70/2) = 35, e* = 0, copied to 3 -> [40, 10, 10, 40];
+    # 2: gh 0 (first of the tie), gc 1, l = ceil(30/2) = 15, e* = 0, copied to 1 -> [25, 25, 10, 40];
+    # 3: gh 3, gc 2, l = 15, e* = 0 (35 of its items on 3), copied to 2 -> [25, 25, 25, 25]; done.
+    r = duplicate_experts(np.array([75, 10, 10, 5]), sharded_placement(4, 4))
+    assert r.moves == [(0, 0, 3, 35, True), (0, 0, 1, 15, True), (0, 3, 2, 15, True)]
+    assert r.served_EG[0].tolist() == [25, 15, 15, 20] and r.load_G.tolist() == [25, 25, 25, 25]
+    assert r.iterations == 3
+    # An odd gap rounds up: experts 0-1 on GPU 0, 2-3 on GPU 1, L = [10, 1]: l = ceil(9/2) = 5 -> [5, 6],
+    # then max - min = 1 ends the loop (floor would give [6, 5], a third of the gap [7, 4] and more moves).
+    r = duplicate_experts(np.array([10, 0, 1, 0]), sharded_placement(4, 2))
+    assert r.moves == [(0, 0, 1, 5, True)] and r.load_G.tolist() == [5, 6] and r.iterations == 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.integers(1, 4).flatmap(

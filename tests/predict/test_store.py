@@ -70,3 +70,68 @@ def test_load_errors_name_the_file(routed_trace, tmp_path):
     (d / TENSOR_FILE).write_bytes(b"not safetensors")
     with pytest.raises(ConfigError, match="could not be read as safetensors"):
         load_predictor(d)
+
+
+# ------------------------------------------------------------------ damaged predictors, through the CLI
+def _damage(d, name, how):
+    from safetensors.numpy import load_file, save_file
+
+    t = load_file(str(d / TENSOR_FILE))
+    a = t[name]
+    t[name] = {"drop row": lambda: a[:-1].copy(), "transpose": lambda: np.ascontiguousarray(a.T),
+               "reverse": lambda: a[::-1].copy(), "nan": lambda: np.where(np.arange(a.size).reshape(a.shape) == 0,
+                                                                           np.nan, a).astype(a.dtype),
+               "negative": lambda: a - 1.0, "int": lambda: a.astype(np.int32)}[how]()
+    save_file(t, str(d / TENSOR_FILE), metadata={"format": "routecast-predictor"})
+
+
+def _error_line(err: str) -> str:
+    """The one error sentence on stderr (a trace without documents adds a 'note:' line before it)."""
+    lines = [ln for ln in err.splitlines() if not ln.startswith("note: ")]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("routecast predict: error: "), err
+    return lines[0]
+
+
+# predictor, tensor, damage, what the one sentence says
+DAMAGED = [
+    ("distribution", "fit_LE", "transpose", "tensor 'fit_LE' has shape (8, 3); expected (3, 8)"),
+    ("probability", "p_LE", "drop row", "tensor 'p_LE' has shape (2, 8); expected (3, 8)"),
+    ("probability", "p_LE", "nan", "tensor 'p_LE' holds NaN or inf"),
+    ("probability", "p_LE", "negative", "tensor 'p_LE' holds -"),
+    ("conditional-token", "keys_U", "reverse", "tensor 'keys_U' holds 29 before 28 (entry 1); expected strictly "
+     "increasing lookup keys"),
+    ("conditional-token", "probs_ULE", "drop row", "tensor 'probs_ULE' has shape (29, 3, 8); expected (30, 3, 8)"),
+    ("conditional-token", "global_LE", "transpose", "tensor 'global_LE' has shape (8, 3); expected (3, 8)"),
+    ("conditional-token", "probs_ULE", "int", "tensor 'probs_ULE' has dtype int32; expected a float dtype"),
+    ("ffn", "vocab_ids", "reverse", "tensor 'vocab_ids' holds 29 before 28"),
+    ("ffn", "vocab_ids", "drop row", "tensor 'vocab_ids' has shape (29,); expected (30,)"),
+    ("ffn", "net.mid.weight", "transpose", "size mismatch for mid.weight"),
+]
+
+
+@pytest.mark.parametrize("pred,tensor,how,pattern", DAMAGED, ids=[f"{p}-{t}-{h}" for p, t, h, _ in DAMAGED])
+def test_damaged_predictor_is_refused_on_load_with_one_sentence(routed_trace, tmp_path, capsys, pred, tensor, how,
+                                                                  pattern):
+    from routecast.cli import main
+    from routecast.trace.io import write_trace
+
+    tr = write_trace(routed_trace(num_requests=12), tmp_path / "t")
+    d = tmp_path / "p"
+    assert main(["predict", "fit", str(tr), "--predictor", pred, "--out", str(d), "--quiet", "--epochs", "1"]) == 0
+    capsys.readouterr()
+    _damage(d, tensor, how)
+    assert main(["predict", "eval", str(tr), "--predictors", str(d), "--quiet"]) == 2
+    err = _error_line(capsys.readouterr().err)
+    assert pattern in err and str(d) in err, err
+
+
+def test_predictor_for_another_geometry_is_refused(routed_trace, tmp_path, capsys):
+    from routecast.cli import main
+    from routecast.trace.io import write_trace
+
+    wide = routed_trace(num_experts=16)
+    d = save_predictor(ProbabilityPredictor(wide.spec).fit(wide), tmp_path / "p")
+    tr = write_trace(routed_trace(num_requests=12), tmp_path / "t")
+    assert main(["predict", "eval", str(tr), "--predictors", str(d), "--quiet"]) == 2
+    err = _error_line(capsys.readouterr().err)
+    assert "predictor was fitted for L=3, E=16, K=2; expected the trace's L=3, E=8, K=2" in err

@@ -145,6 +145,22 @@ def test_transfer_is_exposed_only_beyond_the_window():
     assert win.transfer_exposed[0] == 0.0
 
 
+def test_per_rank_windows_and_a_zero_window_exposes_every_byte():
+    counts = np.repeat(sharded_counts(np.full(8, 128.0), 4), 3, axis=0)
+    w = decode(batch=64, context_len=512)
+    t = MIX.expert_bytes() / 300e9  # one expert over A100 NVLink, per direction
+    base = layer_cost(counts, model=MIX, hw=A100, work=w, opts=probe_options())
+    # rank 1 moves two experts; rank 2 one: with per-rank windows only each rank's own excess counts
+    xfer = np.array([[0, 2, 1, 0]] * 3) * float(MIX.expert_bytes())
+    win = np.array([[0.0, 0.0, 0.0, 0.0], [9.0, 1.5 * t, 0.0, 9.0], [0.0, 9.0, 9.0, 0.0]])
+    r = layer_cost(counts, model=MIX, hw=A100, work=w,
+                   opts=dataclasses.replace(probe_options(), transfer_bytes=xfer, hide_window_s=win))
+    np.testing.assert_allclose(r.transfer_exposed, [2 * t, t, 0.0], rtol=1e-12)
+    # bytes moved behind a zero-width window raise the layer time by exactly their transfer time
+    np.testing.assert_allclose(r.total - base.total, [2 * t, t, 0.0], rtol=1e-9, atol=1e-15)
+    assert r.total[0] > base.total[0]
+
+
 def test_vectorised_equals_a_scalar_loop():
     rng = np.random.default_rng(0)
     C = 24

@@ -102,7 +102,7 @@ def test_field_map_string_requests_padding_and_missing_weights(tmp_path):
     for r, rid in enumerate(["cmpl-b", "cmpl-a"]):
         for p in range(3):
             for layer in range(2):
-                ids = [r + p, layer] if p != 1 else [5]  # one short list: padded as a dropped slot
+                ids = [r + p, 6 + layer] if p != 1 else [5]  # one short list: padded as a dropped slot
                 recs.append({"rid": rid, "lyr": layer, "at": p, "chosen": ids})
     src = _write(tmp_path / "m.jsonl", recs)
     fm = {"rid": "request", "lyr": "layer", "at": "position", "chosen": "experts"}
@@ -130,7 +130,7 @@ BAD_LINES = {
                        "field 'gating_probs' is [1.0]; expected one weight per expert id"),
     "nan weight": ('{"request": 0, "layer": 1, "token_idx": 1, "experts": [1, 2], '
                    '"gating_probs": [NaN, 0.5], "phase": "prefill"}',
-                   "field 'gating_probs' is [nan, 0.5]; expected finite numbers"),
+                   "field 'gating_probs' is [nan, 0.5]; expected finite, non-negative numbers up to 3.4e38 (float32)"),
     "phase": ({"phase": "warmup"}, "field 'phase' is 'warmup'; expected 'prefill' or 'decode'"),
     "position": ({"token_idx": -1}, "field 'token_idx' is -1; expected 0..2**31-1"),
     "null in list": ({"experts": [1, None]}, "field 'experts' is [1, None]; expected a list of integers"),

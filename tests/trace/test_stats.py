@@ -29,10 +29,10 @@ def random_trace(seed: int, T: int = 300, L: int = 3, E: int = 8, K: int = 2, dr
     ex = np.argsort(rng.random((T, L, E)), axis=-1)[..., :K].astype(np.int16)  # K distinct per token
     ex[rng.random(ex.shape) < drop] = -1
     step = np.sort(rng.integers(0, max(1, T // 20), T))
-    rng.shuffle(step)  # unsorted steps exercise the argsort path
     req = np.arange(T) // 25
-    return make_trace(ex, E, weights=rng.random(ex.shape), request=req, position=np.arange(T) % 25,
-                      step=step, token_id=rng.integers(0, 20, T), task=req % 2, task_names=("a", "b"))
+    o = rng.permutation(T)  # rows out of step order exercise the argsort path; each request stays causal
+    return make_trace(ex[o], E, weights=rng.random(ex.shape), request=req[o], position=(np.arange(T) % 25)[o],
+                      step=step[o], token_id=rng.integers(0, 20, T), task=req[o] % 2, task_names=("a", "b"))
 
 
 def brute_counts(ex: np.ndarray, E: int) -> np.ndarray:

@@ -15,7 +15,7 @@ def _trace(T=12, L=3, E=8, K=2, seed=0, requests=4, steps=5, tasks=("a", "b")):
         tokens=make_columns(
             T,
             request=rng.integers(0, requests, T),
-            step=rng.integers(0, steps, T),
+            step=np.sort(rng.integers(0, steps, T)),  # a request's later positions (rows) never run earlier
             task=rng.integers(0, len(tasks), T),
         ),
         experts_TLK=ids,
