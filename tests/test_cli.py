@@ -72,7 +72,7 @@ def test_place_compare_prices_builtin_fine_traces_as_deepseek_v2_lite():
     from routecast.trace import MoESpec, Trace, make_columns
 
     spec = MoESpec(num_layers=5, num_experts=64, top_k=6, n_group=8, topk_group=4, name="builtin-fine")
-    t = Trace(spec=spec, tokens=make_columns(2), experts_TLK=np.zeros((2, 5, 6), np.int16),
-              weights_TLK=np.zeros((2, 5, 6), np.float32))
+    t = Trace(spec=spec, tokens=make_columns(2), experts_TLK=np.tile(np.arange(6, dtype=np.int16), (2, 5, 1)),
+              weights_TLK=np.full((2, 5, 6), 1 / 6, np.float32))
     m = _profile_for(t, load_model)
     assert m.name == "deepseek-v2-lite" and (m.num_experts, m.top_k) == (64, 6)
