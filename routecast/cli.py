@@ -11,14 +11,25 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from routecast.common.errors import ConfigError, RoutecastError
+from routecast.common.errors import ConfigError, RoutecastError, TraceError
 
 
 def _threads(n: int) -> None:
     # 1 thread is fastest for small forwards on the 2-core machines this was measured on.
+    _positive(n, "--threads")
     import torch
 
-    torch.set_num_threads(max(1, n))
+    torch.set_num_threads(n)
+
+
+def _positive(n: int | None, flag: str) -> None:
+    if n is not None and n < 1:
+        raise ConfigError(f"{flag} is {n}; expected a positive integer.")
+
+
+def _add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"write into a non-empty --out, replacing {what} (files routecast did not write are kept)")
 
 
 def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
@@ -27,12 +38,28 @@ def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
     )
 
 
+def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
+    """Flags shared by `cache replay` and `schedule rebatch`."""
+    p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
+    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
+    p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the predictor (default 0)")
+    p.add_argument("--split", choices=("document", "request"), default="document",
+                   help="hold out whole documents (default; by request when the trace records none) or requests")
+    p.add_argument("--out", default=out, help=f"JSON output (default {out})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_threads(p)
+
+
 # ------------------------------------------------------------------ handlers
 def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
 
     _threads(a.threads)
-    run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed, model=a.model)
+    _positive(a.requests, "--requests")
+    run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed, overwrite=a.overwrite,
+             model=a.model)
     return 0
 
 
@@ -48,14 +75,19 @@ def cmd_synth(a: argparse.Namespace) -> int:
         raise ConfigError("synth needs --preset and --out (or --calibrate to print the preset calibration table).")
     overrides = parse_set_args(a.set or [])
     path = synth_to_disk(
-        a.preset, a.out, tokens=a.tokens, requests=a.requests, seed=a.seed, overrides=overrides or None
+        a.preset, a.out, tokens=a.tokens, requests=a.requests, seed=a.seed, overrides=overrides or None,
+        overwrite=a.overwrite,
     )
     print(f"wrote {path}")
     return 0
 
 
 def cmd_stats(a: argparse.Namespace) -> int:
+    from routecast.common.outputs import check_out_file
     from routecast.trace.stats_cli import stats_main
+
+    if a.plot is not None:
+        check_out_file(a.plot, "--plot")  # before the statistics pass, not after it
 
     return stats_main(a.trace, ep=a.ep, window=a.window, as_json=a.json, plot=a.plot, seq_len=a.seq_len)
 
@@ -98,8 +130,12 @@ def cmd_inspect(a: argparse.Namespace) -> int:
             if isinstance(v, dict):  # long arrays (e.g. the routers' correction bias) print as their shape
                 v = {kk: f"<{np.shape(vv)} array; see --json>" if isinstance(vv, list) and np.size(vv) > 16 else vv
                      for kk, vv in v.items()}
-            print(f"{k:>16}: {v}")
-    return 0 if info.get("valid") else 1
+            if k != "error":  # the error goes to stderr below
+                print(f"{k:>16}: {v}")
+    if info.get("valid"):
+        return 0
+    # Like every other command: the reason on stderr, exit code 2 (the summary above stays on stdout).
+    raise TraceError(info.get("error") or f"{a.trace}: trace is not valid; expected a finished trace.")
 
 
 def _load_spec(path: str):
@@ -115,18 +151,23 @@ def _load_spec(path: str):
 def cmd_capture(a: argparse.Namespace) -> int:
     from routecast.trace.capture import capture_to_disk
 
+    _positive(a.threads, "--threads")
     path = capture_to_disk(
         a.model, a.prompts, a.out, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
         hidden=a.hidden, logits=a.logits, threads=a.threads, resume=not a.no_resume, progress=not a.quiet,
+        overwrite=a.overwrite, device=a.device,
     )
     print(f"wrote {path}")
     return 0
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
+    from routecast.common.outputs import check_out_file
     from routecast.sim.calibrate import calibrate
 
+    _positive(a.threads, "--threads")
     out = a.out or f"out/hardware/calibrated-{a.device.replace(':', '')}.toml"
+    check_out_file(out, "--out")  # before minutes of measuring, not after
     hw = calibrate(out, device=a.device, threads=a.threads, quick=a.quick)
     print(f"wrote {out}: {hw.name}")
     return 0
@@ -146,6 +187,9 @@ def cmd_advise(a: argparse.Namespace) -> int:
 def cmd_predict(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import predict_eval_main, predict_fit_main
 
+    _positive(a.threads, "--threads")
+    _positive(a.epochs, "--epochs")
+
     if a.action == "eval":
         return predict_eval_main(
             a.trace, a.predictors, model=a.model, as_json=a.json, train_fraction=a.train_fraction, seed=a.seed,
@@ -155,6 +199,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
         raise ConfigError(f"--split is {a.split!r}; expected document, request or none for predict fit.")
     if not a.out or not a.predictor:
         raise ConfigError("predict fit needs --predictor NAME and --out DIR.")
+    from routecast.common.outputs import check_out_dir
+
+    check_out_dir(a.out, "--out", overwrite=a.overwrite)
     return predict_fit_main(
         a.trace, a.predictor, a.out, model=a.model, seed=a.seed, threads=a.threads, epochs=a.epochs, quiet=a.quiet,
         split=a.split, train_fraction=a.train_fraction,
@@ -162,22 +209,35 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def cmd_place_compare(a: argparse.Namespace) -> int:
+    from routecast.common.outputs import check_out_dir, os_error, write_atomic
     from routecast.place.compare import compare_methods, summarize
     from routecast.report.placement import plot_throughput
-    from routecast.sim.hardware import load_hardware
+    from routecast.sim.hardware import capacity_note, load_hardware
     from routecast.sim.models import load_model
     from routecast.trace.io import read_trace
 
     _threads(a.threads)
+    _positive(a.ep, "--ep")
+    out = check_out_dir(a.out, "--out", overwrite=a.overwrite)
     trace = read_trace(a.trace, load_hidden=False)
     hw = load_hardware(a.hardware)
     model = load_model(a.model_profile) if a.model_profile else _profile_for(trace, load_model)
+    if model.num_experts != trace.spec.num_experts:
+        raise ConfigError(f"--model-profile {model.name} has {model.num_experts} experts and --trace {a.trace} "
+                          f"routes over {trace.spec.num_experts}; expected a profile with the trace's expert count.")
+    if a.shift_step >= 0 and trace.num_tokens and a.shift_step > int(trace.step.max()):
+        raise ConfigError(f"--shift-step {a.shift_step} is beyond the trace's last step {int(trace.step.max())}; "
+                          "expected a step inside the trace (or -1 for no shift).")
     res = compare_methods(trace, ep=a.ep, hw=hw, model=model)
     rows = summarize(res, shift_step=a.shift_step, model_layers=model.num_layers)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot_throughput(res, str(out / "throughput.png"), shift_step=a.shift_step, model_layers=model.num_layers)
-    (out / "summary.json").write_text(json.dumps(rows, indent=2, default=float))
+    note = capacity_note(model, hw, a.ep)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        png = plot_throughput(res, str(out / "throughput.png"), shift_step=a.shift_step,
+                              model_layers=model.num_layers)
+    except OSError as e:
+        raise os_error(e, "--out", out) from None
+    write_atomic(out / "summary.json", json.dumps(rows, indent=2, default=float), "--out")
     if a.json:
         print(json.dumps(rows, indent=2, default=float))
     else:
@@ -185,6 +245,8 @@ def cmd_place_compare(a: argparse.Namespace) -> int:
         print("  ".join(f"{c:>14}" for c in cols))
         for r in rows:
             print("  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in r.values()))
+    if note:
+        print(f"note: {note}")
     print(f"wrote {png} and {out / 'summary.json'}")
     return 0
 
@@ -206,6 +268,57 @@ def cmd_train_builtin(a: argparse.Namespace) -> int:
     from routecast.models.train import main as train_main
 
     return train_main(a.args)
+
+
+def cmd_cache(a: argparse.Namespace) -> int:
+    from routecast.cache.cli import cache_replay_main
+
+    _threads(a.threads)
+    return cache_replay_main(
+        a.trace, out=a.out, as_json=a.json, budget=a.budget, policies=a.policies, predictor=a.predictor,
+        hardware=a.hardware, dense_us=a.dense_us, plec_fallback=a.plec_fallback, plec_depth=a.plec_depth,
+        expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed, split=a.split,
+        threads=a.threads, quiet=a.quiet,
+    )
+
+
+def cmd_schedule(a: argparse.Namespace) -> int:
+    from routecast.cache.cli import _clean
+    from routecast.cache.replay import ReplayConfig, parse_budget, replay
+    from routecast.schedule.cli import run_rebatch
+    from routecast.sim.hardware import load_hardware
+    from routecast.trace.io import read_trace
+
+    _threads(a.threads)
+    trace = read_trace(a.trace, load_hidden=False, load_logits=False)
+    s = trace.spec
+    eb = a.expert_bytes or s.expert_bytes
+    cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
+                       hardware=load_hardware(a.hardware), expert_bytes=eb)
+    res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, split=a.split, min_tokens=a.min_tokens,
+                      threads=a.threads, quiet=a.quiet)
+    rows = []
+    for method, arm in res["arms"].items():
+        r = next(x for x in replay(arm["trace"], [a.policy], cfg, pred_SLE=arm["pred_SLE"]) if x["policy"] == a.policy)
+        rows.append({"method": method, "batches": arm["batches"], "activated_per_batch": arm["activated_mean"],
+                     "activated_total": arm["activated_total"], "hit_ratio": r["hit_ratio"],
+                     "us_per_token": r["us_per_token"], "stall_s": r["stall_s"]})
+    speedup = rows[0]["us_per_token"] / rows[1]["us_per_token"]
+    out = {"settings": {**res["settings"], "policy": a.policy, "budget_slots": cfg.budget, "hardware": a.hardware},
+           "rows": rows, "speedup_clustered": speedup}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(_clean(out), indent=1))
+    if a.json:
+        print(json.dumps(_clean(out), indent=1))
+        return 0
+    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at "
+          f"{cfg.budget} slots on {a.hardware}")
+    print(f"{'method':<10} {'batches':>8} {'experts/batch':>14} {'eq.5 total':>11} {'hit':>6} {'µs/token':>9}")
+    for r in rows:
+        print(f"{r['method']:<10} {r['batches']:>8} {r['activated_per_batch']:>14.2f} {r['activated_total']:>11} "
+              f"{r['hit_ratio']:>6.3f} {r['us_per_token']:>9.2f}")
+    print(f"clustered vs arrival order: {speedup:.3f}x simulated time per token; wrote {a.out}")
+    return 0
 
 
 def cmd_corpus(a: argparse.Namespace) -> int:
@@ -235,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=None,
                    help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 64 synthetic)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    _add_overwrite(p, "the demo's trace, report, summary and figures")
     _add_threads(p)
     p.set_defaults(fn=cmd_demo)
 
@@ -250,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="output trace directory")
     p.add_argument("--calibrate", action="store_true", help="print each preset's paper statistic vs measured")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a trace routecast wrote at --out (or an unfinished one) once the new one is complete")
     p.set_defaults(fn=cmd_synth)
 
     p = sub.add_parser("stats", help="routing statistics of a trace (skewness, IR, entropy, predictability)")
@@ -303,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", action="store_true", help="also record each MoE layer's router input (hidden_TLH)")
     p.add_argument("--logits", action="store_true", help="also record router logits (logits_TLE)")
     p.add_argument("--no-resume", action="store_true", help="refuse to continue an interrupted capture at --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a trace routecast wrote at --out once the new capture is complete")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: where the model runs")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_threads(p)
     p.set_defaults(fn=cmd_capture)
@@ -361,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_overwrite(p, "fit: predictor.json and predictor.safetensors")
     _add_threads(p)
     p.set_defaults(fn=cmd_predict)
 
@@ -373,13 +493,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shift-step", type=int, default=-1, help="report before/after this step (default: no shift)")
     p.add_argument("--out", default="out/place", help="output directory for the plot and JSON (default out/place)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    _add_overwrite(p, "throughput.png and summary.json")
     _add_threads(p)
     p.set_defaults(fn=cmd_place_compare)
+
+    p = sub.add_parser("cache", help="expert caching: replay a trace through cache/prefetch policies")
+    p.add_argument("action", choices=("replay",), help="replay: hit ratio, bytes moved, stall, gap to Belady per policy")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
+    p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
+                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, plec-correct-fifo, belady")
+    p.add_argument("--predictor", default=None,
+                   help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
+    p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
+    p.add_argument("--plec-fallback", choices=("lfu", "lru"), default="lfu",
+                   help="how PLEC ranks experts with no predicted use left in the step (default lfu)")
+    p.add_argument("--plec-depth", type=int, default=1, help="layers ahead PLEC prefetches (default 1)")
+    p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests the predictor is fitted on")
+    _add_replay_flags(p, "out/cache/replay.json")
+    p.set_defaults(fn=cmd_cache)
+
+    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
+    p.add_argument("action", choices=("rebatch",), help="rebatch: arrival-order vs path-clustered half-batches")
+    p.add_argument("trace", help="trace directory")
+    p.add_argument("--predictor", default="conditional-token",
+                   help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
+    p.add_argument("--budget", default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
+    p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
+    p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
+    _add_replay_flags(p, "out/schedule/rebatch.json")
+    p.set_defaults(fn=cmd_schedule)
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
     )
-    p.add_argument("args", nargs=argparse.REMAINDER, help="--out DIR [--minutes 40] [--steps N] [--seed 0] [--corpus DIR]")
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="--out DIR [--overwrite] [--minutes 40] [--steps N] [--seed 0] [--corpus DIR]")
     p.set_defaults(fn=cmd_train_builtin)
 
     p = sub.add_parser("corpus", add_help=False, help="build the multi-domain corpus (see `routecast corpus build --help`)")
@@ -407,8 +556,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"routecast {a.cmd}: error: file not found: {Path(e.filename or '?')}.", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only place, a vanished directory met after the up-front checks
+        where = " and ".join(str(f) for f in (e.filename, e.filename2) if f) or "a file"
+        print(f"routecast {a.cmd}: error: {where}: {e.strerror or e}; expected readable inputs and writable "
+              "outputs with free space.", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"routecast {a.cmd}: error: the input needs more memory than this machine has; expected sizes "
+              "that fit (check the numbers of experts, tokens and requests).", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print(f"routecast {a.cmd}: interrupted; completed shards are kept and a rerun resumes.", file=sys.stderr)
+        how = {"capture": "completed shards are kept and the same command resumes",
+               "synth": "rerun it with --overwrite to redo it (it is seeded)",
+               "import": "rerun it with --overwrite to redo it"}.get(a.cmd, "outputs already written are kept")
+        print(f"routecast {a.cmd}: interrupted; {how}.", file=sys.stderr)
         return 130
 
 

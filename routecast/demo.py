@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from routecast.common.errors import ConfigError
 from routecast.report.html import Section, figure, paragraph, preformatted, table, write_atomic, write_report
+from routecast.trace.io import is_trace_file
 from routecast.trace.trace import Trace
 
 # Requests captured when --requests is not given, per built-in model.
@@ -26,9 +28,9 @@ DEFAULT_REQUESTS = {"builtin": 80, "builtin-fine": 48}
 SectionFn = Callable[[Trace, Path], tuple[Section, dict[str, Any]]]
 
 
-def _capture_builtin(trace_dir: Path, requests: int, seed: int, max_new_tokens: int,
+def _capture_builtin(trace_dir: Path, requests: int, seed: int, max_new_tokens: int | None,
                      model: str = "builtin") -> dict[str, Any]:
-    """Capture a built-in model ('builtin' or 'builtin-fine') on `requests` prompts from the shipped corpus sample's test split."""
+    """Capture a built-in model ('builtin' or 'builtin-fine') on `requests` prompts from the shipped corpus's test split."""
     from routecast.trace.capture import capture_to_disk
 
     partial = _fresh(trace_dir.with_name(trace_dir.name + ".partial"))
@@ -116,15 +118,29 @@ SECTIONS: list[tuple[str, SectionFn]] = [
 
 def run_demo(
     out_dir: str | Path = "out/demo", *, synthetic: str | None = None, requests: int | None = None, seed: int = 0,
-    max_new_tokens: int = 24, model: str = "builtin",
+    max_new_tokens: int | None = None, overwrite: bool = False, model: str = "builtin",
 ) -> dict[str, Any]:
-    """Run the demo on a capture of `model` (or a synthetic preset); returns the summary dict also written to summary.json."""
+    """Run the demo on a capture of `model` (or a synthetic preset); returns the summary dict written to summary.json.
+
+    max_new_tokens None: each corpus prompt's own budget (its task's length draw). A non-empty out_dir is
+    refused unless overwrite; then only the demo's own files (trace/, report.html, summary.json, figures) are
+    replaced and anything else there is left alone.
+    """
+    from routecast.common.outputs import check_out_dir, os_error
     from routecast.trace.io import read_trace
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
+    out = check_out_dir(out_dir, "--out", overwrite=overwrite)
     trace_dir = out / "trace"
+    for name in ("trace", "trace.partial", "trace.old"):
+        q = out / name
+        if q.exists() and not (q.is_dir() and all(is_trace_file(f.name) for f in q.iterdir())):
+            raise ConfigError(f"--out {out}: {q} is not a trace the demo wrote; expected the demo's own output there "
+                              "(move it away: --overwrite never deletes other files).")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error(e, "--out", out) from None
+    t_start = time.perf_counter()
     if synthetic:
         origin = _synthetic(trace_dir, synthetic, requests or 64, seed)
     else:

@@ -34,7 +34,10 @@ def test_inspect_valid_and_corrupt(trace_dir, capsys):
     assert main(["inspect", str(trace_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_tokens"] == 60
     (trace_dir / "tokens.parquet").write_bytes(b"garbage")
-    assert main(["inspect", str(trace_dir)]) == 1
+    capsys.readouterr()
+    assert main(["inspect", str(trace_dir)]) == 2  # like every command: stderr and exit code 2
+    err = capsys.readouterr().err
+    assert err.startswith("routecast inspect: error: ") and "tokens.parquet" in err and err.count("\n") == 1
 
 
 def test_bad_trace_is_one_line_exit_2(trace_dir, capsys):

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from routecast.common.errors import ConfigError
 from routecast.demo import SECTIONS, run_demo
 
 
@@ -25,8 +26,12 @@ def test_demo_on_a_synthetic_preset(tmp_path, capsys):
 def _check_run(out, **kw):
     run_demo(out, **kw)
     first = _check(out)
-    run_demo(out, **kw)  # a rerun replaces the demo's own trace instead of failing on it
+    with pytest.raises(ConfigError, match="not empty"):
+        run_demo(out, **kw)  # a rerun without --overwrite is refused before any work
+    (out / "notes.txt").write_text("mine")
+    run_demo(out, overwrite=True, **kw)  # with it, the demo's own trace and report are replaced
     assert _check(out)["trace"]["tokens"] == first["trace"]["tokens"]
+    assert (out / "notes.txt").read_text() == "mine"  # and nothing else is touched
     return first
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +180,27 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], default, where: s
     return value
 
 
+def json_objects(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSONL file; a line that is not UTF-8 JSON holding an
+    object raises ConfigError naming the file and the line."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path} line {lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                                      "expected one object per line.") from None
+                if not isinstance(obj, dict):
+                    raise ConfigError(f"{path} line {lineno}: got {type(obj).__name__}; expected a JSON object with "
+                                      "a 'prompt' field.")
+                yield lineno, obj
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: byte {exc.start} is not UTF-8 text; expected a JSONL prompts file.") from None
+
+
 def read_prompts(path: str | Path) -> list[PromptRecord]:
     """Read a JSONL prompts file -> [PromptRecord]; a bad line raises ConfigError naming file and line."""
     path = Path(path)
@@ -188,43 +209,34 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
     out: list[PromptRecord] = []
     last_arrival, last_line = 0.0, 0
     seen: dict[int, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path} line {lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); expected one object per line.") from exc
-            if not isinstance(obj, dict):
-                raise ConfigError(f"{where}: got {type(obj).__name__}; expected a JSON object with a 'prompt' field.")
-            if "prompt" not in obj:
-                raise ConfigError(f"{where}: the 'prompt' field is missing; expected a string.")
-            prompt = _field(obj, "prompt", str, None, where)
-            task = _field(obj, "task", str, "unknown", where)
-            new = _field(obj, "max_new_tokens", int, 32, where)
-            arrival = float(_field(obj, "arrival_s", (int, float), 0.0, where))
-            if new < 1:
-                raise ConfigError(f"{where}: max_new_tokens is {new}; expected a positive integer.")
-            if not math.isfinite(arrival) or arrival < 0:
-                raise ConfigError(f"{where}: arrival_s is {arrival}; expected a finite number >= 0 seconds.")
-            if arrival < last_arrival:
-                raise ConfigError(f"{where}: arrival_s {arrival} is earlier than line {last_line}'s {last_arrival}; "
-                                  "expected arrivals in non-decreasing order.")
-            request = obj.get("request", len(out))
-            if not isinstance(request, int) or isinstance(request, bool):
-                raise ConfigError(f"{where}: field 'request' is {request!r}; expected an integer.")
-            if request in seen:
-                raise ConfigError(f"{where}: request id {request} repeats line {seen[request]}; expected unique ids.")
-            seen[request] = lineno
-            document = obj.get("document")
-            if document is not None and not isinstance(document, str):
-                raise ConfigError(f"{where}: field 'document' is {document!r}; expected a string naming the "
-                                  "prompt's source document.")
-            out.append(PromptRecord(request=request, task=task, prompt_text=prompt, prompt_ids=None,
-                                    max_new_tokens=new, arrival_s=arrival, document=document))
-            last_arrival, last_line = arrival, lineno
+    for lineno, obj in json_objects(path):
+        where = f"{path} line {lineno}"
+        if "prompt" not in obj:
+            raise ConfigError(f"{where}: the 'prompt' field is missing; expected a string.")
+        prompt = _field(obj, "prompt", str, None, where)
+        task = _field(obj, "task", str, "unknown", where)
+        new = _field(obj, "max_new_tokens", int, 32, where)
+        arrival = float(_field(obj, "arrival_s", (int, float), 0.0, where))
+        if new < 1:
+            raise ConfigError(f"{where}: max_new_tokens is {new}; expected a positive integer.")
+        if not math.isfinite(arrival) or arrival < 0:
+            raise ConfigError(f"{where}: arrival_s is {arrival}; expected a finite number >= 0 seconds.")
+        if arrival < last_arrival:
+            raise ConfigError(f"{where}: arrival_s {arrival} is earlier than line {last_line}'s {last_arrival}; "
+                              "expected arrivals in non-decreasing order.")
+        request = obj.get("request", len(out))
+        if not isinstance(request, int) or isinstance(request, bool):
+            raise ConfigError(f"{where}: field 'request' is {request!r}; expected an integer.")
+        if request in seen:
+            raise ConfigError(f"{where}: request id {request} repeats line {seen[request]}; expected unique ids.")
+        seen[request] = lineno
+        document = obj.get("document")
+        if document is not None and not isinstance(document, str):
+            raise ConfigError(f"{where}: field 'document' is {document!r}; expected a string naming the "
+                              "prompt's source document.")
+        out.append(PromptRecord(request=request, task=task, prompt_text=prompt, prompt_ids=None,
+                                max_new_tokens=new, arrival_s=arrival, document=document))
+        last_arrival, last_line = arrival, lineno
     if not out:
         raise ConfigError(f"prompts file {path} holds no requests; expected at least one JSON line.")
     return out

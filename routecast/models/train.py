@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import check_out_dir, fix_mode, names_matcher
 from routecast.models.corpus import SPLITS, Document, load_corpus, read_manifest
 from routecast.models.tokenizer import balanced_texts, load_tokenizer, train_tokenizer
 from routecast.models.train_v3 import (
@@ -238,10 +239,16 @@ def _sample_batch(rng: np.random.Generator, streams: list[np.ndarray], cfg: Trai
     return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
+# What a checkpoint directory holds (save_pretrained + tokenizer + training.json): --overwrite replaces
+# a directory holding only these and refuses one holding anything else.
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "training.json")
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
-    old = out.with_name(out.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
+    # The previous checkpoint goes to a hidden name of our own (never a user's `<out>.old`) until tmp is in.
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         os.replace(out, old)
     os.replace(tmp, out)
@@ -252,12 +259,14 @@ def _move_into_place(tmp: Path, out: Path) -> None:
 def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: int = 0, threads: int = 1,
                   config: TrainConfig | None = None, corpus_root: str | Path | None = None,
                   steps: int | None = None, progress: bool = True, tokenizer_dir: str | Path | None = None,
-                  command: str | None = None) -> dict:
+                  command: str | None = None, overwrite: bool = False) -> dict:
     """Train tokenizer + model (Mixtral or DeepSeek-V3, config.arch) on corpus_root; save to out_dir -> training record.
 
     minutes/steps override the config's values; threads sets torch's intra-op threads (1 is fastest
     on a shared 2-core machine); tokenizer_dir reuses a saved tokenizer instead of training one (the
-    fine-grained model shares the built-in model's); command is recorded in training.json.
+    fine-grained model shares the built-in model's); command is recorded in training.json. A non-empty
+    out_dir is refused unless overwrite, and even then when it holds anything but checkpoint files
+    (CHECKPOINT_FILES): the new checkpoint replaces the directory as a whole.
     """
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
@@ -269,9 +278,17 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
         cfg = dataclasses.replace(cfg, steps=steps)
     if threads < 1:
         raise ConfigError(f"--threads {threads} must be at least 1.")
+    if cfg.steps is not None and cfg.steps < 1:
+        raise ConfigError(f"--steps is {cfg.steps}; expected a positive number of steps.")
+    if not cfg.minutes > 0:
+        raise ConfigError(f"--minutes is {cfg.minutes}; expected a positive number of minutes.")
+    if corpus_root is not None and not Path(corpus_root).is_dir():
+        raise ConfigError(f"--corpus {corpus_root}: not a directory; expected a corpus built by `routecast corpus "
+                          "build`.")
     torch.set_num_threads(threads)
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    out_dir = check_out_dir(out_dir, "--out", overwrite=overwrite, owned=names_matcher(CHECKPOINT_FILES),
+                            replaces_dir=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     t_start = time.time()
@@ -380,7 +397,7 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
     }
     (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     for f in tmp.iterdir():
-        f.chmod(0o644)  # safetensors writes 0600; the checkpoint ships inside the package
+        fix_mode(f)  # safetensors writes 0600; the checkpoint ships inside the package
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _move_into_place(tmp, out_dir)
     return record
@@ -430,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="mixtral: the built-in model (default); deepseek-v3: builtin-fine (64 experts top-6, grouped)")
     p.add_argument("--tokenizer", default=None,
                    help="reuse this checkpoint's tokenizer (default for deepseek-v3: the built-in model's; else train one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint at a non-empty --out (refused if it holds other files)")
     args = p.parse_args(argv)
     if args.arch == "deepseek-v3":
         cfg = fine_config(**(_TINY_FINE if args.tiny else {}))
@@ -443,9 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rec = train_builtin(args.out, minutes=args.minutes, steps=args.steps, seed=args.seed,
                             threads=args.threads, config=cfg, corpus_root=args.corpus, tokenizer_dir=tok,
+                            overwrite=args.overwrite,
                             command=" ".join(["routecast train-builtin", *(argv if argv is not None else sys.argv[1:])]))
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"routecast train-builtin: error: {exc}", file=sys.stderr)
         return 2
     val = ", ".join(f"{t} {v:.3f}" for t, v in rec["val_loss_per_task"].items())
     print(f"saved {args.out}: {rec['steps']} steps, {rec['tokens_seen']} tokens, "

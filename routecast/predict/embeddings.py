@@ -105,6 +105,7 @@ def resolve_model_dir(model: str | Path | None, provenance: dict[str, Any] | Non
         if not p.is_dir():
             raise ConfigError(f"--model {model}: no such directory; expected a checkpoint folder, 'builtin', "
                               "'builtin-fine' or 'none'.")
+        _safetensors_only(p, f"--model {model}")
         return p
     prov = provenance or {}
     named = _names_builtin(prov)
@@ -113,8 +114,19 @@ def resolve_model_dir(model: str | Path | None, provenance: dict[str, Any] | Non
             return builtin_model_dir(named)
         except ConfigError:
             return None
-    for k in ("model_dir", "model_path", "checkpoint"):
+    for k in _PROVENANCE_KEYS:
         v = prov.get(k)
-        if isinstance(v, str) and Path(v).is_dir() and any(Path(v).glob("*.safetensors")):
+        if isinstance(v, str) and v and Path(v).is_dir():
+            _safetensors_only(Path(v), f"the trace's provenance field {k!r} ({v})")
             return Path(v)
     return None
+
+
+def _safetensors_only(d: Path, what: str) -> None:
+    # routecast reads weights from safetensors only: a folder of pickles (pytorch_model.bin) would make
+    # transformers call torch.load, which can run code; refuse it here, before anything loads it.
+    if not any(d.glob("*.safetensors")):
+        pickles = sorted(p.name for p in d.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        held = f"only pickle weights ({', '.join(pickles[:3])})" if pickles else "no *.safetensors file"
+        raise ConfigError(f"{what}: the model folder holds {held}; expected *.safetensors weights (routecast never "
+                          "unpickles weights), or pass --model none.")

@@ -4,7 +4,8 @@ Held out means by source document by default (Trace.split(by="document")): reque
 share text, so a request split lets a token-id table memorise the held-out prompts' own n-grams. A trace that
 records no documents falls back to the request split with a printed note; `--split request` asks for it.
 
-Names: distribution, probability, conditional-token, conditional-position, ffn, lstm; or the path of
+Names: distribution, probability, conditional-token, conditional-position, ffn, lstm, lookahead (PROBE),
+expertflow (ExpertFlow's path predictor), tlp, slp (its baselines); or the path of
 a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
 ``predict_eval_main`` and ``predict_fit_main`` read the trace from disk and print.
 """
@@ -40,6 +41,7 @@ from routecast.trace import MoESpec, Trace
 
 PREDICTOR_NAMES = (
     "distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm", "lookahead",
+    "expertflow", "tlp", "slp",
 )
 # Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
 NEEDS_ROUTER_INPUTS = ("lookahead",)
@@ -106,6 +108,17 @@ def make_predictor(
         return LookaheadPredictor.from_model(
             model_path, spec, config=LookaheadConfig(seed=seed, threads=threads, **extra)
         )
+    if name == "expertflow":
+        import dataclasses
+
+        from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
+
+        cfg = ExpertFlowConfig(seed=seed, threads=threads)
+        return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
+    if name in ("tlp", "slp"):
+        from routecast.predict.locality import SLPPredictor, TLPPredictor
+
+        return TLPPredictor(spec) if name == "tlp" else SLPPredictor(spec)
     if name == "distribution":
         return DistributionPredictor(spec, mle_preset())
     if name == "probability":
@@ -283,6 +296,20 @@ def fit_and_save(
         pred.fit(trace)
     return save_predictor(pred, out_dir, fitted_on={"trace": fingerprint, "split": used,
                                                     "train_fraction": train_fraction, "seed": seed})
+
+
+def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool) -> Predictor:
+    """A predictor by name, fitted on `train`, or loaded from a folder written by `routecast predict fit`."""
+    if name not in PREDICTOR_NAMES:
+        if not is_predictor_dir(name):
+            raise ConfigError(f"--predictor is {name!r}; expected 'oracle', one of {', '.join(PREDICTOR_NAMES)} "
+                              "or a folder written by `routecast predict fit`.")
+        return load_predictor(name)
+    emb, src = _embeddings_for([name], train, model)
+    with torch_threads(threads):
+        pred = make_predictor(name, train.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
+                              progress=not quiet, model_path=_router_model(name, train, model))
+        return pred.fit(train)
 
 
 # ------------------------------------------------------------------------------------------- CLI handlers

@@ -9,12 +9,12 @@ Predictor classes outside this package register themselves with ``register``.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from routecast.common.errors import ConfigError, TraceError
+from routecast.common.outputs import os_error, write_atomic
 from routecast.predict.harness import Predictor
 from routecast.trace import MoESpec
 
@@ -32,22 +32,15 @@ def register(cls: type[Predictor]) -> type[Predictor]:
 
 
 def _registry() -> dict[str, type[Predictor]]:
+    from routecast.predict.expertflow import ExpertFlowPredictor  # noqa: F401  (registers itself)
     from routecast.predict.frequency import ConditionalPredictor, DistributionPredictor, ProbabilityPredictor
+    from routecast.predict.locality import SLPPredictor, TLPPredictor  # noqa: F401  (register themselves)
     from routecast.predict.lookahead import LookaheadPredictor  # noqa: F401  (registers itself)
     from routecast.predict.neural import NeuralPredictor
 
     for cls in (DistributionPredictor, ProbabilityPredictor, ConditionalPredictor, NeuralPredictor):
         _REGISTRY.setdefault(cls.__name__, cls)
     return _REGISTRY
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_predictor(pred: Predictor, out_dir: str | Path, *, fitted_on: dict | None = None) -> Path:
@@ -60,7 +53,10 @@ def save_predictor(pred: Predictor, out_dir: str | Path, *, fitted_on: dict | No
 
     meta, tensors = pred.state()
     d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error(e, "--out", d) from None
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -73,8 +69,8 @@ def save_predictor(pred: Predictor, out_dir: str | Path, *, fitted_on: dict | No
     if fitted_on is not None:
         doc["fitted_on"] = dict(fitted_on)
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    _write_atomic(d / TENSOR_FILE, save(arrays, metadata={"format": FORMAT}))
-    _write_atomic(d / META_FILE, (json.dumps(doc, indent=1) + "\n").encode())
+    write_atomic(d / TENSOR_FILE, save(arrays, metadata={"format": FORMAT}), "--out")
+    write_atomic(d / META_FILE, (json.dumps(doc, indent=1) + "\n").encode(), "--out")
     return d
 
 

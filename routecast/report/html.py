@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from routecast.common.outputs import fix_mode
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
      padding:0 1em;color:#1b1b1b;line-height:1.45}
@@ -106,6 +108,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        fix_mode(tmp)  # mkstemp creates 0600; reports are for sharing, so follow the umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -50,7 +50,7 @@ from routecast.sim.fits import (
     reference_measurement,
     reference_overhead_curve,
 )
-from routecast.sim.hardware import Hardware, load_hardware
+from routecast.sim.hardware import Hardware, capacity_note, load_hardware
 from routecast.sim.models import ModelProfile, load_model
 from routecast.sim.scenarios import ERROR_MODELS, PLACEMENTS, strategy_cost
 
@@ -105,6 +105,10 @@ class Setting:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or not 2 <= self.gpus <= self.model.num_experts:
             raise ConfigError(f"gpus is {self.gpus!r}; expected an integer from 2 to num_experts = "
                               f"{self.model.num_experts} of {self.model.name}.")
+        if self.model.num_experts % self.gpus:
+            # Expert parallelism shards the experts evenly; the cost model prices E / gpus experts per rank.
+            raise ConfigError(f"gpus is {self.gpus}, which does not divide the {self.model.num_experts} experts of "
+                              f"{self.model.name}; expected a divisor of {self.model.num_experts}.")
         if self.link_bandwidth is not None and not self.link_bandwidth > 0:
             raise ConfigError(f"link bandwidth is {self.link_bandwidth!r} bytes/s; expected a positive number.")
         bw = self.bandwidth
@@ -356,6 +360,8 @@ def advise(
     if not 1.0 <= skew <= m.num_experts:
         raise ConfigError(f"skewness is {skew}; expected a value in [1, num_experts = {m.num_experts}].")
     inputs["skewness"] = skew
+    if (cap := capacity_note(m, h, gpus)) is not None:
+        inputs["capacity_note"] = cap
     if trace is not None and trace.spec.num_experts != m.num_experts:
         inputs["note"] = (f"the trace routes over {trace.spec.num_experts} experts and {m.name} over {m.num_experts}: "
                           "its skewness and predictor figures are carried over as they are")
@@ -484,6 +490,8 @@ def format_advice(advice: Advice) -> str:
             f"with placement '{alt['placement']}' the pick would be {alt['label']} ({alt['total_us']:.0f} µs)."]
     if "note" in i:
         tail.append(f"note: {i['note']}")
+    if "capacity_note" in i:
+        tail.append(f"note: {i['capacity_note']}")
     return "\n".join([head, "", *rows, "", *tail])
 
 
@@ -495,10 +503,24 @@ def advise_main(
 ) -> int:
     """`routecast advise --model-profile M --hardware H --gpus G --link nvlink|pcie [--trace DIR] [--json]`: prints."""
     tr = None
+    for flag, v in (("--seq", seq), ("--batch", batch)):
+        if v < 1:
+            raise ConfigError(f"{flag} is {v}; expected a positive integer.")
+    if epochs is not None and epochs < 1:
+        raise ConfigError(f"--epochs is {epochs}; expected a positive integer.")
+    if skewness is not None and not math.isfinite(skewness):
+        raise ConfigError(f"--skewness is {skewness}; expected a finite number >= 1.")
+    if link_gbps is not None and not (math.isfinite(link_gbps) and link_gbps > 0):
+        raise ConfigError(f"--link-gbps is {link_gbps}; expected a positive finite number of GB/s.")
     if trace is not None:
         from routecast.trace.io import read_trace
 
         tr = read_trace(trace, load_hidden=False, load_logits=False)
+        m = load_model(model_profile)
+        if tr.spec.num_experts != m.num_experts:
+            raise ConfigError(f"--trace {trace} routes over {tr.spec.num_experts} experts and --model-profile "
+                              f"{m.name} has {m.num_experts}; expected a profile with the trace's expert count "
+                              "(its skewness and predictor accuracy do not carry over).")
     names = [n.strip() for n in predictors.split(",") if n.strip()]
     adv = advise(model_profile=model_profile, hardware=hardware, gpus=gpus, link=link, seq=seq, batch=batch, trace=tr,
                  skewness=skewness, placement=placement, error_model=error_model,

@@ -271,7 +271,8 @@ def _forward_model(trace: Trace, model_dir: str | Path | None, seed: int) -> tup
     d = resolve_model_dir(model_dir, trace.provenance)
     torch.manual_seed(seed)
     if d is not None:
-        return AutoModelForCausalLM.from_pretrained(d).eval(), f"checkpoint {d}"
+        m = AutoModelForCausalLM.from_pretrained(d, use_safetensors=True, trust_remote_code=False, local_files_only=True)
+        return m.eval(), f"checkpoint {d}"
     c, s = builtin_config(), trace.spec
     hidden = s.hidden_size if s.hidden_size and s.hidden_size % c.num_heads == 0 else c.hidden_size
     # A stand-in for a large model (a synthetic Mixtral-8x7B or DeepSeek-V3 trace) would not fit in memory:

@@ -329,3 +329,16 @@ class _Reader:
         ):
             raise ConfigError(f"{self.path}: field '{dotted}' is {v!r}; expected a non-empty list of numbers.")
         return [float(x) for x in v]
+
+
+def capacity_note(model: Any, hw: Hardware, ranks: int) -> str | None:
+    """None when one rank's share of the routed (and shared) expert weights fits hw's memory, else the
+    sentence saying the price assumes it does (no offloading is modelled). model: a sim ModelProfile."""
+    per_rank = -(-model.num_experts // ranks)
+    need = model.num_moe_layers * (per_rank * model.expert_bytes() + model.shared_bytes)
+    if need <= hw.mem_capacity:
+        return None
+    return (f"assumed: each GPU holds its {per_rank} experts x {model.num_moe_layers} MoE layers "
+            f"({need / 1e9:.1f} GB of weights), more than {hw.name}'s {hw.mem_capacity / 1e9:.1f} GB; priced as if "
+            "they fit (no offloading is modelled)")
+

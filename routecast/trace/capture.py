@@ -25,8 +25,6 @@ pass the decoder, each holding -1 (weight 0, logits/hidden 0) in the other stack
 from __future__ import annotations
 
 import copy
-import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,11 +46,22 @@ from routecast.trace.capture_arch import (
     router_correction_bias,
     spec_from_model,
 )
+from routecast.trace.capture_inputs import (
+    RESUME_KEYS,
+    _int,
+    _records,
+    check_resume,
+    corpus_config,
+    document_ids,
+    load_model,
+    load_prompts,
+    prompts_digest,
+)
 from routecast.trace.spec import MoESpec
 from routecast.trace.trace import DECODE, PREFILL, make_columns
 
-__all__ = ["SUPPORTED", "ForwardRouting", "RoutingRecorder", "capture", "capture_to_disk", "load_prompts",
-           "load_model", "spec_from_model"]
+__all__ = ["RESUME_KEYS", "SUPPORTED", "ForwardRouting", "RoutingRecorder", "capture", "capture_to_disk",
+           "load_prompts", "load_model", "spec_from_model"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,136 +249,6 @@ class RoutingRecorder:
         return [f for _, f in sorted(out, key=lambda x: x[0])]
 
 
-# ---------------------------------------------------------------------- prompts and models
-def _int(v: Any, where: str, lo: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise ConfigError(f"{where} is {v!r}; expected an integer >= {lo}.")
-    return int(v)
-
-
-def _records(prompts: Sequence[Any], max_new_tokens: int, where: str) -> list[dict[str, Any]]:
-    """Validated request records: request, prompt, task, source, max_new_tokens, arrival_s, document."""
-    out = []
-    for i, r in enumerate(prompts):
-        if isinstance(r, str):
-            r = {"prompt": r}
-        if not isinstance(r, Mapping):
-            raise ConfigError(f"{where}: record {i} is a {type(r).__name__}; expected an object with a 'prompt' string.")
-        text = r.get("prompt")
-        if not isinstance(text, str) or not text:
-            raise ConfigError(f"{where}: record {i} has prompt {text!r}; expected a non-empty string.")
-        arrival = r.get("arrival_s", 0.0)
-        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
-            raise ConfigError(f"{where}: record {i} has arrival_s {arrival!r}; expected a finite number of seconds.")
-        for key in ("task", "source"):
-            if r.get(key) is not None and not isinstance(r[key], str):
-                raise ConfigError(f"{where}: record {i} has {key} {r[key]!r}; expected a string.")
-        doc = r.get("document")
-        if doc is not None and not isinstance(doc, str) and (isinstance(doc, bool) or not isinstance(doc, int) or doc < 0):
-            raise ConfigError(f"{where}: record {i} has document {doc!r}; expected a string or an integer >= 0 "
-                              "naming the prompt's source document.")
-        out.append({
-            "request": _int(r.get("request", i), f"{where}: record {i} field 'request'"),
-            "prompt": text,
-            "task": r.get("task"),
-            "source": r.get("source"),
-            "max_new_tokens": _int(r.get("max_new_tokens", max_new_tokens), f"{where}: record {i} field 'max_new_tokens'"),
-            "arrival_s": float(arrival),
-            "document": doc,
-        })
-    ids = [r["request"] for r in out]
-    if len(set(ids)) != len(ids):
-        dup = next(x for x in ids if ids.count(x) > 1)
-        raise ConfigError(f"{where}: request id {dup} appears more than once; expected unique request ids.")
-    return out
-
-
-def document_ids(records: Sequence[Mapping[str, Any]], where: str = "prompts") -> tuple[list[int], tuple[str, ...]]:
-    """Each record's 'document' as an int64 id (-1 = none given) -> (ids, names).
-
-    String documents are numbered by their sorted order (names[i] is document i), so the same prompts give the
-    same ids on a resumed run; integer documents are kept as they are (names empty). Mixing the two is refused.
-    """
-    docs = [r.get("document") for r in records]
-    strs = sorted({d for d in docs if isinstance(d, str)})
-    if strs and any(d is not None and not isinstance(d, str) for d in docs):
-        raise ConfigError(f"{where}: documents mix strings and integers; expected one kind for every record.")
-    index = {n: i for i, n in enumerate(strs)}
-    return [-1 if d is None else index[d] if isinstance(d, str) else int(d) for d in docs], tuple(strs)
-
-
-def _corpus_prompts(name: str, tokenizer: Any) -> list[dict[str, Any]]:
-    """corpus:SPLIT[:N] or corpus:TASK[:N] -> N records sampled by routecast.models.prompts (default N 64)."""
-    from routecast.models.corpus import SPLITS, TASKS  # the corpus package; imported only when asked
-    from routecast.models.prompts import PromptConfig, build_prompts
-
-    what, _, n = name.partition(":")
-    if not n.isdigit() and n:
-        raise ConfigError(f"--prompts: corpus:{name} has count {n!r}; expected corpus:SPLIT[:N] or corpus:TASK[:N].")
-    kw: dict[str, Any] = {"n_requests": int(n)} if n else {}
-    if what in SPLITS:
-        kw["split"] = what
-    elif what in TASKS:
-        kw["mix"] = {what: 1.0}
-    else:
-        raise ConfigError(f"--prompts: corpus:{name} names neither a split {list(SPLITS)} nor a task {list(TASKS)}; "
-                          "expected corpus:SPLIT[:N] or corpus:TASK[:N].")
-    if tokenizer is None:
-        raise ConfigError(f"--prompts: corpus:{name} needs the model's tokenizer to size prompts; expected one.")
-    return [{"request": r.request, "prompt": r.prompt_text, "task": r.task, "max_new_tokens": r.max_new_tokens,
-             "arrival_s": r.arrival_s, "document": r.document} for r in build_prompts(tokenizer, PromptConfig(**kw))]
-
-
-def load_prompts(source: str | Path | Sequence[Mapping[str, Any]], tokenizer: Any = None) -> list[dict[str, Any]]:
-    """Prompt records from a JSONL file, 'corpus:NAME[:N]' or a sequence of dicts.
-
-    JSONL: one object per line, {"prompt": str, "task": str?, "max_new_tokens": int?, "arrival_s": float?,
-    "request": int?, "document": str or int?}; blank lines are skipped. corpus:NAME samples N prompts (default 64) from the
-    built-in corpus with routecast.models.prompts: NAME is a split (train, val, test: all tasks) or a
-    task (code, docs, austen, bible, wiki: test split); lengths are counted in tokenizer's tokens.
-    """
-    if isinstance(source, str) and source.startswith("corpus:"):
-        return _corpus_prompts(source[len("corpus:"):], tokenizer)
-    if not isinstance(source, (str, Path)):
-        return [dict(r) if isinstance(r, Mapping) else r for r in source]
-    path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"--prompts: {str(path)!r} is not a file; expected a JSONL file or corpus:NAME.")
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg}); expected one JSON object per line.") from None
-            if not isinstance(rec, dict):
-                raise ConfigError(f"{path}: line {n} holds a {type(rec).__name__}; expected a JSON object with 'prompt'.")
-            records.append(rec)
-    if not records:
-        raise ConfigError(f"{path}: holds no prompt records; expected at least one JSON line with 'prompt'.")
-    _records(records, 0, str(path))  # validate now so a bad line is reported with the file name
-    return records
-
-
-def load_model(model_dir_or_builtin: str | Path) -> tuple[nn.Module, Any]:
-    """(model in eval mode, tokenizer) from a Hugging Face model directory, 'builtin' or 'builtin-fine'."""
-    from routecast.models.builtin import check_checkpoint, is_builtin_name
-
-    name = str(model_dir_or_builtin)
-    path = check_checkpoint(name) if is_builtin_name(name) else Path(name)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"--model: {name!r} has no config.json; expected an HF model directory, builtin or builtin-fine.")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
-
-    cfg = AutoConfig.from_pretrained(path)
-    cls = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = cls.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model.eval(), tokenizer
-
-
 # ---------------------------------------------------------------------- generate + bookkeeping
 def _generation_setup(model: nn.Module, tokenizer: Any) -> tuple[Any, int, np.ndarray]:
     """(greedy GenerationConfig, pad id, eos ids) shared by generate and the row bookkeeping."""
@@ -482,6 +361,21 @@ def _assemble(fw: list[ForwardRouting], ids: np.ndarray, mask: np.ndarray, seqs:
     return cols, parts, 1 + F
 
 
+def _check_context(model: nn.Module, tokenizer: Any, recs: list[dict[str, Any]]) -> None:
+    """Refuse a request whose prompt + new tokens exceed the model's context (max_position_embeddings):
+    generate would run past the positions the model was trained on, with only a warning."""
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(ctx, int) or ctx < 1 or not recs or getattr(model.config, "is_encoder_decoder", False):
+        return
+    enc = tokenizer([r["prompt"] for r in recs], add_special_tokens=True, verbose=False)["input_ids"]
+    lens = [len(x) for x in enc]
+    for r, n in zip(recs, lens, strict=True):
+        if n + r["max_new_tokens"] > ctx:
+            raise ConfigError(f"prompts: request {r['request']} has {n} prompt tokens + {r['max_new_tokens']} new "
+                              f"tokens = {n + r['max_new_tokens']}; expected at most the model's context of {ctx} "
+                              "tokens (max_position_embeddings): shorten the prompt or --max-new-tokens.")
+
+
 def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: Any, *, max_new_tokens: int = 32,
             batch_size: int = 8, hidden: bool = False, logits: bool = False, progress: bool = True) -> dict[str, Any]:
     """Run greedy generate over prompts batch by batch and write every processed token's routing to writer.
@@ -508,6 +402,7 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
         r["document_id"] = d
     done = {int(x) for x in np.asarray(writer.committed_requests()).ravel().tolist()}
     todo = [r for r in recs if r["request"] not in done]
+    _check_context(model, tokenizer, todo)
     model.eval()
     enc_dec = bool(getattr(model.config, "is_encoder_decoder", False))
     gc, pad, eos = _generation_setup(model, tokenizer)
@@ -556,45 +451,89 @@ def capture(model: nn.Module, tokenizer: Any, prompts: Sequence[Any], writer: An
 
 
 def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Path | Sequence[Mapping[str, Any]],
-                    out: str | Path, *, max_new_tokens: int = 32, batch_size: int = 8, hidden: bool = False,
-                    logits: bool = False, threads: int = 1, resume: bool = True, progress: bool = True) -> Path:
+                    out: str | Path, *, max_new_tokens: int | None = None, batch_size: int = 8, hidden: bool = False,
+                    logits: bool = False, threads: int = 1, resume: bool = True, progress: bool = True,
+                    overwrite: bool = False, device: str = "cpu") -> Path:
     """`routecast capture`: load the model and prompts, capture every batch into a trace directory at out.
 
-    threads: torch CPU threads (1 is fastest on small shared machines). resume: continue a trace
-    already at out, skipping its committed requests.
+    max_new_tokens: every request's decode budget; None keeps each record's own (a JSONL record's
+    'max_new_tokens', else 32; corpus prompts: their task's length draw, routecast.models.prompts).
+    threads: torch CPU threads (1 is fastest on small shared machines). device: "cpu" or "cuda[:N]".
+    resume: continue a trace already at out, skipping its committed requests, when it was started with the
+    same model, prompts, budget and recorded tensors (else refused). overwrite: replace a trace at out
+    once the new one is complete. Every argument and the output path are checked before the model loads.
     """
+    from routecast.trace.io import (  # the on-disk format; imported only when writing
+        TraceWriter,
+        check_trace_out,
+    )
+
     torch.set_num_threads(_int(threads, "--threads", 1))
+    if max_new_tokens is not None:
+        _int(max_new_tokens, "--max-new-tokens")
+    _int(batch_size, "--batch-size", 1)
+    dev = _device(device)
+    check_trace_out(out, overwrite=overwrite, resume=resume and not overwrite)
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Loading weights" bars on stderr
     from_corpus = isinstance(prompts_or_path, str) and prompts_or_path.startswith("corpus:")
+    if from_corpus:
+        corpus_config(prompts_or_path[len("corpus:"):])  # a bad spec or count fails before the model loads
     records = [] if from_corpus else load_prompts(prompts_or_path)  # a bad file fails before the model loads
-    model, tokenizer = load_model(model_dir_or_builtin)
+    model, tokenizer = load_model(model_dir_or_builtin, device=dev)
     if from_corpus:
         records = load_prompts(prompts_or_path, tokenizer)
+    if max_new_tokens is not None:  # the flag is every request's budget, corpus prompts included
+        records = [{**r, "max_new_tokens": max_new_tokens} for r in records]
+    records = _records(records, 32, "prompts")
     spec = spec_from_model(model)
     task_names = tuple(sorted({r["task"] for r in records if r.get("task") is not None}))
     source_names = tuple(sorted({r["source"] for r in records if r.get("source") is not None}))
     import transformers
 
-    from routecast.trace.io import TraceWriter  # the on-disk format; imported only when writing
-
     provenance = {
         "tool": "routecast.trace.capture",
         "model": str(model_dir_or_builtin),
         "model_type": getattr(model.config, "model_type", ""),
-        "prompts": prompts_or_path if isinstance(prompts_or_path, (str, Path)) else f"{len(records)} records",
-        "max_new_tokens": max_new_tokens, "batch_size": batch_size, "decoding": "greedy", "threads": threads,
+        "prompts": str(prompts_or_path) if isinstance(prompts_or_path, (str, Path)) else f"{len(records)} records",
+        "prompts_sha256": prompts_digest(records),
+        "max_new_tokens": max_new_tokens if max_new_tokens is not None else "per request (prompts' own budgets)",
+        "hidden": bool(hidden), "logits": bool(logits),
+        "batch_size": batch_size, "decoding": "greedy", "threads": threads, "device": str(dev),
         "transformers": transformers.__version__, "torch": torch.__version__,
         "dtype": str(next(model.parameters()).dtype),
     }
-    provenance["prompts"] = str(provenance["prompts"])
     if (bias := router_correction_bias(find_blocks(model))) is not None:  # lets `stats` tell bias from group limit
         provenance["router_correction_bias_LE"] = bias
-    doc_ids, doc_names = document_ids(_records(records, max_new_tokens, "prompts"))
+    doc_ids, doc_names = document_ids(records)
     # Which text each document id stands for (string documents only; absent ones are -1 in the trace).
     provenance["documents"] = list(doc_names) if doc_names else (
         "integer ids from the prompts" if any(d >= 0 for d in doc_ids) else "none given (unknown)")
+    if resume and not overwrite:
+        check_resume(out, provenance)
     # On an exception the writer keeps the committed shards, so running again with resume=True goes on.
     with TraceWriter(out, spec, task_names=task_names, source_names=source_names, provenance=provenance,
-                     resume=resume) as writer:
-        capture(model, tokenizer, records, writer, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                     resume=resume and not overwrite, overwrite=overwrite) as writer:
+        capture(model, tokenizer, records, writer, max_new_tokens=32, batch_size=batch_size,
                 hidden=hidden, logits=logits, progress=progress)
     return writer.close()
+
+
+def _device(device: str) -> torch.device:
+    """--device cpu | cuda[:N] -> torch.device; CUDA that this machine lacks is refused here, not mid-capture."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {device!r} is not a device name; expected cpu or cuda[:N].") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: {dev.type} is not supported; expected cpu or cuda[:N].")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA device is available here (torch.cuda.is_available() is "
+                              "False); expected cpu on this machine.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                              "expected an index below that.")
+    return dev

@@ -49,7 +49,7 @@ import pyarrow.json as pj
 from tqdm import tqdm
 
 from routecast.common.errors import ConfigError, TraceError
-from routecast.trace.io import TraceWriter
+from routecast.trace.io import TraceWriter, check_trace_out
 from routecast.trace.spec import MAX_EXPERTS, MoESpec
 from routecast.trace.trace import DECODE, PREFILL
 
@@ -96,7 +96,7 @@ def _resolve(first: dict[str, Any], field_map: dict[str, str] | None, where: str
     canon = REQUIRED + OPTIONAL
     for k, v in fm.items():
         if v not in canon:
-            raise ConfigError(f"field_map maps {k!r} to {v!r}; expected one of the canonical names "
+            raise ConfigError(f"--map {k}={v} (field_map) names {v!r}; expected one of the canonical names "
                               f"{list(canon)}.")
     if len(set(fm.values())) != len(fm):
         raise ConfigError(f"field_map is {fm}; expected each canonical name at most once.")
@@ -109,7 +109,7 @@ def _resolve(first: dict[str, Any], field_map: dict[str, str] | None, where: str
         if (c in REQUIRED or c in fm.values()) and (c not in fields or fields[c] not in first):
             names = [fields[c]] if c in fields else [c, *ALIASES.get(c, ())]
             raise TraceError(f"{where}: field '{c}' is missing (looked for {names}); expected it in every "
-                             f"record, or pass field_map={{'<name in your log>': '{c}'}}.")
+                             f"record, or pass --map <name in your log>={c} (field_map= in Python).")
     return {c: k for c, k in fields.items() if k in first}
 
 
@@ -526,16 +526,14 @@ def import_jsonl(src: str | os.PathLike, out: str | os.PathLike, *, spec: MoESpe
 def _import(src: Path, out: str | os.PathLike, *, spec: MoESpec | None, field_map: dict[str, str] | None,
             num_experts: int | None, top_k: int | None, shard_tokens: int, progress: bool, window: int,
             overwrite: bool) -> Path:
-    for name, v in (("num_experts", num_experts), ("top_k", top_k), ("window", window)):
+    for name, v in (("num_experts", num_experts), ("top_k", top_k), ("window", window), ("shard_tokens", shard_tokens)):
         if v is not None and (type(v) is not int or v < 1):
-            raise ConfigError(f"import_jsonl: {name} is {v!r}; expected a positive integer.")
+            raise ConfigError(f"--{name.replace('_', '-')} is {v!r} ({name}= in Python); expected a positive integer.")
     if num_experts is not None and num_experts > MAX_EXPERTS:  # refuse before a whole pass over the log
-        raise ConfigError(f"import_jsonl: num_experts is {num_experts}; expected at most {MAX_EXPERTS} (expert ids "
+        raise ConfigError(f"--num-experts is {num_experts}; expected at most {MAX_EXPERTS} (expert ids "
                           "are stored as int16).")
     o = Path(out)
-    if not overwrite and o.is_dir() and any(o.iterdir()):  # fail before a whole pass over the log
-        raise TraceError(f"{o}: directory exists and is not empty; expected a new or empty path (pass "
-                         "overwrite=True to replace it once the import is complete).")
+    check_trace_out(o, overwrite=overwrite)  # fail before a whole pass over the log
     first, n = _first_record(src)
     fields = _resolve(first, field_map, f"{src} line {n}")
     kinds = _kinds(first, fields)

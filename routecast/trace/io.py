@@ -77,8 +77,37 @@ def _load_json(file: Path) -> dict:
 
 
 def _unfinished(f: Path) -> str:
-    return (f"{f}: file is missing because the trace was never finished (a TraceWriter was interrupted); "
-            "expected a finished trace (reopen it with TraceWriter(..., resume=True) and close()).")
+    return (f"{f}: file is missing because the trace was never finished (its writer was interrupted); "
+            "expected a finished trace (rerun the same `routecast capture` to resume it, or the same `synth` / "
+            "`import` with --overwrite to redo it; in Python: TraceWriter(..., resume=True) and close()).")
+
+
+def is_trace_file(name: str) -> bool:
+    """True for the names a TraceWriter creates in a trace directory (shards, metadata, temp files, lock)."""
+    return (name in (TRACE_JSON, TOKENS_PARQUET, WRITER_JSON, LOCK_FILE) or bool(_SHARD_RE.fullmatch(name))
+            or bool(_TMP_RE.fullmatch(name)))
+
+
+def check_trace_out(path: str | os.PathLike, *, overwrite: bool = False, resume: bool = False,
+                    flag: str = "--out") -> Path:
+    """Refuse a trace output the writer would refuse, before any work: a regular file, an unwritable
+    place, a non-empty directory without overwrite (or resume of a trace), and with overwrite a directory
+    holding files a TraceWriter did not write (replacing it would delete them). -> Path.
+    """
+    from routecast.common.outputs import check_out_dir
+
+    p = Path(path)
+    partial = p.with_name(f".{p.name}.partial")
+    if resume and partial.is_dir():
+        return p  # an interrupted overwrite: the writer continues it
+    busy = p.is_dir() and any(p.iterdir())
+    if busy and resume and all(is_trace_file(q.name) for q in p.iterdir()):
+        return p
+    if busy and not overwrite and (p / WRITER_JSON).is_file() and not (p / TRACE_JSON).is_file():
+        raise TraceError(f"{flag} {p} holds an unfinished trace (its writer was interrupted); expected a new or "
+                         "empty directory (rerun with --overwrite to redo it, or `routecast capture` without "
+                         "--no-resume to continue a capture).")
+    return check_out_dir(p, flag, overwrite=overwrite, owned=is_trace_file, replaces_dir=True)
 
 
 def _hidden_ok(h: Any) -> bool:
@@ -307,7 +336,13 @@ class TraceWriter:
             return p
         if not overwrite:
             raise TraceError(f"{p}: directory exists and is not empty; expected a new or empty path (pass "
-                             "overwrite=True to replace it once the new trace is complete, or resume=True).")
+                             "--overwrite (overwrite=True in Python) to replace it once the new trace is "
+                             "complete).")
+        foreign = sorted(q.name for q in p.iterdir() if not is_trace_file(q.name))
+        if foreign:  # the swap at close() would delete them
+            raise TraceError(f"{p}: holds {foreign[0]!r}, which is not part of a routecast trace; expected a "
+                             "trace directory to overwrite (move the file away: --overwrite never deletes "
+                             "files routecast did not write).")
         shutil.rmtree(partial, ignore_errors=True)
         return partial
 

@@ -22,6 +22,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from routecast.common.errors import TraceError
+from routecast.common.outputs import fix_mode
 from routecast.trace.spec import MoESpec
 from routecast.trace.trace import COLUMNS
 
@@ -96,6 +97,7 @@ def _atomic_write(path: Path, data: bytes | Callable[[Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_bytes(data) if isinstance(data, bytes) else data(tmp)
+        fix_mode(tmp)  # safetensors creates 0600 files; a trace must be readable as the umask allows
         _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:

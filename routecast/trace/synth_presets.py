@@ -449,14 +449,18 @@ def preset_config(preset: str, *, tokens: int | None = None, requests: int | Non
 
 
 def synth_to_disk(preset: str, out: str | Path, *, tokens: int | None = None, requests: int | None = None,
-                  seed: int = 0, overrides: dict[str, Any] | None = None) -> Path:
+                  seed: int = 0, overrides: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
     """Generate a preset's trace (see preset_config) and write it with routecast.trace.io.write_trace.
 
-    Returns the trace directory. Bad preset names, sizes or knobs raise a ConfigError before any work.
+    Returns the trace directory. Bad preset names, sizes or knobs and an output path the writer would refuse
+    raise before any work. overwrite=True replaces a trace (finished, or left unfinished by a kill) at out
+    once the new one is complete; generation is deterministic for a seed, so rerunning with --overwrite is
+    how an interrupted synth is recovered.
     """
     cfg = preset_config(preset, tokens=tokens, requests=requests, seed=seed, overrides=overrides)
-    from routecast.trace.io import write_trace  # written alongside; imported late to keep this module light
+    from routecast.trace.io import check_trace_out, write_trace  # imported late to keep this module light
 
+    check_trace_out(out, overwrite=overwrite)
     trace = generate(cfg)
     trace.provenance["preset"] = preset
-    return write_trace(trace, out)
+    return write_trace(trace, out, overwrite=overwrite)

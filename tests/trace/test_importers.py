@@ -192,17 +192,21 @@ def test_argument_and_file_errors(tmp_path):
     with pytest.raises(TraceError, match=r"g\.jsonl line 1: field 'experts' is missing "
                                          r"\(looked for \['ids'\]\)"):
         import_jsonl(src, tmp_path / "o", field_map={"ids": "experts"})
-    with pytest.raises(ConfigError, match="field_map maps 'x' to 'expert'"):
+    with pytest.raises(ConfigError, match=r"--map x=expert \(field_map\) names 'expert'"):
         import_jsonl(src, tmp_path / "o", field_map={"x": "expert"})
-    with pytest.raises(ConfigError, match="top_k is 0"):
+    with pytest.raises(ConfigError, match="--top-k is 0"):
         import_jsonl(src, tmp_path / "o", top_k=0)
     with pytest.raises(TraceError, match="field 'layer' holds"):
         import_jsonl(src, tmp_path / "o", spec=MoESpec(num_layers=1, num_experts=8, top_k=2, layer_ids=(5,)))
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "keep.txt").write_text("x")
-    with pytest.raises(TraceError, match="exists and is not empty"):
+    with pytest.raises(ConfigError, match="is not empty .*pass --overwrite"):
         import_jsonl(src, tmp_path / "o", progress=False)
     assert (tmp_path / "o" / "keep.txt").exists()
+    # --overwrite onto a directory that is not a trace: refused, the user's file stays (it used to be deleted)
+    with pytest.raises(ConfigError, match="holds 'keep.txt', which routecast did not write"):
+        import_jsonl(src, tmp_path / "o", progress=False, overwrite=True)
+    assert (tmp_path / "o" / "keep.txt").read_text() == "x"
 
 
 def test_incomplete_token_fails_once_the_window_has_passed(tmp_path, monkeypatch):

@@ -1,0 +1,166 @@
+"""`routecast cache replay`: forecast (any predictor, causally), replay the policies, print a table, write JSON.
+
+With a forecast policy (plec, plec-correct) and a predictor, the predictor is fitted on train_fraction of the
+documents (Trace.heldout_split: by request when the trace records no documents) and every policy is
+replayed on the held-out requests, so all rows see the same accesses; the forecast
+of each step comes from the causal harness (the predictor sees only what its horizon allows). 'oracle' is
+the step's true routing: an upper bound for PLEC, not a predictor. Without a forecast policy the whole trace
+is replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routecast.cache.replay import POLICIES, ReplayConfig, build_accesses, parse_budget, replay, true_sets
+from routecast.common.errors import ConfigError
+from routecast.predict.evaluate import fit_or_load, heldout
+from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
+from routecast.trace import Trace
+
+
+class _Recorder(Predictor):
+    """Passes a predictor through the harness and keeps each step's predicted batch set (L, E)."""
+
+    def __init__(self, inner: Predictor, step_ids: np.ndarray) -> None:
+        super().__init__(inner.spec)
+        self.inner = inner
+        self.name = inner.name
+        self.horizon = inner.horizon
+        self.index = {int(s): i for i, s in enumerate(step_ids)}
+        self.sets = np.zeros((len(step_ids), inner.spec.num_layers, inner.spec.num_experts), dtype=bool)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def predict(self, view: StepView):
+        fc = self.inner.predict(view)
+        got = fc.batch_active_LE(view.num_tokens)
+        i = self.index[int(view.step)]
+        if view.layer is None:
+            self.sets[i] = got
+        else:
+            self.sets[i, view.layer] = got[0]
+        return fc
+
+    def observe(self, routing: StepRouting) -> None:
+        self.inner.observe(routing)
+
+
+def forecast_sets(predictor: Predictor, trace: Trace) -> tuple[np.ndarray, bool]:
+    """Run `predictor` causally over `trace` -> (bool (S, L, E) predicted batch sets, layer_ahead)."""
+    s = trace.spec
+    if predictor.spec.num_layers != s.num_layers or predictor.spec.num_experts != s.num_experts:
+        raise ConfigError(
+            f"--predictor '{predictor.name}' was built for L={predictor.spec.num_layers}, E={predictor.spec.num_experts}; "
+            f"the trace has L={s.num_layers}, E={s.num_experts}: expected a predictor of the trace's model."
+        )
+    rec = _Recorder(predictor, np.unique(trace.step))
+    run_harness(rec, trace)
+    return rec.sets, predictor.horizon == LAYER
+
+
+def parse_policies(text: str | Sequence[str]) -> list[str]:
+    items = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
+    bad = [p for p in items if p not in POLICIES]
+    if not items or bad:
+        raise ConfigError(f"--policies holds {bad or text!r}; expected a comma-separated list of {', '.join(POLICIES)}.")
+    return items
+
+
+_COLS = (("policy", "policy", "{}"), ("hit_ratio", "hit", "{:.3f}"), ("covered_ratio", "covered", "{:.3f}"),
+         ("gap_closed", "gap closed", "{:.1%}"), ("demand_loads", "demand loads", "{}"),
+         ("prefetches", "prefetches", "{}"), ("gb_moved", "GB moved", "{:.2f}"), ("stall_ms", "stall ms", "{:.2f}"),
+         ("us_per_token", "µs/token", "{:.2f}"))
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """Fixed-width table of replay rows (the ones marked 'shown')."""
+    def cell(r: dict[str, Any], k: str, f: str) -> str:
+        v = {"gb_moved": r["bytes_moved"] / 1e9, "stall_ms": r["stall_s"] * 1e3}.get(k, r.get(k))
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v)
+
+    cells = [[h for _, h, _ in _COLS]] + [[cell(r, k, f) for k, _, f in _COLS] for r in rows if r.get("shown", True)]
+    w = [max(len(c[i]) for c in cells) for i in range(len(_COLS))]
+    lines = ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(line)) for line in cells]
+    lines.insert(1, "  ".join("-" * x for x in w))
+    return "\n".join(lines)
+
+
+def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str], predictor: str | None = None,
+               hardware: str = "h100-sxm", dense_us: float = 0.0, plec_fallback: str = "lfu", plec_depth: int = 1,
+               expert_bytes: int = 0, model: str | None = None, train_fraction: float = 0.8, seed: int = 0,
+               split: str = "document", threads: int = 1, quiet: bool = True) -> dict[str, Any]:
+    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included)."""
+    from routecast.sim.hardware import load_hardware
+
+    names = parse_policies(policies)
+    eb = expert_bytes or trace.spec.expert_bytes
+    s = trace.spec
+    slots = parse_budget(budget, s.num_layers * s.num_experts, eb)
+    cfg = ReplayConfig(budget=slots, hardware=load_hardware(hardware), dense_us=dense_us, plec_fallback=plec_fallback,
+                       plec_depth=plec_depth, expert_bytes=eb)
+    pred_SLE, layer_ahead, on, fitted = None, False, trace, ""
+    if any(POLICIES[n].forecast for n in names):
+        predictor = predictor or "conditional-token"
+        if predictor == "oracle":
+            pred_SLE = true_sets(build_accesses(trace))
+            fitted = "oracle: the true routing of each step"
+        else:
+            train, on, used = heldout(trace, split, train_fraction, seed)
+            pred = fit_or_load(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
+            pred_SLE, layer_ahead = forecast_sets(pred, on)
+            fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of the {used}s)"
+    rows = replay(on, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead)
+    return {
+        "settings": {"budget_slots": slots, "budget_fraction": slots / (s.num_layers * s.num_experts),
+                     "hardware": cfg.hardware.name, "expert_bytes": eb, "dense_us": dense_us,
+                     "plec_fallback": plec_fallback, "plec_depth": plec_depth, "predictor": fitted,
+                     "replayed_tokens": on.num_tokens, "layers": s.num_layers, "experts": s.num_experts},
+        "rows": rows,
+    }
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if not math.isfinite(v) else v
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def cache_replay_main(trace_path: str | Path, *, out: str | Path | None = None, as_json: bool = False,
+                      **kw: Any) -> int:
+    """`routecast cache replay TRACE --budget 50% --policies ...`: prints the table (or JSON), writes JSON."""
+    from routecast.predict.evaluate import NEEDS_ROUTER_INPUTS
+    from routecast.trace.io import read_trace
+
+    routers = kw.get("predictor") in NEEDS_ROUTER_INPUTS
+    trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
+    res = run_replay(trace, **kw)
+    text = json.dumps(_clean(res), indent=1)
+    if out:
+        p = Path(out)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(p)
+    if as_json:
+        print(text)
+    else:
+        st = res["settings"]
+        print(f"budget {st['budget_slots']} of {st['layers'] * st['experts']} experts ({st['budget_fraction']:.0%}), "
+              f"{st['hardware']}, {st['replayed_tokens']} tokens replayed"
+              + (f"; forecast: {st['predictor']}" if st["predictor"] else ""))
+        print(format_rows(res["rows"]))
+        if out:
+            print(f"wrote {out}")
+    return 0

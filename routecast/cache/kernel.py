@@ -1,0 +1,494 @@
+"""The replay simulator's compiled core: one pass over a trace's accesses under one cache policy.
+
+Legend: A accesses (one per (step, layer), step-major), N required (access, expert) entries, M predicted
+entries, K = L·E cache keys (key = layer·E + expert), P pools. Times in seconds.
+
+An access is what one MoE layer of one forward step needs: the union of the experts its batch's tokens
+route to (ExpertFlow eq. 7's bit-wise OR), each expert computed once for all its tokens. Per access:
+
+1. at the layer's start t, prefetching policies issue transfers (PLEC: the forecast's experts for this and
+   later layers of the step, nearest layer first; they queue on the single host-to-device link);
+2. the router decides at tr = t + dense_s: a required expert is a *hit* when resident or already on its way
+   (an in-flight prefetch: no demand load is needed, the wait shows in the stall); otherwise a *miss*, loaded
+   on demand at tr, behind queued prefetches (FIFO) or ahead of those not yet started (priority);
+3. experts are computed one after another, earliest-ready first; expert i starts at max(end of i-1,
+   ready_i). The layer ends when the last one ends; stall = end - (tr + Σ compute).
+
+Hits are computed before misses are fetched, so a miss may evict an expert of the same access once it is
+computed (a pool smaller than the batch's union still works, one expert at a time). Belady may also stream
+a miss through a one-expert staging buffer without caching it, when every resident expert is needed no
+later (the budget counts cache slots; the staging slot is the extra buffer ExpertFlow's multi-stream
+pipeline also keeps): evicting the farthest-needed expert at access granularity is then optimal over all
+demand policies, ties included (a tie is between experts both needed by the same access, where either
+choice costs one load and leaves the same experts available). A transfer in flight is never evicted to
+make room for a prefetch. Victims come from a lazy binary min-heap per pool over each
+policy's priority pair (p1, p2): the smallest is evicted; a key's entry is stale once its version moves on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+LRU, LFU, LFUDA, BELADY, SEMOE, PLEC = 0, 1, 2, 3, 4, 5
+OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE, OP_STREAM = 0, 1, 2, 3, 4
+NEVER = 1e18  # next use of a key that is never used again (Belady)
+_PRED = 1e15  # PLEC: keys predicted for the rest of the step rank above every fallback priority
+
+
+@njit(cache=True)
+def _less(a1, a2, b1, b2):
+    return a1 < b1 or (a1 == b1 and a2 < b2)
+
+
+@njit(cache=True)
+def _hput(h1, h2, hk, hv, j, v1, v2, key, ver):
+    h1[j] = v1
+    h2[j] = v2
+    hk[j] = key
+    hv[j] = ver
+
+
+@njit(cache=True)
+def _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, key, ver):
+    base = hstart[p]
+    i = hsize[p]
+    hsize[p] = i + 1
+    while i > 0:
+        par = (i - 1) >> 1
+        j = base + par
+        if not _less(v1, v2, h1[j], h2[j]):
+            break
+        _hput(h1, h2, hk, hv, base + i, h1[j], h2[j], hk[j], hv[j])
+        i = par
+    _hput(h1, h2, hk, hv, base + i, v1, v2, key, ver)
+
+
+@njit(cache=True)
+def _hpop(h1, h2, hk, hv, hstart, hsize, p):
+    """Remove the root of pool p's heap; returns (p1, p2, key, version)."""
+    base = hstart[p]
+    r1, r2, rk, rv = h1[base], h2[base], hk[base], hv[base]
+    n = hsize[p] - 1
+    hsize[p] = n
+    if n > 0:
+        v1, v2, key, ver = h1[base + n], h2[base + n], hk[base + n], hv[base + n]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and _less(h1[base + c + 1], h2[base + c + 1], h1[base + c], h2[base + c]):
+                c += 1
+            j = base + c
+            if not _less(h1[j], h2[j], v1, v2):
+                break
+            _hput(h1, h2, hk, hv, base + i, h1[j], h2[j], hk[j], hv[j])
+            i = c
+        _hput(h1, h2, hk, hv, base + i, v1, v2, key, ver)
+    return r1, r2, rk, rv
+
+
+@njit(cache=True)
+def _log(log, nl, overflow, a, key, op):
+    """Append (access, key, op) to the event log unless it is full; returns (entries, overflowed)."""
+    if nl < log.shape[0]:
+        log[nl, 0], log[nl, 1], log[nl, 2] = a, key, op
+        return nl + 1, overflow
+    return nl, True
+
+
+@njit(cache=True)
+def _evict(victim, p, a, resident, pf, ver, used, evs):
+    resident[victim] = False
+    pf[victim] = False
+    ver[victim] += 1  # its heap entries go stale
+    used[p] -= 1
+    evs[a] += 1
+
+
+@njit(cache=True)
+def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready, lid, pf, last, pref, ver,
+                    h1, h2, hk, hv, hstart, hsize):
+    """Make prefetched key k resident (arriving at `arrive`, touched at tick `now`) with priority (prio1, 0);
+    returns the link's free time."""
+    resident[k] = True
+    used[p] += 1
+    ready[k] = arrive
+    lid[k] = load_id
+    pf[k] = True
+    last[k] = now
+    pref[a] += 1
+    ver[k] += 1
+    _hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
+    return arrive
+
+
+@njit(cache=True)
+def _prio(policy, fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step):
+    """The (p1, p2) priority of resident key k under `policy`: the smallest is evicted first."""
+    if policy == LRU or policy == SEMOE:
+        return last[k], 0.0
+    if policy == LFU:
+        return cnt[k], last[k]
+    if policy == LFUDA:
+        return kval[k], last[k]
+    if policy == BELADY:
+        return -nxt[k], last[k]
+    if mis[k]:  # PLEC with correction: a mispredicted expert of the current layer goes first
+        return -2.0, last[k]
+    if pred_step[k] == step:  # predicted for a layer still to come in this step: nearer layer ranks higher
+        return _PRED - (k // E), 0.0
+    if fallback == 0:
+        return last[k], 0.0
+    return cnt[k], last[k]
+
+
+@njit(cache=True)
+def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
+                mode, tnow, a, E, excl_layer, lim1, lim2):
+    """Pop pool p's lowest-priority evictable key, or -1; skipped entries are pushed back.
+
+    mode 0 (demand miss): any key, lowest priority first (a transfer in flight still occupies the link).
+    mode 1 (PLEC prefetch): the victim must rank below (lim1, lim2), never in flight.
+    mode 2 (SE-MoE prefetch): never in flight, never needed by access a, never of layer excl_layer.
+    A prefetch looks past at most 64 excluded keys, then gives up (keeps the replay linear in the trace).
+    """
+    victim = -1
+    n = 0
+    while hsize[p] > 0:
+        v1, v2, vk, vv = _hpop(h1, h2, hk, hv, hstart, hsize, p)
+        if not resident[vk] or vv != ver[vk]:
+            continue  # stale entry
+        skip = mode != 0 and ready[vk] > tnow
+        if mode == 2:
+            skip = skip or cur[vk] == a or vk // E == excl_layer
+        if skip:
+            t1[n], t2[n], tk[n], tv[n] = v1, v2, vk, vv
+            n += 1
+            if n >= 64:  # a prefetch gives up rather than scan every transfer in flight
+                break
+            continue
+        if mode == 1 and not _less(v1, v2, lim1, lim2):
+            t1[n], t2[n], tk[n], tv[n] = v1, v2, vk, vv
+            n += 1
+            break
+        victim = vk
+        break
+    for i in range(n):
+        _hpush(h1, h2, hk, hv, hstart, hsize, p, t1[i], t2[i], tk[i], tv[i])
+    return victim
+
+
+@njit(cache=True)
+def replay_kernel(
+    policy, correct, priority_demand, plec_fallback, layer_ahead, depth,
+    L, E, pool_of, pool_cap, pool_keys, pool_off,
+    req_off, req_key, req_comp, req_next,
+    pred_off, pred_key,
+    dense_s, xfer_s, log_on,
+):
+    """Replay A = steps·L accesses; see the module docstring for the model.
+
+    policy: LRU | LFU | LFUDA | BELADY | SEMOE | PLEC. correct: PLEC real-time correction (mispredicted
+    experts of the current layer are evicted first). priority_demand: demand loads overtake queued
+    prefetches that have not started. plec_fallback: 0 = recency, 1 = frequency for keys with no
+    predicted use left in the step. layer_ahead: layer l's forecast arrives at layer l-1's start (layer
+    horizon) instead of at the step's start (request horizon). depth: PLEC prefetches the forecast of
+    layers l+1..l+depth at layer l's start (the rest of the forecast only protects experts from eviction).
+    pool_of (K,) int64, pool_cap (P,) int64; pool_keys/pool_off: the keys of each pool (CSR).
+    req_off (A+1,), req_key (N,) int64, req_comp (N,) float64 compute seconds, req_next (N,) float64 index
+    of the next access needing that key (NEVER if none). pred_off (A+1,), pred_key (M,): forecast keys.
+    dense_s (A,) float64 non-expert seconds before the router; xfer_s: seconds per expert transfer.
+    Returns per-access hits, on_time, misses, prefetches, evictions (int64 (A,)), stall_s, end_s (float64
+    (A,)), useful prefetches (int64), the event log (int64 (n, 3): access, key, op) and whether it overflowed.
+    """
+    A = req_off.shape[0] - 1
+    K = L * E
+    P = pool_cap.shape[0]
+    resident = np.zeros(K, np.bool_)
+    ready = np.zeros(K, np.float64)
+    ver = np.zeros(K, np.int64)
+    last = np.zeros(K, np.float64)
+    cnt = np.zeros(K, np.float64)
+    fcnt = np.zeros(K, np.float64)
+    kval = np.zeros(K, np.float64)
+    nxt = np.full(K, NEVER)
+    pred_step = np.full(K, -1, np.int64)
+    mis = np.zeros(K, np.bool_)
+    pf = np.zeros(K, np.bool_)
+    cur = np.full(K, -1, np.int64)
+    ibuf = np.zeros(E, np.int64)
+    lid = np.zeros(K, np.int64)
+    used = np.zeros(P, np.int64)
+    age = np.zeros(P, np.float64)
+    blocked = np.full(P, -1, np.int64)
+    # Heaps: one region per pool, rebuilt from the residents before an access could overflow it.
+    hstart = np.zeros(P, np.int64)
+    hcap = np.zeros(P, np.int64)
+    hroom = np.zeros(P, np.int64)
+    tot = 0
+    for p in range(P):
+        nk = pool_off[p + 1] - pool_off[p]
+        hroom[p] = 2 * nk + 4 * E + 16  # most pushes one access can make into pool p
+        hcap[p] = 2 * nk + hroom[p] + 64
+        hstart[p] = tot
+        tot += hcap[p]
+    hsize = np.zeros(P, np.int64)
+    h1 = np.zeros(tot, np.float64)
+    h2 = np.zeros(tot, np.float64)
+    hk = np.zeros(tot, np.int64)
+    hv = np.zeros(tot, np.int64)
+    t1 = np.zeros(K + 1, np.float64)
+    t2 = np.zeros(K + 1, np.float64)
+    tk = np.zeros(K + 1, np.int64)
+    tv = np.zeros(K + 1, np.int64)
+    # Ring of prefetch transfers not yet finished (start, end, key, load id), for priority demand loads.
+    nq = 2 * K + 2
+    q_start = np.zeros(nq, np.float64)
+    q_end = np.zeros(nq, np.float64)
+    q_key = np.zeros(nq, np.int64)
+    q_lid = np.zeros(nq, np.int64)
+    q_head = 0
+    q_tail = 0
+    n_log = (8 * (req_key.shape[0] + pred_key.shape[0]) + (2 * A * E if policy == SEMOE else 0) + 64) if log_on else 1
+    log = np.zeros((n_log, 3), np.int64)
+    nl = 0
+    overflow = False
+
+    hits = np.zeros(A, np.int64)
+    on_time = np.zeros(A, np.int64)
+    misses = np.zeros(A, np.int64)
+    pref = np.zeros(A, np.int64)
+    evs = np.zeros(A, np.int64)
+    stall = np.zeros(A, np.float64)
+    end = np.zeros(A, np.float64)
+    useful = 0
+    link_free = 0.0
+    clock = 0.0
+    next_lid = 1
+    tick = 0.0
+    sbuf_r = np.zeros(E, np.float64)
+    sbuf_c = np.zeros(E, np.float64)
+
+    for a in range(A):
+        layer = a % L
+        step = a // L
+        t = clock
+        for p in range(P):
+            if hsize[p] > hcap[p] - hroom[p]:
+                hsize[p] = 0
+                for j in range(pool_off[p], pool_off[p + 1]):
+                    k = pool_keys[j]
+                    if resident[k]:
+                        v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
+                        ver[k] += 1
+                        _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
+        if priority_demand:
+            while q_head != q_tail and q_end[q_head] <= t:
+                q_head = (q_head + 1) % nq
+        # ---------------------------------------------------------------- PLEC: forecast arrives, prefetch
+        if policy == PLEC:
+            m_lo, m_hi = 0, 0
+            if not layer_ahead:
+                if layer == 0:
+                    m_lo, m_hi = pred_off[a], pred_off[a + L]
+            else:
+                m_lo = pred_off[a if layer == 0 else a + 1]
+                m_hi = pred_off[min(a + 2, a + L - layer)]
+            for m in range(m_lo, m_hi):
+                k = pred_key[m]
+                pred_step[k] = step
+                if resident[k]:
+                    ver[k] += 1
+                    _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], _PRED - (k // E), 0.0, k, ver[k])
+            # the forecast's next `depth` layers, nearest first, while a lower-priority victim exists; a
+            # prefetch issued for the current layer would leave with its demand load, so it is not issued
+            for m in range(pred_off[min(a + 1, a + L - layer)], pred_off[min(a + 1 + depth, a + L - layer)]):
+                k = pred_key[m]
+                p = pool_of[k]
+                if resident[k] or pred_step[k] != step or blocked[p] == a:
+                    continue
+                c1 = _PRED - (k // E)
+                if used[p] >= pool_cap[p]:
+                    victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
+                                         1, t, a, E, -1, c1, 0.0)
+                    if victim < 0:
+                        blocked[p] = a
+                        continue
+                    _evict(victim, p, a, resident, pf, ver, used, evs)
+                    if log_on:
+                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
+                st = max(link_free, t)
+                link_free = _admit_prefetch(k, p, a, st + xfer_s, next_lid, c1, tick, resident, used, ready, lid, pf,
+                                            last, pref, ver, h1, h2, hk, hv, hstart, hsize)
+                next_lid += 1
+                tick += 1.0
+                if priority_demand:
+                    q_start[q_tail], q_end[q_tail], q_key[q_tail], q_lid[q_tail] = st, ready[k], k, lid[k]
+                    q_tail = (q_tail + 1) % nq
+                if log_on:
+                    nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
+        # ---------------------------------------------------------------- router: correction, hits, misses
+        tr = t + dense_s[a]
+        r0, r1 = req_off[a], req_off[a + 1]
+        for i in range(r0, r1):
+            cur[req_key[i]] = a
+        if policy == PLEC and correct:
+            for m in range(pred_off[a], pred_off[a + 1]):
+                k = pred_key[m]
+                if cur[k] != a:
+                    mis[k] = True
+                    if resident[k]:
+                        ver[k] += 1
+                        _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], -2.0, last[k], k, ver[k])
+        first_shift = q_tail
+        if priority_demand:
+            while q_head != q_tail and q_end[q_head] <= tr:
+                q_head = (q_head + 1) % nq
+            dcur = tr
+            first_shift = q_head
+            if q_head != q_tail and q_start[q_head] <= tr:  # in progress: it finishes first
+                dcur = q_end[q_head]
+                first_shift = (q_head + 1) % nq
+        else:
+            dcur = max(link_free, tr)
+        n_miss = 0
+        # Hits are computed first, then misses are fetched and computed (a miss may evict a computed hit).
+        nh = 0
+        for i in range(r0, r1):
+            if resident[req_key[i]]:
+                ibuf[nh] = i
+                nh += 1
+        nm = nh
+        for i in range(r0, r1):
+            if not resident[req_key[i]]:
+                ibuf[nm] = i
+                nm += 1
+        for j0 in range(nm):
+            i = ibuf[j0]
+            k = req_key[i]
+            p = pool_of[k]
+            if resident[k]:
+                hits[a] += 1
+                if ready[k] <= tr:
+                    on_time[a] += 1
+                if pf[k]:
+                    useful += 1
+                    pf[k] = False
+            else:
+                misses[a] += 1
+                n_miss += 1
+                stream = False
+                victim = -1
+                if used[p] >= pool_cap[p]:
+                    victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
+                                         0, tr, a, E, -1, 0.0, 0.0)
+                    if victim < 0:
+                        raise RuntimeError("cache replay: a full pool has no resident key in its heap")
+                    if policy == BELADY and nxt[victim] <= req_next[i]:
+                        # every resident is needed no later than k: k streams through the staging slot
+                        stream = True
+                        _hpush(h1, h2, hk, hv, hstart, hsize, p, -nxt[victim], last[victim], victim, ver[victim])
+                if stream:
+                    ready[k] = dcur + xfer_s
+                    dcur = ready[k]
+                    last[k] = tick
+                    tick += 1.0
+                    nxt[k] = req_next[i]
+                    if log_on:
+                        nl, overflow = _log(log, nl, overflow, a, k, OP_STREAM)
+                    continue
+                if used[p] >= pool_cap[p]:
+                    _evict(victim, p, a, resident, pf, ver, used, evs)
+                    if policy == LFUDA:
+                        age[p] = kval[victim]
+                        fcnt[victim] = 0.0
+                    if log_on:
+                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
+                resident[k] = True
+                used[p] += 1
+                lid[k] = next_lid
+                next_lid += 1
+                ready[k] = dcur + xfer_s
+                dcur = ready[k]
+                if log_on:
+                    nl, overflow = _log(log, nl, overflow, a, k, OP_LOAD)
+            # the access itself: recency, frequency, LFUDA value, Belady's next use
+            last[k] = tick  # one tick per touched expert: recency ties never depend on the heap
+            tick += 1.0
+            cnt[k] += 1.0
+            fcnt[k] += 1.0
+            kval[k] = fcnt[k] + age[p]
+            nxt[k] = req_next[i]
+            mis[k] = False
+            ver[k] += 1
+            v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
+            _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
+            if log_on:
+                nl, overflow = _log(log, nl, overflow, a, k, OP_COMPUTE)
+        if n_miss:
+            if priority_demand:
+                # prefetches that had not started wait behind the demand loads
+                q = first_shift
+                while q != q_tail:
+                    if q_start[q] < dcur:
+                        q_start[q] = dcur
+                        q_end[q] = dcur + xfer_s
+                        if lid[q_key[q]] == q_lid[q]:
+                            ready[q_key[q]] = q_end[q]
+                    dcur = q_end[q]
+                    q = (q + 1) % nq
+                link_free = max(link_free, dcur)
+            else:
+                link_free = dcur
+        # ---------------------------------------------------------------- SE-MoE: prefetch the next layer
+        if policy == SEMOE:
+            nxt_layer = (layer + 1) % L
+            base = nxt_layer * E
+            order = np.argsort(-cnt[base:base + E], kind="mergesort")
+            for j in range(E):
+                k = base + order[j]
+                p = pool_of[k]
+                if resident[k]:
+                    continue
+                if used[p] >= pool_cap[p]:
+                    victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
+                                         2, tr, a, E, nxt_layer, 0.0, 0.0)
+                    if victim < 0:
+                        break
+                    _evict(victim, p, a, resident, pf, ver, used, evs)
+                    if log_on:
+                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
+                link_free = _admit_prefetch(k, p, a, max(link_free, tr) + xfer_s, next_lid, tick, tick, resident, used,
+                                            ready, lid, pf, last, pref, ver, h1, h2, hk, hv, hstart, hsize)
+                next_lid += 1
+                tick += 1.0
+                if log_on:
+                    nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
+        # ---------------------------------------------------------------- compute, earliest-ready first
+        n = r1 - r0
+        comp = 0.0
+        for i in range(n):
+            sbuf_r[i] = ready[req_key[r0 + i]]
+            sbuf_c[i] = req_comp[r0 + i]
+            comp += sbuf_c[i]
+        order_r = np.argsort(sbuf_r[:n], kind="mergesort")
+        e_end = tr
+        for j in range(n):
+            i = order_r[j]
+            e_end = max(e_end, sbuf_r[i]) + sbuf_c[i]
+        stall[a] = e_end - (tr + comp)
+        end[a] = e_end
+        clock = e_end
+        # ---------------------------------------------------------------- PLEC: this layer's forecast is spent
+        if policy == PLEC:
+            for m in range(pred_off[a], pred_off[a + 1]):
+                k = pred_key[m]
+                pred_step[k] = -1
+                mis[k] = False
+                if resident[k]:
+                    ver[k] += 1
+                    v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
+                    _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], v1, v2, k, ver[k])
+    return hits, on_time, misses, pref, evs, stall, end, useful, log[:nl], overflow

@@ -1,0 +1,228 @@
+"""ExpertFlow's routing-path predictor: a small T5-like encoder-decoder over a request's token ids.
+
+Shapes: P prompt tokens, S tokens of the request so far (prompt + generated), L MoE layers, E experts.
+The encoder reads the prompt with full self-attention (the whole prompt is known at admission); the
+decoder runs over the request's tokens with causal self-attention and cross-attention to the encoded
+prompt; one linear head of L·E logits (L separate heads of E logits, one per MoE layer) gives each
+token's whole routing path in one pass. Trained with binary cross-entropy on the multi-hot (L, E) paths
+(ExpertFlow eq. 3); the predicted experts of a token at a layer are its K largest logits.
+
+Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); here d_model 64, d_ff 256, 2 encoder and
+1 decoder layers, learned absolute positions instead of T5's relative bias (small enough to train in a
+few minutes on one CPU thread); AdamW with the paper's weight decay 0.01 and cosine schedule, but batches
+of 8 requests at lr 2e-3 instead of 16 at 1e-3 (twice the optimizer steps for the same compute: 30 epochs
+of 16 at 1e-3 reached top-k accuracy 0.565 on the built-in trace, under-trained).
+
+Horizon `request`: a step's forecast uses the step's token ids and positions plus the token ids of the
+request's earlier steps (revealed by observe); never any routing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from routecast.common.errors import ConfigError
+from routecast.predict.forecast import Forecast, multi_hot
+from routecast.predict.harness import REQUEST, Predictor, StepRouting, StepView
+from routecast.predict.store import register
+from routecast.trace import PREFILL, MoESpec, Trace
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertFlowConfig:
+    """Predictor size and training (see the module docstring for the paper's values)."""
+
+    d_model: int = 64
+    d_ff: int = 256
+    heads: int = 4
+    enc_layers: int = 2
+    dec_layers: int = 1
+    max_len: int = 512
+    epochs: int = 30
+    batch_size: int = 8
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("d_model", "d_ff", "heads", "enc_layers", "dec_layers", "max_len", "epochs", "batch_size", "threads"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"ExpertFlowConfig.{f} is {getattr(self, f)}; expected a positive integer.")
+        if self.d_model % self.heads:
+            raise ConfigError(f"ExpertFlowConfig.d_model {self.d_model} is not divisible by heads {self.heads}.")
+
+
+class _Net(nn.Module):
+    def __init__(self, cfg: ExpertFlowConfig, vocab: int, L: int, E: int) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.pad = vocab + 1  # vocab = unknown token, vocab + 1 = padding
+        self.emb = nn.Embedding(vocab + 2, d, padding_idx=self.pad)
+        self.pos = nn.Embedding(cfg.max_len, d)
+        self.enc = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, cfg.heads, cfg.d_ff, dropout=0.0, batch_first=True, norm_first=True),
+            cfg.enc_layers, enable_nested_tensor=False)
+        self.dec = nn.TransformerDecoder(
+            nn.TransformerDecoderLayer(d, cfg.heads, cfg.d_ff, dropout=0.0, batch_first=True, norm_first=True),
+            cfg.dec_layers)
+        self.head = nn.Linear(d, L * E)
+        self.L, self.E, self.max_len = L, E, cfg.max_len
+
+    def forward(self, prompt: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+        """prompt (B, P), seq (B, S) int64 rows (padding = self.pad) -> logits (B, S, L, E)."""
+        B, P = prompt.shape
+        S = seq.shape[1]
+        pp = torch.arange(P).clamp(max=self.max_len - 1)
+        sp = torch.arange(S).clamp(max=self.max_len - 1)
+        p_pad = prompt == self.pad
+        mem = self.enc(self.emb(prompt) + self.pos(pp)[None], src_key_padding_mask=p_pad)
+        causal = torch.triu(torch.ones((S, S), dtype=torch.bool), diagonal=1)
+        h = self.dec(self.emb(seq) + self.pos(sp)[None], mem, tgt_mask=causal, tgt_key_padding_mask=seq == self.pad,
+                     memory_key_padding_mask=p_pad)
+        return self.head(h).view(B, S, self.L, self.E)
+
+
+def _pad(rows: list[np.ndarray], pad: int) -> torch.Tensor:
+    n = max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), n), pad, np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return torch.from_numpy(out)
+
+
+@register
+class ExpertFlowPredictor(Predictor):
+    """ExpertFlow routing-path predictor (request horizon); see the module docstring."""
+
+    name: ClassVar[str] = "expertflow"
+    horizon: ClassVar[str] = REQUEST
+    learns: ClassVar[bool] = True
+
+    def __init__(self, spec: MoESpec, config: ExpertFlowConfig | None = None) -> None:
+        super().__init__(spec)
+        self.config = config or ExpertFlowConfig()
+        self._net: _Net | None = None
+        self._vocab = 0
+        self._hist: dict[int, tuple[list[int], list[int]]] = {}
+        self.fit_log: list[float] = []
+
+    def _ids(self, token_id: np.ndarray) -> np.ndarray:
+        t = np.asarray(token_id, np.int64)
+        return np.where((t >= 0) & (t < self._vocab), t, self._vocab)
+
+    def fit(self, trace: Trace) -> ExpertFlowPredictor:
+        cfg = self.config
+        if trace.num_tokens == 0:
+            raise ConfigError("expertflow: the training trace has no tokens; expected at least one request.")
+        self._vocab = int(trace.token_id.max()) + 1
+        prompts, seqs, targets = [], [], []
+        hot = multi_hot(trace.experts_TLK, self.spec.num_experts).astype(np.float32)  # (T, L, E)
+        for _, idx in trace.requests():
+            idx = idx[np.argsort(trace.position[idx], kind="stable")]
+            ids = self._ids(trace.token_id[idx])
+            pre = ids[trace.phase[idx] == PREFILL]
+            prompts.append(pre if len(pre) else np.array([self._vocab]))  # no prompt: one unknown token
+            seqs.append(ids)
+            targets.append(hot[idx])
+        prev = torch.get_num_threads()
+        torch.set_num_threads(cfg.threads)
+        try:
+            g = torch.Generator().manual_seed(cfg.seed)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                net = _Net(cfg, self._vocab, self.spec.num_layers, self.spec.num_experts)
+            opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            n_batches = math.ceil(len(seqs) / cfg.batch_size)
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs * n_batches)
+            net.train()
+            for _ in range(cfg.epochs):
+                perm = torch.randperm(len(seqs), generator=g).numpy()
+                total = 0.0
+                for b in range(n_batches):
+                    sel = perm[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+                    seq = _pad([seqs[i] for i in sel], net.pad)
+                    prm = _pad([prompts[i] for i in sel], net.pad)
+                    tgt = torch.zeros((len(sel), seq.shape[1], self.spec.num_layers, self.spec.num_experts))
+                    for j, i in enumerate(sel):
+                        tgt[j, : len(targets[i])] = torch.from_numpy(targets[i])
+                    valid = (seq != net.pad)[:, :, None, None].float()
+                    loss = (F.binary_cross_entropy_with_logits(net(prm, seq), tgt, reduction="none") * valid).sum()
+                    loss = loss / (valid.sum() * self.spec.num_layers * self.spec.num_experts)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    total += float(loss.detach())
+                self.fit_log.append(total / n_batches)
+            net.eval()
+        finally:
+            torch.set_num_threads(prev)
+        self._net = net
+        self._hist.clear()
+        return self
+
+    def reset(self) -> None:
+        self._hist.clear()
+
+    def _seqs(self, view: StepView | StepRouting) -> list[tuple[int, np.ndarray, list[int], list[int]]]:
+        """Per request of the step: (request, its token indices in the step, prompt ids, sequence ids)."""
+        out = []
+        order = np.lexsort((view.position, view.request))
+        req = view.request[order]
+        for r in np.unique(req):
+            idx = order[req == r]
+            prompt, seq = self._hist.get(int(r), ([], []))
+            ids = self._ids(view.token_id[idx]).tolist()
+            pre = [t for t, ph in zip(ids, view.phase[idx].tolist(), strict=True) if ph == PREFILL]
+            out.append((int(r), idx, prompt + pre, seq + ids))
+        return out
+
+    def _prompt(self, prompt: list[int]) -> np.ndarray:
+        return np.asarray(prompt if prompt else [self._vocab], np.int64)  # no prompt: one unknown token
+
+    def predict(self, view: StepView) -> Forecast:
+        if self._net is None:
+            raise ConfigError("predictor 'expertflow' is not fitted; call fit(train_trace) or load a saved one.")
+        L, E = self.spec.num_layers, self.spec.num_experts
+        scores = np.empty((view.num_tokens, L, E), np.float32)
+        groups = self._seqs(view)
+        if groups:
+            net = self._net
+            with torch.inference_mode():
+                logits = net(_pad([self._prompt(g[2]) for g in groups], net.pad),
+                             _pad([np.asarray(g[3], np.int64) for g in groups], net.pad))
+                probs = torch.sigmoid(logits).numpy()
+            for b, (_, idx, _, seq) in enumerate(groups):
+                scores[idx] = probs[b, len(seq) - len(idx): len(seq)]
+        scores /= np.maximum(scores.sum(axis=-1, keepdims=True), 1e-30)
+        return Forecast(top_k=self.spec.top_k, scores_TLE=scores)
+
+    def observe(self, routing: StepRouting) -> None:
+        for r, _, prompt, seq in self._seqs(routing):
+            self._hist[r] = (prompt, seq)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        if self._net is None:
+            raise ConfigError("predictor 'expertflow' is not fitted; nothing to save.")
+        tensors = {f"net.{k}": v.detach().numpy() for k, v in self._net.state_dict().items()}
+        return {"config": dataclasses.asdict(self.config), "vocab": self._vocab, "fit_log": self.fit_log}, tensors
+
+    @classmethod
+    def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> ExpertFlowPredictor:
+        p = cls(spec, ExpertFlowConfig(**meta["config"]))
+        p._vocab = int(meta["vocab"])
+        p.fit_log = list(meta.get("fit_log", []))
+        net = _Net(p.config, p._vocab, spec.num_layers, spec.num_experts)
+        net.load_state_dict({k[4:]: torch.from_numpy(np.array(v)) for k, v in tensors.items() if k.startswith("net.")})
+        net.eval()
+        p._net = net
+        return p

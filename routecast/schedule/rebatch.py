@@ -1,0 +1,68 @@
+"""ExpertFlow's token scheduler: regroup a step's tokens into two equal batches with similar routing paths.
+
+Legend: T tokens, L MoE layers, E experts. ExpertFlow runs two batches as one scheduling unit (the
+dual-batch pipeline) and reassigns their 2T tokens to two new batches of T so that each activates few
+experts (eq. 5: minimise Σ_batches Σ_l |experts activated at l|, the union of the batch's tokens' paths).
+Here a unit is one decode step of the trace, split into two half-batches run one after the other:
+- arrival order: the first half of the step's requests, then the rest;
+- clustered: balanced 2-means (k-means-constrained: exact sizes ⌊T/2⌋ and ⌈T/2⌉) on the tokens' predicted
+  L·E paths; on 0/1 vectors the squared Euclidean distance is the Hamming distance, so this clusters by
+  ExpertFlow's similarity S_ij = 1 - d_ij / (L·E) (eq. 6).
+Decode tokens of one step belong to different requests, so any split keeps every request's order; prefill
+steps and steps of fewer than min_tokens tokens stay one batch in both arms (a prompt is not split).
+Activated experts are counted on the TRUE routing; the predicted paths only decide the grouping.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+from routecast.predict.forecast import multi_hot
+from routecast.trace import DECODE, Trace
+
+METHODS = ("arrival", "clustered")
+
+
+def split_step(paths_TX: np.ndarray, method: str, seed: int = 0) -> np.ndarray:
+    """Half (0 or 1) of each of a step's T tokens. paths_TX: bool (T, L·E) predicted paths, arrival order."""
+    T = paths_TX.shape[0]
+    if method == "arrival":
+        return (np.arange(T) >= T // 2).astype(np.int64)
+    if method != "clustered":
+        raise ConfigError(f"re-batching method is {method!r}; expected one of {', '.join(METHODS)}.")
+    from k_means_constrained import KMeansConstrained
+
+    km = KMeansConstrained(n_clusters=2, size_min=T // 2, size_max=T - T // 2, random_state=seed, n_init=4)
+    return km.fit_predict(paths_TX.astype(np.float64)).astype(np.int64)
+
+
+def rebatch(trace: Trace, paths_TLE: np.ndarray, method: str, *, seed: int = 0, min_tokens: int = 4) -> Trace:
+    """A copy of trace whose decode steps of >= min_tokens tokens are each split into two batches.
+
+    paths_TLE: bool (T, L, E) predicted paths of trace's tokens (trace order). New step ids: 2·s + half,
+    in the original step order (half 0 first).
+    """
+    if paths_TLE.shape != (trace.num_tokens, trace.spec.num_layers, trace.spec.num_experts):
+        raise ConfigError(f"paths have shape {paths_TLE.shape}; expected "
+                          f"({trace.num_tokens}, {trace.spec.num_layers}, {trace.spec.num_experts}).")
+    _, sidx = np.unique(trace.step, return_inverse=True)
+    new = 2 * sidx.astype(np.int64)
+    flat = paths_TLE.reshape(trace.num_tokens, -1)
+    for _, idx in trace.batches():
+        if len(idx) >= min_tokens and (trace.phase[idx] == DECODE).all():
+            idx = idx[np.argsort(trace.request[idx], kind="stable")]
+            new[idx] += split_step(flat[idx], method, seed)
+    tokens = dict(trace.tokens)
+    tokens["step"] = new
+    return Trace(spec=trace.spec, tokens=tokens, experts_TLK=trace.experts_TLK, weights_TLK=trace.weights_TLK,
+                 task_names=trace.task_names, source_names=trace.source_names, provenance=dict(trace.provenance))
+
+
+def activated_experts(trace: Trace) -> np.ndarray:
+    """Per step: Σ_l |experts the step's tokens route to at l| (eq. 5's term), int64 (steps,) in step order."""
+    _, sidx = np.unique(trace.step, return_inverse=True)
+    hot = multi_hot(trace.experts_TLK, trace.spec.num_experts)  # (T, L, E)
+    per = np.zeros((sidx.max() + 1 if len(sidx) else 0, *hot.shape[1:]), bool)
+    np.logical_or.at(per, sidx, hot)
+    return per.sum(axis=(1, 2)).astype(np.int64)

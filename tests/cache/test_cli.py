@@ -1,0 +1,72 @@
+"""`routecast cache replay` end to end: table and JSON, forecasts through the harness, one-line errors."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from routecast.cache.cli import forecast_sets, run_replay
+from routecast.cache.replay import build_accesses, parse_budget, true_sets
+from routecast.cli import main
+from routecast.common.errors import ConfigError
+from routecast.predict.frequency import ConditionalPredictor, by_token_preset
+from routecast.predict.store import save_predictor
+from routecast.trace import MoESpec
+from routecast.trace.io import write_trace
+from tests.conftest import build_small_trace
+
+
+@pytest.fixture
+def small():
+    tr = build_small_trace(num_requests=10, num_experts=8)
+    return dataclasses.replace(tr, spec=dataclasses.replace(tr.spec, expert_bytes=1 << 20))
+
+
+def test_replay_table_json_and_gap(small, tmp_path, capsys):
+    d = write_trace(small, tmp_path / "t")
+    out = tmp_path / "r.json"
+    assert main(["cache", "replay", str(d), "--budget", "50%", "--policies", "lru,lfuda,plec-correct,belady",
+                 "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "plec-correct" in text and "gap closed" in text
+    res = json.loads(out.read_text())
+    rows = {r["policy"]: r for r in res["rows"]}
+    assert rows["lru"]["gap_closed"] in (0.0, None) and res["settings"]["budget_slots"] == 12
+    assert rows["belady"]["demand_loads"] <= rows["lru"]["demand_loads"]
+
+
+def test_bad_input_is_one_line_exit_2(small, tmp_path, capsys):
+    d = write_trace(small, tmp_path / "t")
+    for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"),
+                       (["--policies", "lru,arc"], "arc"), (["--predictor", "nosuch"], "--predictor")):
+        assert main(["cache", "replay", str(d), "--quiet", "--out", str(tmp_path / "x.json"), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert want in err and len(err.splitlines()) == 1, err
+    other = ConditionalPredictor(MoESpec(num_layers=2, num_experts=8, top_k=2), by_token_preset())
+    other.fit(build_small_trace(num_requests=3, num_layers=2))
+    pdir = save_predictor(other, tmp_path / "p")
+    assert main(["cache", "replay", str(d), "--predictor", str(pdir), "--quiet", "--out", str(tmp_path / "y.json")]) == 2
+    assert "L=2" in capsys.readouterr().err
+
+
+def test_forecast_sets_are_the_batch_unions_of_the_harness_forecasts(small):
+    train, test = small.split("request", (0.6, 0.4), seed=0)
+    pred = ConditionalPredictor(small.spec, by_token_preset()).fit(train)
+    sets, ahead = forecast_sets(pred, test)
+    acc = build_accesses(test)
+    assert sets.shape == true_sets(acc).shape and not ahead
+    assert sets.sum(axis=-1).min() >= small.spec.top_k  # every step predicts at least K experts per layer
+    oracle = run_replay(small, budget="50%", policies=["plec-correct"], predictor="oracle")
+    by = {r["policy"]: r for r in oracle["rows"]}
+    assert by["plec-correct"]["covered_ratio"] >= by["lru"]["covered_ratio"]
+
+
+def test_parse_budget_forms():
+    assert parse_budget("50%", 32, 100) == 16
+    assert parse_budget("7", 32, 100) == 7
+    assert parse_budget("1KB", 32, 100) == 10
+    for bad in ("0%", "2.5", "abc", "33"):
+        with pytest.raises(ConfigError):
+            parse_budget(bad, 32, 100)
+    assert np.isfinite(parse_budget("100%", 32, 0))

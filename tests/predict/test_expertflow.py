@@ -1,0 +1,96 @@
+"""ExpertFlow path predictor and its TLP/SLP baselines: they learn, respect their horizon, save and load;
+batch-level accuracy at fixed batch sizes."""
+
+import numpy as np
+import pytest
+
+from routecast.predict.batch_eval import batch_accuracy_at, batch_accuracy_rows
+from routecast.predict.evaluate import PREDICTOR_NAMES
+from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
+from routecast.predict.forecast import multi_hot
+from routecast.predict.frequency import ProbabilityPredictor
+from routecast.predict.harness import check_no_leak, run_harness
+from routecast.predict.locality import SLPPredictor, TLPPredictor
+from routecast.predict.store import load_predictor, save_predictor
+from routecast.trace import MoESpec, Trace, make_columns
+
+
+def _acc(pred, test):
+    return float(np.mean(run_harness(pred, test).metrics["top_k_accuracy"]))
+
+
+@pytest.fixture(scope="module")
+def split(routed_trace):
+    tr = routed_trace(by="token", num_requests=40, prompt_len=8, decode_len=4, vocab=20, seed=5)
+    return tr.split("request", (0.8, 0.2), seed=0)
+
+
+@pytest.fixture(scope="module")
+def fitted(split):
+    train, _ = split
+    cfg = ExpertFlowConfig(d_model=32, d_ff=64, epochs=25, batch_size=4, lr=3e-3)
+    return ExpertFlowPredictor(train.spec, cfg).fit(train)
+
+
+def test_expertflow_learns_token_routing_and_beats_the_probability_model(split, fitted):
+    train, test = split
+    prob = _acc(ProbabilityPredictor(train.spec).fit(train), test)
+    ef = _acc(fitted, test)
+    assert fitted.fit_log[-1] < fitted.fit_log[0]
+    assert ef > prob + 0.2 and ef > 0.6, (ef, prob)
+
+
+def test_expertflow_tlp_slp_do_not_leak(split, fitted):
+    train, test = split
+    assert check_no_leak(fitted, test, seed=1) == 4
+    assert check_no_leak(TLPPredictor(train.spec).fit(train), test, seed=2) == 4
+    assert check_no_leak(SLPPredictor(train.spec).fit(train), test, seed=3) == 4 * train.spec.num_layers
+
+
+def test_expertflow_and_slp_save_and_load_to_identical_forecasts(split, fitted, tmp_path):
+    train, test = split
+    for pred in (fitted, SLPPredictor(train.spec).fit(train)):
+        back = load_predictor(save_predictor(pred, tmp_path / pred.name))
+        a = run_harness(pred, test, collect=True).forecasts
+        b = run_harness(back, test, collect=True).forecasts
+        assert all(np.array_equal(x.scores_TLE, y.scores_TLE) for (_, x), (_, y) in zip(a, b, strict=True))
+
+
+def _chain_trace(T=400, L=3, E=6, seed=0) -> Trace:
+    """Layer l's expert = (layer l-1's expert + 1) mod E: SLP's transition is exact; one token per step."""
+    rng = np.random.default_rng(seed)
+    e0 = rng.integers(0, E, T)
+    experts = np.stack([(e0 + layer) % E for layer in range(L)], axis=1)[:, :, None].astype(np.int16)
+    return Trace(spec=MoESpec(num_layers=L, num_experts=E, top_k=1),
+                 tokens=make_columns(T, request=np.arange(T) // 10, position=np.arange(T) % 10, step=np.arange(T)),
+                 experts_TLK=experts, weights_TLK=np.ones((T, L, 1), np.float32))
+
+
+def test_slp_is_exact_on_a_layer_chain_and_tlp_repeats_the_previous_step():
+    train, test = _chain_trace().split("request", (0.5, 0.5), seed=0)
+    per_layer = run_harness(SLPPredictor(train.spec).fit(train), test).metrics["top_k_accuracy"]
+    assert per_layer[1] == per_layer[2] == 1.0 and per_layer[0] < 0.6
+    const = _chain_trace()
+    const.experts_TLK[:] = 2
+    res = run_harness(TLPPredictor(const.spec), const, collect=True)
+    assert all(fc.batch_active_LE(1)[:, 2].all() for _, fc in res.forecasts[1:])
+
+
+def test_batch_accuracy_at_fixed_sizes():
+    rng = np.random.default_rng(0)
+    true = rng.random((50, 2, 8)) < 0.2
+    assert batch_accuracy_at(true, true, 8) == 1.0
+    assert batch_accuracy_at(np.zeros_like(true), true, 8) == 0.0
+    const = np.zeros((64, 2, 8), bool)
+    const[:, :, 3] = True
+    assert batch_accuracy_at(None, const, 16) == 1.0  # TLP: the previous batch's set
+
+
+def test_batch_accuracy_rows_name_every_size(split):
+    train, test = split
+    tr = Trace.concat([train, test])
+    rows = batch_accuracy_rows(tr, ["tlp", "conditional-token"], sizes=(4, 8))
+    assert [r["predictor"] for r in rows] == ["tlp", "conditional-token"]
+    assert rows[1]["batch_8"] > rows[0]["batch_8"]
+    assert {"expertflow", "tlp", "slp"} <= set(PREDICTOR_NAMES)
+    assert multi_hot(np.array([[1, -1]]), 3).tolist() == [[False, True, False]]
