@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/routecast demo --overwrite
+	$(BIN)/routecast demo --model builtin-fine --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

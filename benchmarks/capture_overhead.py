@@ -52,16 +52,16 @@ def tiny_mixtral(seed: int = 0) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def builtin_model() -> torch.nn.Module:
+def builtin_model(name: str = "builtin") -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     try:
         from routecast.models.builtin import builtin_path
     except ImportError as e:
-        raise SystemExit(f"--model builtin: routecast.models.builtin is not importable ({e}); use --model tiny.") from None
-    path = Path(builtin_path())
+        raise SystemExit(f"--model {name}: routecast.models.builtin is not importable ({e}); use --model tiny.") from None
+    path = Path(builtin_path(name))
     if not (path / "config.json").is_file():
-        raise SystemExit(f"--model builtin: {path} holds no checkpoint (config.json); use --model tiny.")
+        raise SystemExit(f"--model {name}: {path} holds no checkpoint (config.json); use --model tiny.")
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
@@ -181,7 +181,8 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=("tiny", "builtin"), default="tiny", help="tiny random Mixtral or the built-in checkpoint")
+    ap.add_argument("--model", choices=("tiny", "builtin", "builtin-fine"), default="tiny",
+                    help="tiny random Mixtral or a built-in checkpoint (builtin: Mixtral; builtin-fine: DeepSeek-V3)")
     ap.add_argument("--reps", type=int, default=31, help="interleaved repetitions per mode (median reported)")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
     ap.add_argument("--batches", type=int, default=2, help="generate calls per pass")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="out/bench/capture_overhead.json", help="JSON result path")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    model = tiny_mixtral(a.seed) if a.model == "tiny" else builtin_model()
+    model = tiny_mixtral(a.seed) if a.model == "tiny" else builtin_model(a.model)
     batches = make_batches(model.config.vocab_size, a.batches, a.batch_size, a.seed)
     one_pass(model, batches[:1], "ids+logits+hidden", 2)  # warm-up: allocator, lazy init
     times: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}

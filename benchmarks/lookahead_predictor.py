@@ -17,7 +17,7 @@ top-k accuracy (layers >= 1) per window of --window steps, and the cost: the pre
 the built-in model's ``model.layers[l].mlp``) timed in this run on the same step batches of held-out
 tokens, one thread, best of --repeat.
 
-Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|DIR] [--split document|request] [--epochs 8]
+Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|builtin-fine|DIR] [--split document|request] [--epochs 8]
        [--window 25] [--repeat 3] [--out out/bench/lookahead_predictor.json]
 Prints a table and writes the JSON; the machine is stated in both.
 """
@@ -96,7 +96,7 @@ def time_costs(pred: LookaheadPredictor, blocks: list, test: Trace, repeat: int)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True, help="trace directory captured with --hidden --logits")
-    ap.add_argument("--model", default="builtin", help="model the trace was captured from: builtin or a directory")
+    ap.add_argument("--model", default="builtin", help="model the trace was captured from: builtin, builtin-fine or a directory")
     ap.add_argument("--split", choices=("document", "request"), default="document",
                     help="held-out split (default document: no source document on both sides)")
     ap.add_argument("--train-fraction", type=float, default=0.8)

@@ -20,6 +20,16 @@ deduplicated all-to-all):
                   captured with --hidden --logits, compare_lookahead: the later half of the requests is
                   held out and planned twice, probe_lookahead (PROBE's lookahead predictor fitted on the
                   earlier half) and probe_transition (the transition forecast, warmed on the earlier half).
+  trace-shift     with --shift-tasks A,B: the same trace reordered as traffic from tasks A, B first, then from
+                  the others (Trace.shift_by_task), all of it planned (causal transition forecast); the shift
+                  step is where the others start.
+  trace-shift-lookahead  with --model too: compare_lookahead on that reordered trace; the predictor trains on
+                  the earlier documents (the first tasks' when they hold more than --train-fraction of them), so
+                  it forecasts traffic from tasks it never saw.
+Trace workloads price on --trace-model (default by expert count: 8 -> mixtral-8x7b, 64 -> deepseek-v2-lite,
+the production model with builtin-fine's routing geometry). EPLB runs hierarchically with --eplb-groups
+expert groups (default: the trace's n_group) on --eplb-nodes nodes (default: one per 8 ranks); its slots
+are E + ep x --eplb-redundant.
 Every method's expert-weight moves are charged (PROBE's replicas each step, EPLB's rebalances): the part of a
 rank's transfer time beyond its hiding window (its expert compute of the previous layer plus this layer's
 attention) adds to the layer (exposed_us: mean per layer over all steps), and PROBE's replica budget is that
@@ -27,7 +37,8 @@ window, not a fixed count (--window-transfers N restores a fixed N transfers per
 Decode throughput = tokens / (model MoE layers x mean simulated MoE-layer latency) over the
 decode-dominated steps; prefill speedup = static latency / method latency over prefill-dominated steps.
 
-Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin]] [--link pcie] [--window-transfers N] [--quick]
+Run: python benchmarks/probe_vs_eplb.py [--trace DIR [--model builtin|builtin-fine] [--shift-tasks A,B]
+     [--trace-only]] [--ep 8] [--eplb-redundant 2] [--link pcie] [--window-transfers N] [--quick]
 Writes out/bench/probe_vs_eplb/{results.json, table.txt, <workload>.png}.
 """
 
@@ -44,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from routecast.common.machine import cpu_name
-from routecast.place.compare import compare_lookahead, compare_methods, summarize
+from routecast.place.compare import compare_lookahead, compare_methods, split_requests, summarize
 from routecast.report.placement import plot_throughput
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
@@ -85,7 +96,7 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="trace directory to add as a workload (e.g. the built-in model's)")
     ap.add_argument("--trace-model", default=None, help="sim model profile for --trace (default by expert count)")
     ap.add_argument("--model", default=None,
-                    help="model of --trace (builtin or a directory): adds the lookahead forecast arm "
+                    help="model of --trace (builtin, builtin-fine or a directory): adds the lookahead forecast arm "
                          "(needs a trace with hidden states and logits)")
     ap.add_argument("--train-fraction", type=float, default=0.5,
                     help="with --model: share of the trace's requests (earliest first) that train the "
@@ -95,6 +106,14 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
     ap.add_argument("--hardware", default="h100-sxm", help="sim hardware profile")
     ap.add_argument("--seed", type=int, default=0, help="synthetic trace seed")
+    ap.add_argument("--eplb-redundant", type=int, default=2, help="EPLB extra slots per rank (slots = E + ep x this)")
+    ap.add_argument("--eplb-groups", type=int, default=None,
+                    help="EPLB expert groups for its hierarchical mode (default: the trace's n_group; synthetic: 1)")
+    ap.add_argument("--eplb-nodes", type=int, default=None, help="EPLB nodes (default: one per 8 ranks)")
+    ap.add_argument("--shift-tasks", default=None,
+                    help="with --trace: also run the trace as traffic from these tasks (comma-separated) first, "
+                         "then from the others")
+    ap.add_argument("--trace-only", action="store_true", help="with --trace: skip the synthetic workloads")
     ap.add_argument("--window-transfers", type=int, default=None,
                     help="PROBE budget as a fixed number of expert transfers per rank per layer (default: the "
                          "computed hiding window); transfers are charged either way")
@@ -111,35 +130,53 @@ def main() -> None:
                             f"{hw.link_bandwidth(args.link) / 1e9:.0f} GB/s)"}
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; simulated: {machine['simulated']}")
     jobs = []
-    for name, preset, over, shift in workloads(args.quick, 4 if args.quick else args.layers, args.seed):
+    synthetic = [] if (args.trace_only and args.trace) else workloads(args.quick, 4 if args.quick else args.layers, args.seed)
+    for name, preset, over, shift in synthetic:
         jobs.append((name, lambda p=preset, o=over: generate(dataclasses.replace(PRESETS[p](), **o)),
                      SIM_MODEL[preset], shift, PRESETS[preset]().num_layers))
     if args.trace:
         def _read(d=args.trace, full=args.model is not None):
             return read_trace(d, load_hidden=full, load_logits=full)
         jobs.append(("trace", _read, args.trace_model, -1, None))
+        if args.shift_tasks:
+            first = [t.strip() for t in args.shift_tasks.split(",") if t.strip()]
+            jobs.append(("trace-shift", lambda f=first: _read().shift_by_task(f), args.trace_model, None, None))
+            if args.model:
+                jobs.append(("trace-shift-lookahead", lambda f=first: _read().shift_by_task(f), args.trace_model,
+                             None, None))
     doc = {"machine": machine, "workloads": {}}
+    kw = {"eplb_redundant": args.eplb_redundant}
     lines = []
     for name, make, model_name, shift, model_layers in jobs:
         t0 = time.perf_counter()
         trace = make()
+        if shift is None:  # trace-shift: (reordered trace, first step of the later tasks)
+            trace, shift = trace
+            if name == "trace-shift-lookahead":  # held-out part only: count its steps from the first tasks
+                held = split_requests(trace, args.train_fraction)[1]
+                first = np.isin(held.tokens["task"], [held.task_names.index(t) for t in args.shift_tasks.split(",")])
+                shift = int(np.unique(held.tokens["step"][first]).size)
         if model_name is None:
-            model_name = {8: "mixtral-8x7b", 128: "gpt-oss-120b", 256: "deepseek-v3"}[trace.spec.num_experts]
+            model_name = {8: "mixtral-8x7b", 64: "deepseek-v2-lite", 128: "gpt-oss-120b",
+                          256: "deepseek-v3"}[trace.spec.num_experts]
         model = load_model(model_name)
-        if name == "trace" and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
+        groups = args.eplb_groups or (trace.spec.n_group if name.startswith("trace") else 1)
+        kw["eplb_groups"], kw["eplb_nodes"] = groups, args.eplb_nodes or max(1, args.ep // 8)
+        if name in ("trace", "trace-shift-lookahead") and args.model and trace.hidden_TLH is not None and trace.logits_TLE is not None:
             res = compare_lookahead(trace, args.model, ep=args.ep, hw=hw, model=model,
                                     train_fraction=args.train_fraction, epochs=args.epochs, seed=args.seed,
-                                    window_transfers=args.window_transfers, link=args.link)
+                                    window_transfers=args.window_transfers, link=args.link, **kw)
         else:
             res = compare_methods(trace, ep=args.ep, hw=hw, model=model, window_transfers=args.window_transfers,
-                                  link=args.link)
+                                  link=args.link, **kw)
         rows = summarize(res, shift_step=shift, model_layers=model_layers)
         png = plot_throughput(res, str(out / f"{name}.png"), shift_step=shift, model_layers=model_layers,
                               title=f"{name}: {model_name} profile, EP {args.ep}, {hw.name}")
         secs = time.perf_counter() - t0
         head = (f"== {name}: {res['settings']['steps']} steps x {res['settings']['layers']} layers, "
                 f"{int(res['tokens_T'].mean())} tokens/step, {model_name} on {args.ep} x {hw.name}, "
-                f"shift at {shift}, {secs:.0f} s")
+                f"shift at {shift}, EPLB {res['settings']['experts'] + args.ep * args.eplb_redundant} slots "
+                f"({kw['eplb_groups']} groups on {kw['eplb_nodes']} nodes), {secs:.0f} s")
         lines.append(head)
         lines.append(" ".join(f"{c:>19}" if i == 0 else f"{c:>13}" for i, c in enumerate(COLUMNS)))
         for r in rows:

@@ -65,3 +65,17 @@ def test_import_round_trip(tmp_path):
     assert tr.num_tokens == 5 and tr.experts_TLK[:, 0, 0].tolist() == [0, 1, 2, 3, 0]
     src.write_text(lines[0] + "\n{\"request\": 1, \"layer\": 0, \"token_idx\": 9, \"experts\": [99, 1]}\n")
     assert main(["import", str(src), "--out", str(tmp_path / "imp2"), "--quiet", "--num-experts", "4"]) == 2
+
+
+def test_place_compare_prices_builtin_fine_traces_as_deepseek_v2_lite():
+    import numpy as np
+
+    from routecast.cli import _profile_for
+    from routecast.sim.models import load_model
+    from routecast.trace import MoESpec, Trace, make_columns
+
+    spec = MoESpec(num_layers=5, num_experts=64, top_k=6, n_group=8, topk_group=4, name="builtin-fine")
+    t = Trace(spec=spec, tokens=make_columns(2), experts_TLK=np.tile(np.arange(6, dtype=np.int16), (2, 5, 1)),
+              weights_TLK=np.full((2, 5, 6), 1 / 6, np.float32))
+    m = _profile_for(t, load_model)
+    assert m.name == "deepseek-v2-lite" and (m.num_experts, m.top_k) == (64, 6)

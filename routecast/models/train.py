@@ -1,8 +1,11 @@
-"""Train the built-in MoE model: a Hugging Face ``MixtralForCausalLM`` on the multi-domain corpus.
+"""Train a built-in MoE model on the multi-domain corpus: Hugging Face ``MixtralForCausalLM`` or ``DeepseekV3ForCausalLM``.
 
-Model: ``num_layers`` decoder layers, each with an MoE block of ``num_experts`` SwiGLU experts routed
-top-``top_k`` (Mixtral's router: softmax over experts, top-k, renormalised), trained with the
-auxiliary load-balancing loss (``output_router_logits=True``, ``router_aux_loss_coef``).
+Model (arch "mixtral", the built-in model): ``num_layers`` decoder layers, each with an MoE block of
+``num_experts`` SwiGLU experts routed top-``top_k`` (Mixtral's router: softmax over experts, top-k,
+renormalised), trained with the auxiliary load-balancing loss (``output_router_logits=True``,
+``router_aux_loss_coef``). Arch "deepseek-v3" (builtin-fine, ``fine_config``): fine-grained experts with
+a shared expert and group-limited sigmoid routing, balanced the DeepSeek-V3 way (``train_v3.py``:
+correction-bias updates after each step plus a small sequence-wise loss).
 
 Data: every train document becomes ``<|bos|> tokens <|eos|>``; documents of a task are concatenated
 into one token stream per task. Each training sequence (``seq_len + 1`` tokens) picks its task
@@ -38,6 +41,13 @@ from routecast.common.errors import ConfigError
 from routecast.common.outputs import check_out_dir, fix_mode, names_matcher
 from routecast.models.corpus import SPLITS, Document, load_corpus, read_manifest
 from routecast.models.tokenizer import balanced_texts, load_tokenizer, train_tokenizer
+from routecast.models.train_v3 import (
+    ARCHES,
+    RouterTap,
+    deepseek_v3_config,
+    sequence_balance_loss,
+    update_correction_bias,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +75,14 @@ class TrainConfig:
     # which pools usage over all layers and so lets single layers collapse onto a few experts.
     aux_loss_kind: str = "per_layer"
     tie_embeddings: bool = False
+    # "mixtral" (the built-in model) or "deepseek-v3" (builtin-fine); the fields below apply to deepseek-v3 only.
+    arch: str = "mixtral"
+    moe_intermediate_size: int = 64
+    num_shared_experts: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    first_k_dense: int = 1
+    bias_update_rate: float = 1e-3  # gamma of the aux-loss-free bias update
     minutes: float = 40.0
     steps: int | None = None
     eval_every: int = 200
@@ -74,6 +92,12 @@ class TrainConfig:
     max_train_bytes_per_task: int | None = None
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHES:
+            raise ConfigError(f"--arch {self.arch!r} is not supported; expected one of {', '.join(ARCHES)}.")
+        if self.arch == "deepseek-v3" and (self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group
+                                           or self.top_k > self.topk_group * self.num_experts // self.n_group):
+            raise ConfigError(f"n_group {self.n_group} / topk_group {self.topk_group} do not fit {self.num_experts} "
+                              f"experts top-{self.top_k}; expected n_group | E and top_k <= topk_group * E / n_group.")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}.")
         if self.aux_loss_kind not in ("per_layer", "global"):
@@ -91,6 +115,14 @@ def builtin_config(**overrides) -> TrainConfig:
     return dataclasses.replace(TrainConfig(), **overrides)
 
 
+def fine_config(**overrides) -> TrainConfig:
+    """builtin-fine: DeepSeek-V3, d128, 6 layers (first dense), 64 experts top-6 + 1 shared, I=64, 8 groups / 4 (~38 MB)."""
+    base = TrainConfig(arch="deepseek-v3", num_layers=6, num_experts=64, top_k=6, moe_intermediate_size=64,
+                       intermediate_size=448, num_shared_experts=1, n_group=8, topk_group=4, first_k_dense=1,
+                       aux_loss_coef=1e-3, bias_update_rate=2e-3, final_eval_tokens_per_task=16_384)
+    return dataclasses.replace(base, **overrides)
+
+
 def tiny_config(**overrides) -> TrainConfig:
     """Test-sized: d64, 4 layers, 8 experts top-2, BPE 1024, seq 128, 100 steps (~30 s on one core)."""
     base = TrainConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=4,
@@ -100,10 +132,19 @@ def tiny_config(**overrides) -> TrainConfig:
     return dataclasses.replace(base, **overrides)
 
 
+# Test-sized DeepSeek-V3: the tiny preset's data and schedule with 16 experts top-4 in 4 groups of 4 / 2.
+_TINY_FINE = dict(vocab_size=1024, hidden_size=64, num_layers=3, num_experts=16, top_k=4, n_group=4, topk_group=2,
+                  moe_intermediate_size=32, intermediate_size=128, seq_len=128, max_position_embeddings=512,
+                  batch_size=8, lr=5e-3, warmup_steps=10, steps=100, eval_every=50, val_seqs_per_task=2,
+                  final_eval_tokens_per_task=2048, tokenizer_bytes_per_task=150_000, max_train_bytes_per_task=300_000)
+
+
 def model_config(cfg: TrainConfig, tokenizer):
-    """TrainConfig + tokenizer -> transformers.MixtralConfig (routing logits on, aux loss weighted)."""
+    """TrainConfig + tokenizer -> transformers.MixtralConfig (routing logits on) or DeepseekV3Config (arch)."""
     from transformers import MixtralConfig
 
+    if cfg.arch == "deepseek-v3":
+        return deepseek_v3_config(cfg, tokenizer)
     return MixtralConfig(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
@@ -217,15 +258,18 @@ def _move_into_place(tmp: Path, out: Path) -> None:
 
 def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: int = 0, threads: int = 1,
                   config: TrainConfig | None = None, corpus_root: str | Path | None = None,
-                  steps: int | None = None, progress: bool = True, overwrite: bool = False) -> dict:
-    """Train tokenizer + MixtralForCausalLM on corpus_root (default: shipped sample); save to out_dir -> training record.
+                  steps: int | None = None, progress: bool = True, tokenizer_dir: str | Path | None = None,
+                  command: str | None = None, overwrite: bool = False) -> dict:
+    """Train tokenizer + model (Mixtral or DeepSeek-V3, config.arch) on corpus_root; save to out_dir -> training record.
 
     minutes/steps override the config's values; threads sets torch's intra-op threads (1 is fastest
-    on a shared 2-core machine). A non-empty out_dir is refused unless overwrite, and even then when it holds
-    anything but checkpoint files (CHECKPOINT_FILES): the new checkpoint replaces the directory as a whole.
+    on a shared 2-core machine); tokenizer_dir reuses a saved tokenizer instead of training one (the
+    fine-grained model shares the built-in model's); command is recorded in training.json. A non-empty
+    out_dir is refused unless overwrite, and even then when it holds anything but checkpoint files
+    (CHECKPOINT_FILES): the new checkpoint replaces the directory as a whole.
     """
     from tqdm.auto import tqdm
-    from transformers import MixtralForCausalLM
+    from transformers import AutoModelForCausalLM
 
     cfg = config or builtin_config()
     if minutes is not None:
@@ -251,8 +295,11 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
 
     manifest = read_manifest(corpus_root)
     train_docs = load_corpus("train", root=corpus_root)
-    tokenizer = train_tokenizer(balanced_texts(train_docs, cfg.tokenizer_bytes_per_task),
-                                vocab_size=cfg.vocab_size, model_max_length=cfg.max_position_embeddings)
+    if tokenizer_dir is not None:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    else:
+        tokenizer = train_tokenizer(balanced_texts(train_docs, cfg.tokenizer_bytes_per_task),
+                                    vocab_size=cfg.vocab_size, model_max_length=cfg.max_position_embeddings)
     tokenizer.save_pretrained(str(tmp))
     train_streams = encode_streams(tokenizer, train_docs, max_bytes_per_task=cfg.max_train_bytes_per_task)
     task_names = sorted(train_streams)
@@ -262,7 +309,9 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
     t_data = time.time() - t_start
 
     torch.manual_seed(seed)
-    model = MixtralForCausalLM(model_config(cfg, tokenizer))
+    model = AutoModelForCausalLM.from_config(model_config(cfg, tokenizer))
+    fine = cfg.arch == "deepseek-v3"
+    tap = RouterTap(model) if fine else None
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "norm" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "norm" in n]
@@ -283,16 +332,23 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, done, cfg)
         batch = _sample_batch(rng, streams, cfg)
-        out = model(input_ids=batch[:, :-1], output_router_logits=True)
+        out = model(input_ids=batch[:, :-1], output_router_logits=not fine)
         # Our own loss over all seq_len targets (HF's labels path would drop the window's last target).
         lm_loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]),
                                                     batch[:, 1:].reshape(-1))
-        aux = per_layer_balance_loss(out.router_logits, cfg.top_k) if cfg.aux_loss_kind == "per_layer" else out.aux_loss
+        if fine:
+            aux = sequence_balance_loss(tap.logits, tap.ids, cfg.batch_size)
+        elif cfg.aux_loss_kind == "per_layer":
+            aux = per_layer_balance_loss(out.router_logits, cfg.top_k)
+        else:
+            aux = out.aux_loss
         loss = lm_loss + cfg.aux_loss_coef * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        if fine:  # DeepSeek-V3's aux-loss-free balancing on this step's executed loads
+            loads_LE = update_correction_bias(tap.gates, tap.ids, cfg.bias_update_rate)
         step += 1
         lm = float(lm_loss.detach())
         loss_ema = lm if loss_ema is None else 0.98 * loss_ema + 0.02 * lm
@@ -303,6 +359,9 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
             history.append({"step": step, "tokens": step * tokens_per_step, "minutes": elapsed / 60,
                             "lr": opt.param_groups[0]["lr"], "train_loss": loss_ema,
                             "aux_loss": float(aux.detach()), "val_loss": val})
+            if fine:  # max/mean load of this step per MoE layer, and the bias spread
+                history[-1]["load_max_over_mean"] = (loads_LE.max(1).values / loads_LE.mean(1)).tolist()
+                history[-1]["bias_abs_max"] = [float(g.e_score_correction_bias.abs().max()) for g in tap.gates]
             postfix["val"] = f"{np.mean(list(val.values())):.3f}"
             if cfg.steps is None:
                 bar.total = int(step * budget_s / elapsed)  # estimated steps in the budget
@@ -312,6 +371,8 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
     train_minutes = (time.time() - t_loop) / 60
 
     model.eval()
+    if tap is not None:
+        tap.remove()
     final = {}
     for split in ("val", "test"):
         streams_s = val_streams if split == "val" else encode_streams(tokenizer, load_corpus(split, root=corpus_root))
@@ -331,7 +392,8 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
                    "sources": {t: {k: v[k] for k in ("source", "license")} for t, v in manifest["tasks"].items()}},
         "val_loss_per_task": final["val"], "test_loss_per_task": final["test"],
         "eval_tokens_per_task": cfg.final_eval_tokens_per_task, "history": history,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "command": command,
+        "tokenizer": str(tokenizer_dir) if tokenizer_dir is not None else "trained with the model",
     }
     (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     for f in tmp.iterdir():
@@ -342,7 +404,7 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
 
 
 def load_model(model_dir: str | Path):
-    """A saved checkpoint dir -> (MixtralForCausalLM in eval mode, tokenizer), offline."""
+    """A saved checkpoint dir -> (its HF causal LM, Mixtral or DeepSeek-V3, in eval mode; tokenizer), offline."""
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(model_dir)
@@ -381,13 +443,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on 2 shared cores)")
     p.add_argument("--corpus", default=None, help="corpus directory (default: the shipped sample)")
     p.add_argument("--tiny", action="store_true", help="use the test-sized preset (d64, BPE 1024, 100 steps)")
+    p.add_argument("--arch", choices=ARCHES, default="mixtral",
+                   help="mixtral: the built-in model (default); deepseek-v3: builtin-fine (64 experts top-6, grouped)")
+    p.add_argument("--tokenizer", default=None,
+                   help="reuse this checkpoint's tokenizer (default for deepseek-v3: the built-in model's; else train one)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the checkpoint at a non-empty --out (refused if it holds other files)")
     args = p.parse_args(argv)
-    cfg = tiny_config() if args.tiny else builtin_config()
+    if args.arch == "deepseek-v3":
+        cfg = fine_config(**(_TINY_FINE if args.tiny else {}))
+    else:
+        cfg = tiny_config() if args.tiny else builtin_config()
+    tok = args.tokenizer
+    if tok is None and args.arch == "deepseek-v3" and not args.tiny:
+        from routecast.models.builtin import check_checkpoint
+
+        tok = check_checkpoint()
     try:
         rec = train_builtin(args.out, minutes=args.minutes, steps=args.steps, seed=args.seed,
-                            threads=args.threads, config=cfg, corpus_root=args.corpus, overwrite=args.overwrite)
+                            threads=args.threads, config=cfg, corpus_root=args.corpus, tokenizer_dir=tok,
+                            overwrite=args.overwrite,
+                            command=" ".join(["routecast train-builtin", *(argv if argv is not None else sys.argv[1:])]))
     except ConfigError as exc:
         print(f"routecast train-builtin: error: {exc}", file=sys.stderr)
         return 2

@@ -432,7 +432,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
                     predicted: np.ndarray | dict[str, np.ndarray] | None = None, interval: int | None = None,
                     window: int | None = None, eplb_redundant: int = 2, window_transfers: int | None = None,
                     k_max: int = 16, max_redundant: int = 3,
-                    decay: float = 0.8, link: str = "nvlink") -> dict[str, Any]:
+                    decay: float = 0.8, link: str = "nvlink", eplb_groups: int = 1,
+                    eplb_nodes: int = 1) -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
@@ -440,7 +441,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     "probe_pred", or {method name: (T, L, E)} for one PROBE row per forecast (e.g. compare_lookahead's arms);
     None = transition_forecast. ep: G ranks (E % G == 0); hw, model: sim profiles
     (model.num_experts == E). interval / window: EPLB rebalance interval and statistics window in steps
-    (default T // 5 and interval // 3). window_transfers: None (default) = PROBE's budget is each rank's
+    (default T // 5 and interval // 3). eplb_groups, eplb_nodes: EPLB's hierarchical mode (expert groups
+    packed onto nodes first, as DeepSeek's EPLB does for grouped routers; 1, 1 = global). window_transfers: None (default) = PROBE's budget is each rank's
     computed hiding window (module docstring); N = a fixed N expert transfers per rank per layer. link:
     "nvlink" or "pcie", the EP ranks' link (all-to-all and weight transfers).
     Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "exposed_s_TL", "bytes_T", "planner_s_T",
@@ -491,7 +493,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     runs["static"] = (static, (cost.dispatch + cost.ffn + cost.combine).reshape(T, L), np.zeros((T, L)),
                       _windows(attn, ffn), ffn, np.zeros(T), np.zeros(T))
     for name, every, stats in (("eplb_once", None, interval), ("eplb_window", interval, window)):
-        dep = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=stats, rebalance_every=every)
+        dep = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=stats, rebalance_every=every,
+                             num_groups=eplb_groups, num_nodes=eplb_nodes)
         counts, xfer, bytes_T, plan_s = _eplb_counts(loads, dep, eb)
         flat = counts.reshape(T * L, ep, E)
         ffn = _price(flat, work_TL, model, hw, link).ffn_CG.reshape(T, L, ep)  # a layer's compute ignores its transfers
@@ -523,7 +526,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
             "settings": {"ep": ep, "hardware": hw.name, "link": link, "model": model.name, "steps": T, "layers": L,
                          "experts": E, "eplb_interval": interval, "eplb_window": window,
-                         "eplb_redundant_per_rank": eplb_redundant,
+                         "eplb_redundant_per_rank": eplb_redundant, "eplb_groups": eplb_groups,
+                         "eplb_nodes": eplb_nodes,
                          "probe_hide_window": "computed" if fixed is None else f"{window_transfers} transfers",
                          "probe_mean_window_s": float(out["probe_oracle"]["window_s_TLG"].mean()),
                          "expert_transfer_s": costs.transfer_s, "probe_window_transfers": window_transfers,

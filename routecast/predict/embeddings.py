@@ -3,7 +3,7 @@
 MoE-GPS trains its FFN and LSTM predictors on the model's token embeddings. ``load_input_embeddings``
 reads that table by name from a checkpoint's ``*.safetensors`` files without loading the model;
 ``resolve_model_dir`` decides which checkpoint belongs to a trace (an explicit directory, the word
-"builtin", or the trace's provenance naming the built-in model).
+"builtin" / "builtin-fine", or the trace's provenance naming a shipped model).
 """
 
 from __future__ import annotations
@@ -66,45 +66,52 @@ def load_input_embeddings(model_dir: str | Path, names: tuple[str, ...] = EMBEDD
     )
 
 
-def builtin_model_dir() -> Path:
-    """The built-in model's checkpoint folder, or a ConfigError saying why it is not there."""
+def builtin_model_dir(name: str = "builtin") -> Path:
+    """A shipped checkpoint's folder ('builtin' or 'builtin-fine'), or a ConfigError saying why it is not there."""
     try:
         from routecast.models.builtin import builtin_path
     except ImportError:
         raise ConfigError(
-            "--model builtin: routecast.models.builtin is not installed; expected the built-in model package."
+            f"--model {name}: routecast.models.builtin is not installed; expected the built-in model package."
         ) from None
-    p = Path(builtin_path())
+    p = Path(builtin_path(name))
     if not p.is_dir() or not any(p.glob("*.safetensors")):
-        raise ConfigError(f"--model builtin: {p} holds no trained checkpoint; expected *.safetensors (train it first).")
+        raise ConfigError(f"--model {name}: {p} holds no trained checkpoint; expected *.safetensors (train it first).")
     return p
 
 
-def _names_builtin(provenance: dict[str, Any]) -> bool:
-    return any("builtin" in str(provenance.get(k, "")).lower() for k in _PROVENANCE_KEYS)
+def _names_builtin(provenance: dict[str, Any]) -> str | None:
+    """'builtin-fine' or 'builtin' when the provenance names a shipped model (the longer name first), else None."""
+    vals = [str(provenance.get(k, "")).lower() for k in _PROVENANCE_KEYS]
+    for name in ("builtin-fine", "builtin"):
+        if any(name in v for v in vals):
+            return name
+    return None
 
 
 def resolve_model_dir(model: str | Path | None, provenance: dict[str, Any] | None = None) -> Path | None:
     """Which checkpoint's embeddings to use: None means none (the neural predictors learn their own).
 
-    model: a directory, "builtin", "none", or None = infer from the trace's provenance: a trace whose
-    provenance names the built-in model uses it when its checkpoint exists; a provenance model
+    model: a directory, "builtin", "builtin-fine", "none", or None = infer from the provenance: a trace whose
+    provenance names a shipped model uses it when its checkpoint exists; a provenance model
     directory that exists and holds *.safetensors is used; otherwise None.
     """
     if model is not None:
         if str(model).lower() == "none":
             return None
-        if str(model).lower() == "builtin":
-            return builtin_model_dir()
+        if str(model).lower() in ("builtin", "builtin-fine"):
+            return builtin_model_dir(str(model).lower())
         p = Path(model)
         if not p.is_dir():
-            raise ConfigError(f"--model {model}: no such directory; expected a checkpoint folder, 'builtin' or 'none'.")
+            raise ConfigError(f"--model {model}: no such directory; expected a checkpoint folder, 'builtin', "
+                              "'builtin-fine' or 'none'.")
         _safetensors_only(p, f"--model {model}")
         return p
     prov = provenance or {}
-    if _names_builtin(prov):
+    named = _names_builtin(prov)
+    if named:
         try:
-            return builtin_model_dir()
+            return builtin_model_dir(named)
         except ConfigError:
             return None
     for k in _PROVENANCE_KEYS:

@@ -42,12 +42,13 @@ def section_probe(trace: Trace, out_dir: str, *, ep: int = 8, hw: Hardware | Non
                   model: ModelProfile | None = None, shift_step: int = -1) -> tuple[Section, dict[str, Any]]:
     """Demo-report section: compare_methods on `trace` -> (Section, summary dict).
 
-    hw defaults to h100-sxm; model to the sim profile with the trace's expert count (mixtral-8x7b for 8).
+    hw defaults to h100-sxm; model to the sim profile with the trace's expert count (mixtral-8x7b for 8,
+    deepseek-v2-lite for 64).
     Writes probe_vs_eplb.png into out_dir.
     """
     hw = hw or load_hardware("h100-sxm")
     if model is None:
-        by_e = {8: "mixtral-8x7b", 128: "gpt-oss-120b", 256: "deepseek-v3"}
+        by_e = {8: "mixtral-8x7b", 64: "deepseek-v2-lite", 128: "gpt-oss-120b", 256: "deepseek-v3"}
         name = by_e.get(trace.spec.num_experts)
         if name is None:
             raise ConfigError(f"trace has {trace.spec.num_experts} experts; pass a model profile with that many.")

@@ -27,6 +27,9 @@ def stats_main(
     stream = sys.stdout if out is None else out
     # Statistics read only the routing ids, weights and token columns: skip hidden states and logits.
     trace = read_trace(trace_path, load_hidden=False, load_logits=False)
+    if trace.spec.n_group > 1 and "router_correction_bias_LE" in (trace.provenance or {}):
+        # grouped routers whose correction bias the capture recorded: grp!= and bias!= need the logits
+        trace = read_trace(trace_path, load_hidden=False, load_logits=True)
     d = routing_stats(trace, ep=ep, window=window, seq_len=seq_len)
     if plot is not None:
         stats_figure(d, plot)

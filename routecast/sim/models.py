@@ -24,6 +24,9 @@ from routecast.trace.spec import MoESpec
 
 MODELS_DIR = Path(__file__).parent / "models"
 BUILTIN_CONFIG = Path(__file__).resolve().parents[1] / "models" / "builtin" / "config.json"
+# The shipped checkpoints priced as model profiles: name -> their config.json.
+BUILTIN_CONFIGS = {"builtin": BUILTIN_CONFIG,
+                   "builtin-fine": Path(__file__).resolve().parents[1] / "models" / "builtin-fine" / "config.json"}
 SCHEMA_VERSION = 1
 ACTIVATIONS = {"swiglu": 3, "relu": 2, "gelu": 2}  # weight matrices per expert
 ATTENTION_TYPES = ("mha", "gqa", "mla")
@@ -150,8 +153,8 @@ class ModelProfile:
 
 # ---- loading --------------------------------------------------------------------------------------------
 def list_models() -> list[str]:
-    """Names of the shipped model profiles plus 'builtin', sorted."""
-    return sorted({p.stem for p in MODELS_DIR.glob("*.toml")} | {"builtin"})
+    """Names of the shipped model profiles plus 'builtin' and 'builtin-fine', sorted."""
+    return sorted({p.stem for p in MODELS_DIR.glob("*.toml")} | set(BUILTIN_CONFIGS))
 
 
 def load_model(name_or_path: str | Path) -> ModelProfile:
@@ -167,12 +170,13 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
             raise ConfigError(f"model profile {str(p)!r} does not exist; expected a TOML file.")
         return _parse_toml(p)
     name = str(name_or_path).lower()
-    if name == "builtin":
-        if not BUILTIN_CONFIG.is_file():
+    if name in BUILTIN_CONFIGS:
+        cfg_path = BUILTIN_CONFIGS[name]
+        if not cfg_path.is_file():
             raise ConfigError(
-                f"model 'builtin' reads {BUILTIN_CONFIG}, which does not exist; expected the built-in checkpoint's config.json."
+                f"model {name!r} reads {cfg_path}, which does not exist; expected the built-in checkpoint's config.json."
             )
-        return dataclasses.replace(model_profile_from_hf_config(BUILTIN_CONFIG), name="builtin")
+        return dataclasses.replace(model_profile_from_hf_config(cfg_path), name=name)
     path = MODELS_DIR / f"{name}.toml"
     if not path.is_file():
         raise ConfigError(f"unknown model {str(name_or_path)!r}; expected one of {list_models()} or a path to a .toml or config.json.")

@@ -43,6 +43,7 @@ from routecast.trace.capture_arch import (
     decode_routing,
     find_blocks,
     read_experts_args,
+    router_correction_bias,
     spec_from_model,
 )
 from routecast.trace.capture_inputs import (
@@ -504,6 +505,8 @@ def capture_to_disk(model_dir_or_builtin: str | Path, prompts_or_path: str | Pat
         "transformers": transformers.__version__, "torch": torch.__version__,
         "dtype": str(next(model.parameters()).dtype),
     }
+    if (bias := router_correction_bias(find_blocks(model))) is not None:  # lets `stats` tell bias from group limit
+        provenance["router_correction_bias_LE"] = bias
     doc_ids, doc_names = document_ids(records)
     # Which text each document id stands for (string documents only; absent ones are -1 in the trace).
     provenance["documents"] = list(doc_names) if doc_names else (

@@ -221,6 +221,14 @@ def spec_from_model(model: nn.Module, blocks: list[MoEBlock] | None = None) -> M
                    topk_group=kg, name=str(name))
 
 
+def router_correction_bias(blocks: list[MoEBlock]) -> list[list[float]] | None:
+    """Every router's ``e_score_correction_bias`` (DeepSeek-V3 / GLM-4-MoE sigmoid routers) as L lists of E floats, else None."""
+    rows = [getattr(b.router, "e_score_correction_bias", None) for b in blocks]
+    if not rows or any(r is None for r in rows):
+        return None
+    return [r.detach().float().cpu().tolist() for r in rows]
+
+
 def read_experts_args(adapter: Adapter, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, weights) as passed to experts(): TOPK -> ids [T,K] int, weights [T,K]; DISPATCH -> mask [T,1,E], probs [T,1].
 

@@ -191,15 +191,15 @@ def check_model_dir(path: Path, flag: str = "--model") -> None:
 
 
 def load_model(model_dir_or_builtin: str | Path, *, device: str = "cpu") -> tuple[nn.Module, Any]:
-    """(model in eval mode on device, tokenizer) from a Hugging Face model directory, or 'builtin'.
+    """(model in eval mode on device, tokenizer) from a Hugging Face model directory, 'builtin' or 'builtin-fine'.
 
     Weights come from safetensors only; trust_remote_code stays False, so custom code (auto_map) never runs.
     """
     name = str(model_dir_or_builtin)
-    if name == "builtin":
+    if name.lower() in ("builtin", "builtin-fine"):
         from routecast.models.builtin import check_checkpoint  # imported only when asked
 
-        path = Path(check_checkpoint())
+        path = Path(check_checkpoint(name))
     else:
         path = Path(name)
     check_model_dir(path)

@@ -483,3 +483,34 @@ def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | lis
         "l1_nnL": l1_distance(whole[:, None], whole[None, :]),
         "half_l1_nL": l1_distance(halves[:, 0], halves[:, 1]),
     }
+
+
+# ---------------------------------------------------------------------------------------- grouped routing
+def _topk_sets(score_TE: np.ndarray, k: int) -> np.ndarray:
+    """Sorted ids of each row's k largest scores: int64 (T, k) (ties broken by numpy's partition)."""
+    return np.sort(np.argpartition(-score_TE, k - 1, axis=-1)[:, :k], axis=-1)
+
+
+def grouped_choice_effect(logits_TLE: np.ndarray, experts_TLK: np.ndarray, bias_LE: np.ndarray) -> dict[str, np.ndarray]:
+    """How much DeepSeek-V3's group limit and correction bias change each token's experts, per layer.
+
+    logits_TLE: router logits (sigmoid scoring); experts_TLK: the executed ids; bias_LE: the routers'
+    e_score_correction_bias. Returns float64 (L,) shares of tokens whose executed set differs from
+    "group_changed": the unconstrained top-K of sigmoid + bias (the group limit alone),
+    "bias_changed": the unconstrained top-K of the plain sigmoid scores (group limit and bias together).
+    Rows with a dropped slot (-1) are left out.
+    """
+    T, L, K = experts_TLK.shape
+    out = {"group_changed": np.full(L, np.nan), "bias_changed": np.full(L, np.nan)}
+    for li in range(L):
+        ids = experts_TLK[:, li].astype(np.int64)
+        ok = (ids >= 0).all(-1)
+        if not ok.any():
+            continue
+        executed = np.sort(ids[ok], axis=-1)
+        s = 1.0 / (1.0 + np.exp(-logits_TLE[ok, li].astype(np.float64)))
+        free = _topk_sets(s + bias_LE[li][None, :], K)
+        plain = _topk_sets(s, K)
+        out["group_changed"][li] = (free != executed).any(-1).mean()
+        out["bias_changed"][li] = (plain != executed).any(-1).mean()
+    return out

@@ -17,6 +17,7 @@ from routecast.common.errors import ConfigError
 from routecast.trace.stats import (
     entropy_bits,
     fixed_set_kurtosis,
+    grouped_choice_effect,
     half_masks,
     imbalance_ratio,
     popularity_curve,
@@ -47,6 +48,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ir_step_mean", "IR/st", "{:.2f}"),
     ("ir_step_max", "IRmax", "{:.2f}"),
     ("entropy_norm", "H/Hmax", "{:.3f}"),
+    ("unused_experts", "unused", "{:.0f}"),
     ("top10_share", "top10%", "{:.3f}"),
     ("kurtosis_median", "kurt", "{:.1f}"),
     ("table_top1", "tok@1", "{:.3f}"),
@@ -56,18 +58,23 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("task_l1_mean", "taskL1", "{:.3f}"),
     ("task_half_l1_mean", "halfL1", "{:.3f}"),
     ("drift_l1_mean", "drift", "{:.3f}"),
+    ("group_changed", "grp!=", "{:.3f}"),
+    ("bias_changed", "bias!=", "{:.3f}"),
 )
 
 LEGEND = (
     "skew: MoE-GPS skewness (max/mean expert load) over the whole trace; skew/st, skew/seq: mean per step "
     "and per sequence. IR: PROBE imbalance ratio (max/mean rank load, contiguous sharding on ep ranks); "
-    "IR/st, IRmax: mean and max per step. H/Hmax: routing entropy / log2 E. top10%: share of slots on the "
+    "IR/st, IRmax: mean and max per step. H/Hmax: routing entropy / log2 E. unused: experts never chosen in the trace. top10%: share of slots on the "
     "top 10% of experts (at least one). kurt: median kurtosis of per-token-id activation maps (s-MoE). tok@1, tok-hit: "
     "token-id table's expert = true top-1 / is in the true top-k (held-out documents; requests when the "
     "trace records none); glob@1: most "
     "frequent expert = top-1. prev@1: argmax transition from the previous layer's experts = top-1. "
     "taskL1: mean pairwise L1 between task distributions; halfL1: L1 between two halves of one task "
-    "(the noise floor). drift: L1 between consecutive windows of steps."
+    "(the noise floor). drift: L1 between consecutive windows of steps. Grouped routers with a recorded "
+    "correction bias and captured logits: grp!=: share of tokens whose executed experts differ from the "
+    "unconstrained top-k of sigmoid + bias (the group limit's effect); bias!=: differ from the plain "
+    "top-k of the sigmoid scores (group limit and bias together)."
 )
 
 
@@ -143,8 +150,15 @@ def routing_stats(
         "entropy_bits": entropy_bits(counts),
         "entropy_norm": entropy_bits(counts) / np.log2(E) if E > 1 else np.full(L, np.nan),
         "top10_share": popularity_curve(counts)[:, : max(1, E // 10)].sum(axis=1),
+        "unused_experts": (counts == 0).sum(axis=1).astype(np.float64),
         "drift_l1_mean": _nan_reduce(np.nanmean, st.drift_WL, axis=0),
     }
+    bias = (trace.provenance or {}).get("router_correction_bias_LE")
+    if trace.logits_TLE is not None and bias is not None and s.n_group > 1:
+        bias_LE = np.asarray(bias, dtype=np.float64)
+        if bias_LE.shape != (L, E):
+            raise ConfigError(f"provenance router_correction_bias_LE has shape {bias_LE.shape}; expected ({L}, {E}).")
+        per.update(grouped_choice_effect(np.asarray(trace.logits_TLE), trace.experts_TLK, bias_LE))
     if seq_len is not None:
         per["skewness_seq_mean"] = _nan_reduce(np.nanmean, sequence_skewness(trace, seq_len), axis=0)
 

@@ -408,6 +408,27 @@ class Trace:
         parts = np.split(perm, bounds[:-1])
         return tuple(np.isin(key, p) for p in parts)
 
+    def shift_by_task(self, first: Sequence[str]) -> tuple[Trace, int]:
+        """Traffic from the tasks in `first`, then from the others: -> (reordered trace, first step of the others).
+
+        Each part keeps its own steps and batches (a step holds only its part's tokens); the second part's
+        steps and request ids are moved after the first's, so step order and request-id order both put
+        the `first` tasks before the rest. The returned index counts distinct steps (as step_loads does).
+        """
+        unknown = [t for t in first if t not in self.task_names]
+        if unknown or not first:
+            raise TraceError(f"shift_by_task: tasks {unknown or list(first)} are not in the trace; "
+                             f"expected some of {list(self.task_names)}.")
+        ids = [self.task_names.index(t) for t in first]
+        in_first = np.isin(self.tokens["task"], ids)
+        if in_first.all() or not in_first.any():
+            raise TraceError(f"shift_by_task: tasks {list(first)} hold {'all' if in_first.any() else 'none'} of "
+                             "the tokens; expected a shift between two non-empty parts.")
+        a, b = self.select(in_first), self.select(~in_first)
+        b.tokens["step"] = b.tokens["step"] + (a.tokens["step"].max() + 1 - b.tokens["step"].min())
+        b.tokens["request"] = b.tokens["request"] + (a.tokens["request"].max() + 1 - b.tokens["request"].min())
+        return Trace.concat([a, b]), int(np.unique(a.tokens["step"]).size)
+
     def check_documents(self) -> None:
         """Raise TraceError unless every request records exactly one source document (a document split's needs)."""
         doc, req = self.tokens["document"], self.tokens["request"]

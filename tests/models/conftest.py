@@ -26,3 +26,15 @@ def tiny_checkpoint(tmp_path_factory):
                       eval_every=TEST_STEPS, final_eval_tokens_per_task=512)
     record = train_builtin(out, config=cfg, seed=0, threads=1, progress=False)
     return out, record
+
+
+@pytest.fixture(scope="session")
+def tiny_fine_checkpoint(tmp_path_factory, tiny_checkpoint):
+    """(checkpoint dir, record) of a tiny DeepseekV3ForCausalLM (16 experts top-4, 4 groups / 2) reusing tiny's tokenizer."""
+    from routecast.models.train import _TINY_FINE, fine_config
+
+    out = tmp_path_factory.mktemp("tinyfine") / "model"
+    cfg = fine_config(**{**_TINY_FINE, "steps": TEST_STEPS, "max_train_bytes_per_task": 60_000,
+                         "eval_every": TEST_STEPS, "final_eval_tokens_per_task": 512})
+    record = train_builtin(out, config=cfg, seed=0, threads=1, progress=False, tokenizer_dir=tiny_checkpoint[0])
+    return out, record

@@ -143,11 +143,17 @@ def test_lstm_training_sequences_follow_each_request_in_step_order_cut_at_the_wi
 def test_a_trace_captured_from_the_builtin_model_uses_its_embeddings(tmp_path, monkeypatch):
     import routecast.models.builtin as builtin
 
-    monkeypatch.setattr(builtin, "builtin_path", lambda: tmp_path / "missing")
+    monkeypatch.setattr(builtin, "builtin_path", lambda name="builtin": tmp_path / "missing")
     assert resolve_model_dir(None, {"model": "builtin"}) is None  # not trained yet: learned embeddings
     with pytest.raises(ConfigError, match="no trained checkpoint"):
         resolve_model_dir("builtin")
     save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(tmp_path / "model.safetensors"))
-    monkeypatch.setattr(builtin, "builtin_path", lambda: tmp_path)
-    assert resolve_model_dir(None, {"tool": "routecast.trace.capture", "model": "builtin"}) == tmp_path
+    monkeypatch.setattr(builtin, "builtin_path", lambda name="builtin": tmp_path / name)
+    for name in ("builtin", "builtin-fine"):
+        (tmp_path / name).mkdir()
+        save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(tmp_path / name / "model.safetensors"))
+    assert resolve_model_dir(None, {"tool": "routecast.trace.capture", "model": "builtin"}) == tmp_path / "builtin"
+    # A builtin-fine trace uses builtin-fine's embeddings, not the built-in model's.
+    assert resolve_model_dir(None, {"model": "builtin-fine"}) == tmp_path / "builtin-fine"
+    assert resolve_model_dir("builtin-fine") == tmp_path / "builtin-fine"
     assert resolve_model_dir(None, {"model": "/some/other/model"}) is None

@@ -5,6 +5,7 @@ import pytest
 from routecast.common.errors import ConfigError
 from routecast.sim.models import (
     BUILTIN_CONFIG,
+    BUILTIN_CONFIGS,
     MODELS_DIR,
     ModelProfile,
     list_models,
@@ -14,14 +15,14 @@ from routecast.sim.models import (
 from routecast.trace.spec import MoESpec
 
 SHIPPED = [
-    "deepseek-v2", "deepseek-v3", "gpt-oss-120b", "llama-moe-3.5b", "mixtral-8x22b", "mixtral-8x7b",
+    "deepseek-v2", "deepseek-v2-lite", "deepseek-v3", "gpt-oss-120b", "llama-moe-3.5b", "mixtral-8x22b", "mixtral-8x7b",
     "olmoe-1b-7b", "qwen3-235b-a22b", "switch-base-128",
 ]
 
 
 def test_every_shipped_profile_loads_and_converts():
     assert sorted(p.stem for p in MODELS_DIR.glob("*.toml")) == SHIPPED
-    assert list_models() == sorted([*SHIPPED, "builtin"])
+    assert list_models() == sorted([*SHIPPED, "builtin", "builtin-fine"])
     for name in SHIPPED:
         m = load_model(name)
         spec = m.to_moespec()
@@ -128,3 +129,16 @@ def test_builtin_resolves_to_the_checkpoint_config():
     else:
         with pytest.raises(ConfigError, match="config.json"):
             load_model("builtin")
+
+
+def test_builtin_fine_resolves_to_the_deepseek_v3_checkpoint_config():
+    path = BUILTIN_CONFIGS["builtin-fine"]
+    if not path.is_file():
+        with pytest.raises(ConfigError, match="config.json"):
+            load_model("builtin-fine")
+        return
+    m = load_model("builtin-fine")
+    cfg = json.loads(path.read_text())
+    assert m.name == "builtin-fine" and m.num_experts == cfg["n_routed_experts"] == 64 and m.top_k == 6
+    assert (m.n_group, m.topk_group, m.num_shared_experts, m.first_moe_layer) == (8, 4, 1, 1)
+    assert m.attention == "mla" and m.to_moespec().num_layers == 5

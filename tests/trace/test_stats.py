@@ -275,3 +275,19 @@ def test_routing_stats_sees_planted_token_and_task_structure():
     assert o["table_top1"] > o["global_top1"] + 0.4 and o["table_top1"] > 0.75
     assert o["task_l1_mean"] > 1.9 and o["task_half_l1_mean"] < 0.2
     assert o["kurtosis_median"] > 2 * d["reference"]["kurtosis_fixed_set"] / 3
+
+
+def test_grouped_choice_effect_separates_group_limit_and_bias():
+    from routecast.trace.stats import grouped_choice_effect
+
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    # E=4 in 2 groups of 2, one group eligible, top-2. Token 0: sigmoid scores 0.9 0.1 | 0.8 0.7 -> group 1
+    # wins (1.5 > 1.0) and runs {2, 3}; unconstrained top-2 would be {0, 2}. Token 1: 0.9 0.8 | 0.1 0.2 runs
+    # {0, 1}, the same as unconstrained. Layer 1: a bias of +0.9 on expert 3 makes token 1 run {0, 3}.
+    s = np.array([[0.9, 0.1, 0.8, 0.7], [0.9, 0.8, 0.1, 0.2]])
+    logits = np.stack([logit(s), logit(s)], axis=1)  # (T=2, L=2, E=4)
+    ids = np.array([[[2, 3], [2, 3]], [[0, 1], [0, 3]]])
+    bias = np.array([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.9]])
+    out = grouped_choice_effect(logits, ids, bias)
+    assert out["group_changed"].tolist() == [0.5, 0.5]  # layer 1 token 1: {0, 3} is also the biased top-2
+    assert out["bias_changed"].tolist() == [0.5, 1.0]

@@ -138,3 +138,19 @@ def test_make_columns_defaults_and_errors():
         make_columns(3, bogus=[1, 2, 3])
     with pytest.raises(TraceError, match="expected \\(3,\\)"):
         make_columns(3, step=[1, 2])
+
+
+def test_shift_by_task_puts_the_first_tasks_first():
+    t = _trace(T=40, requests=8, steps=10, seed=3)
+    shifted, at = t.shift_by_task(["b"])
+    assert shifted.num_tokens == t.num_tokens
+    task, step, req = shifted.tokens["task"], shifted.tokens["step"], shifted.tokens["request"]
+    first = task == t.task_names.index("b")
+    assert step[first].max() < step[~first].min() and req[first].max() < req[~first].min()
+    assert at == np.unique(step[first]).size and np.unique(step)[at] == step[~first].min()
+    # Routing rows travel with their tokens.
+    np.testing.assert_array_equal(shifted.counts_LE(), t.counts_LE())
+    with pytest.raises(TraceError, match="not in the trace"):
+        t.shift_by_task(["zzz"])
+    with pytest.raises(TraceError, match="all"):
+        t.shift_by_task(["a", "b"])
