@@ -120,7 +120,7 @@ def cmd_import(a: argparse.Namespace) -> int:
 def cmd_inspect(a: argparse.Namespace) -> int:
     import numpy as np
 
-    from routecast.trace.io import inspect_trace
+    from routecast.trace.summary import inspect_trace
 
     info = inspect_trace(a.trace)
     if a.json:

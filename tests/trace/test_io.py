@@ -15,7 +15,8 @@ from safetensors.numpy import load_file, save_file
 
 from routecast.common.errors import ConfigError, TraceError
 from routecast.trace import shards as trace_shards
-from routecast.trace.io import TraceWriter, inspect_trace, read_shard, read_trace, verify_trace, write_trace
+from routecast.trace.io import TraceWriter, read_shard, read_trace, verify_trace, write_trace
+from routecast.trace.summary import inspect_trace
 from routecast.trace.trace import COLUMNS
 
 

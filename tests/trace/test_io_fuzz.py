@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from routecast.common.errors import TraceError
-from routecast.trace.io import inspect_trace, read_trace, write_trace
+from routecast.trace.io import read_trace, write_trace
+from routecast.trace.summary import inspect_trace
 from routecast.trace.trace import Trace
 
 FILES = ["trace.json", "tokens.parquet", "routing-00000.safetensors", "routing-00002.safetensors"]

@@ -14,9 +14,10 @@ import pytest
 import routecast.trace.trace as trace_mod
 from routecast.common.errors import TraceError
 from routecast.trace import lazy
-from routecast.trace.io import inspect_trace, read_trace, verify_trace, write_trace
+from routecast.trace.io import read_trace, verify_trace, write_trace
 from routecast.trace.lazy import ShardedArray
 from routecast.trace.spec import MoESpec
+from routecast.trace.summary import inspect_trace
 from routecast.trace.trace import Trace, make_columns
 
 
