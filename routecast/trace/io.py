@@ -256,6 +256,10 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
     want |= {"logits_TLE"} if load_logits and lay["logits_TLE"] else set()
     want |= {"hidden_TLH"} if load_hidden and lay["hidden_TLH"] else set()
     shards = m["shards"]
+    stray = sorted({p.name for p in d.iterdir() if _SHARD_RE.fullmatch(p.name)} - {s["file"] for s in shards})
+    if stray:  # a copied or leftover shard would be silently ignored: the user meant something else
+        raise TraceError(f"{d / stray[0]}: routing shard not listed in {TRACE_JSON}; expected only the "
+                         f"{len(shards)} shard(s) it lists (move the extra file out of the trace directory).")
     names = dict(task_names=tuple(m["task_names"]), source_names=tuple(m["source_names"]))
 
     def load(i: int) -> tuple[dict, np.ndarray]:

@@ -339,3 +339,13 @@ def test_columns_follow_trace_dtypes(tmp_path, small_trace):
     write_trace(small_trace(), tmp_path / "t")
     schema = pq.read_schema(tmp_path / "t" / "tokens.parquet")
     assert {f.name: np.dtype(f.type.to_pandas_dtype()) for f in schema} == COLUMNS
+
+
+def test_read_refuses_a_shard_that_trace_json_does_not_list(tmp_path, small_trace):
+    import shutil
+
+    write_trace(small_trace(), tmp_path / "t", shard_tokens=8)
+    shutil.copy(tmp_path / "t" / "routing-00000.safetensors", tmp_path / "t" / "routing-00007.safetensors")
+    with pytest.raises(TraceError, match="routing-00007.safetensors: routing shard not listed in trace.json"):
+        read_trace(tmp_path / "t")
+    assert not inspect_trace(tmp_path / "t")["valid"]
