@@ -5,7 +5,8 @@ share text, so a request split lets a token-id table memorise the held-out promp
 records no documents falls back to the request split with a printed note; `--split request` asks for it.
 
 Names: distribution, probability, conditional-token, conditional-position, ffn, lstm, lookahead (PROBE),
-expertflow (ExpertFlow's path predictor), tlp, slp (its baselines); or the path of
+expertflow (ExpertFlow's path predictor), tlp, slp (its baselines), emoe / emoe-l (eMoE-A / eMoE-L,
+invoked every prompt; predict/emoe.py); or the path of
 a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
 ``predict_eval_main`` and ``predict_fit_main`` read the trace from disk and print.
 """
@@ -41,7 +42,7 @@ from routecast.trace import MoESpec, Trace
 
 PREDICTOR_NAMES = (
     "distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm", "lookahead",
-    "expertflow", "tlp", "slp",
+    "expertflow", "tlp", "slp", "emoe", "emoe-l",
 )
 # Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
 NEEDS_ROUTER_INPUTS = ("lookahead",)
@@ -124,6 +125,10 @@ def make_predictor(
 
         cfg = ExpertFlowConfig(seed=seed, threads=threads)
         return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
+    if name in ("emoe", "emoe-l"):
+        from routecast.predict.emoe import make_emoe
+
+        return make_emoe(name, spec, seed=seed, threads=threads, epochs=epochs)
     if name in ("tlp", "slp"):
         from routecast.predict.locality import SLPPredictor, TLPPredictor
 
