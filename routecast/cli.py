@@ -524,6 +524,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p, "out/schedule/rebatch.json")
     p.set_defaults(fn=cmd_schedule)
 
+    from routecast.cache.emoe_cli import add_parser as add_emoe_parser  # light: argparse only
+
+    add_emoe_parser(sub)
+
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
     )
