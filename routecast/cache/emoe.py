@@ -8,8 +8,10 @@ routing-sensitive for the task (profiled, ``emoe_profile.py``) and f_i the predi
 expert i. The totals over task types rank each layer's experts; the top L_l are loaded, L_l set by the memory
 budget: ``layer_budgets`` spreads budget x L x E experts over the layers, keeping layers that no scheduled
 task is sensitive to at a floor (half the uniform share, at least K) and giving the rest to the sensitive
-ones. Baselines choose the same number of experts per layer: random, least-recently-used (the L_l experts
-each layer used most recently) and an oracle (the true counts of the prompts to come).
+ones. ``emoe-flat`` is eq. 2 with every layer sensitive (s = 1) and the same L in every layer: the predictor's
+choice without the task-aware allocation. Baselines choose the same number of experts per layer: random,
+least-recently-used (the L_l experts each layer used most recently) and an oracle (the true counts of the
+prompts to come).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from routecast.common.errors import ConfigError
 
-RESIDENCY = ("emoe", "random", "lru", "oracle")
+RESIDENCY = ("emoe", "emoe-flat", "random", "lru", "oracle")
 
 
 def parse_fraction(text: str | float, where: str = "--budget") -> float:

@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--budget", default="50%",
                    help="quality: share of each MoE layer's experts kept resident, e.g. 50%% (comma list allowed)")
     p.add_argument("--residency", default="emoe,random,lru,oracle",
-                   help="quality: comma-separated choices of resident experts: emoe, random, lru, oracle")
+                   help="quality: comma-separated choices of resident experts: emoe, emoe-flat, random, lru, oracle")
     p.add_argument("--period", type=_positive(int, "--period"), default=1,
                    help="quality: choose the resident experts again every p prompts (default 1)")
     p.add_argument("--reuse", default="", help="quality: extra periods p to run at the first budget, e.g. 5,20,40")

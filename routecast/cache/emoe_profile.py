@@ -152,7 +152,8 @@ def profile_sensitivity(model: Any, tasks: list[str], windows: torch.Tensor, tas
 def format_profile(p: Profile) -> str:
     """Text table: per task, similarity (agreement) and perplexity with 0..L input-side layers randomised."""
     L = p.sensitive_NL.shape[1]
-    head = f"{'task':<8} {'tokens':>6} | " + " ".join(f"{'rand ' + str(j):>13}" for j in range(L + 1)) + " | sensitive layers"
+    head = f"{'task':<8} {'tokens':>6} | " + " ".join(f"{'rand ' + str(j):>13}" for j in range(L + 1)) + \
+        " | sensitive MoE layers (0 = first)"
     lines = [f"similarity (next-token agreement) / perplexity with the first j MoE layers routed at random; "
              f"threshold {p.threshold:.2f}", head, "-" * len(head)]
     for n, t in enumerate(p.tasks):

@@ -14,6 +14,7 @@ expert falls back to its best resident one):
 - emoe: eq. 2 over the p prompts to come (their input tokens per extracted task, W_o = 0: perplexity is
   measured teacher-forced, nothing is generated), f from the eMoE-A forecast of each task from its latest
   prompt, s from the profile; top-L per layer, routing-sensitive layers kept fuller;
+- emoe-flat: the same without the task-aware part (s = 1 everywhere, the same L in every layer);
 - random: L experts per layer drawn uniformly (seeded);
 - lru: the L experts each layer's router asked for most recently;
 - oracle: the L experts the full model actually uses most on the p prompts to come (an upper bound for a
@@ -110,8 +111,8 @@ def _one_run(st: _Stream, choice: str, frac: float, period: int, ctx: dict[str, 
         idx = np.arange(a, min(W, a + period))
         ext = ctx["extracted"][idx]
         tokens_N = np.bincount(ext, minlength=N).astype(np.float64) * st.S
-        if choice == "emoe":
-            sens = ctx["sensitive_NL"]
+        if choice in ("emoe", "emoe-flat"):
+            sens = ctx["sensitive_NL"] if choice == "emoe" else np.ones_like(ctx["sensitive_NL"])
             budgets = layer_budgets(frac, L, E, K, sensitivity_weights(sens, tokens_N))
             f = _forecast(ctx["net"], prev)
             res = top_l(expected_tokens(f, tokens_N, sens), budgets, expected_tokens(f, tokens_N, np.ones_like(sens)))
@@ -196,16 +197,16 @@ def run_quality(model: Any, tokenizer: Any, cfg: QualityConfig, *, progress: boo
 def format_quality(res: dict[str, Any]) -> str:
     """Perplexity table: one row per (budget, period, choice) plus the full model; columns the domains."""
     tasks = res["tasks"]
-    head = f"{'budget':>6} {'p':>3} {'choice':<7} | " + " ".join(f"{t:>7}" for t in tasks) + \
+    head = f"{'budget':>6} {'p':>3} {'choice':<9} | " + " ".join(f"{t:>7}" for t in tasks) + \
         f" | {'all':>7} {'vs full':>8} {'agree':>6} {'fallback':>8}"
     full = res["full"]
     lines = [f"{res['model']}: perplexity on {res['eval']['tokens']} held-out tokens ({res['eval']['windows']} prompts "
              f"of {res['eval']['tokens_per_window']} tokens, {res['eval']['split']} split, {res['eval']['documents']} "
              f"documents); task extraction accuracy {res['task_extraction_accuracy']:.3f}", head, "-" * len(head),
-             f"{'100%':>6} {'-':>3} {'full':<7} | " + " ".join(f"{full['per_task'][t]['ppl']:>7.2f}" for t in tasks)
+             f"{'100%':>6} {'-':>3} {'full':<9} | " + " ".join(f"{full['per_task'][t]['ppl']:>7.2f}" for t in tasks)
              + f" | {full['ppl']:>7.2f} {'':>8} {1.0:>6.3f} {0.0:>8.3f}"]
     for r in res["rows"]:
-        lines.append(f"{r['budget']:>6.0%} {r['period']:>3} {r['choice']:<7} | "
+        lines.append(f"{r['budget']:>6.0%} {r['period']:>3} {r['choice']:<9} | "
                      + " ".join(f"{r['per_task'][t]['ppl']:>7.2f}" for t in tasks)
                      + f" | {r['ppl']:>7.2f} {r['ppl'] / full['ppl'] - 1:>+8.1%} {r['agreement']:>6.3f} "
                        f"{r['fallback_share']:>8.3f}")
