@@ -186,7 +186,9 @@ def run_quality(model: Any, tokenizer: Any, cfg: QualityConfig, *, progress: boo
                          **_summary(tasks, eval_task, r["nll"], r["agree"], st.S)})
     S = st.S
     full = _summary(tasks, eval_task, full_nll, np.ones(len(evalw)), S)
+    model_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     return {"model": s.name, "layers": s.num_layers, "experts": s.num_experts, "top_k": s.top_k,
+            "routed_expert_bytes": int(s.expert_bytes * s.num_layers * s.num_experts), "model_bytes": int(model_bytes),
             "tasks": tasks, "eval": {"split": cfg.eval_text.split, "windows": len(evalw), "tokens_per_window": S,
                                      "tokens": int(len(evalw) * S), "documents": len(set(edocs))},
             "warmup": {"split": cfg.warmup_text.split, "windows": len(warm), "tokens": int(len(warm) * S)},
@@ -202,7 +204,8 @@ def format_quality(res: dict[str, Any]) -> str:
     full = res["full"]
     lines = [f"{res['model']}: perplexity on {res['eval']['tokens']} held-out tokens ({res['eval']['windows']} prompts "
              f"of {res['eval']['tokens_per_window']} tokens, {res['eval']['split']} split, {res['eval']['documents']} "
-             f"documents); task extraction accuracy {res['task_extraction_accuracy']:.3f}", head, "-" * len(head),
+             f"documents); task extraction accuracy {res['task_extraction_accuracy']:.3f}; routed experts are "
+             f"{res['routed_expert_bytes'] / res['model_bytes']:.1%} of the model's parameter bytes", head, "-" * len(head),
              f"{'100%':>6} {'-':>3} {'full':<9} | " + " ".join(f"{full['per_task'][t]['ppl']:>7.2f}" for t in tasks)
              + f" | {full['ppl']:>7.2f} {'':>8} {1.0:>6.3f} {0.0:>8.3f}"]
     for r in res["rows"]:
