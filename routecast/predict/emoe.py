@@ -115,23 +115,28 @@ def _first_value(col: np.ndarray, r: np.ndarray, R: int) -> np.ndarray:
 
 
 def _prompts(trace: Trace, r: np.ndarray, R: int) -> list[np.ndarray]:
-    """Prefill token ids (phase 0, by position) of each request; its first token when it has no prefill."""
-    pre = trace.tokens["phase"] == 0
+    """Prefill token ids (phase 0, by position) of each request; its first row's token when it has no prefill."""
+    tok = trace.tokens["token_id"].astype(np.int64)
     order = np.lexsort((trace.tokens["position"], r))
-    out: list[list[int]] = [[] for _ in range(R)]
-    tok = trace.tokens["token_id"]
-    for i in order[pre[order]]:
-        out[r[i]].append(int(tok[i]))
-    return [np.asarray(p if p else [int(tok[np.flatnonzero(r == k)[0]])], np.int64) for k, p in enumerate(out)]
+    pre = order[trace.tokens["phase"][order] == 0]
+    parts = np.split(tok[pre], np.searchsorted(r[pre], np.arange(1, R)))
+    first = np.full(R, -1, np.int64)
+    first[r[order][::-1]] = tok[order][::-1]
+    return [p if p.size else first[k:k + 1] for k, p in enumerate(parts)]
+
+
+def counts_by_group(experts_TLK: np.ndarray, group_T: np.ndarray, G: int, E: int) -> np.ndarray:
+    """float (G, L, E) routed slots per group, layer and expert (dropped slots, id -1, ignored)."""
+    T, L, K = experts_TLK.shape
+    ids = experts_TLK.astype(np.int64)
+    ok = ids >= 0
+    key = (np.asarray(group_T, np.int64)[:, None, None] * L + np.arange(L)[None, :, None]) * E + np.where(ok, ids, 0)
+    return np.bincount(key[ok], minlength=G * L * E).reshape(G, L, E).astype(np.float64)
 
 
 def dist_by_group(experts_TLK: np.ndarray, group_T: np.ndarray, G: int, E: int) -> np.ndarray:
     """(G, L, E) share of each group's routed slots per expert and layer (uniform where a group has none)."""
-    T, L, K = experts_TLK.shape
-    ids = experts_TLK.astype(np.int64)
-    ok = ids >= 0
-    key = (group_T[:, None, None] * L + np.arange(L)[None, :, None]) * E + np.where(ok, ids, 0)
-    c = np.bincount(key[ok], minlength=G * L * E).reshape(G, L, E).astype(np.float64)
+    c = counts_by_group(experts_TLK, group_T, G, E)
     tot = c.sum(-1, keepdims=True)
     return np.where(tot > 0, c / np.maximum(tot, 1.0), 1.0 / E)
 
@@ -276,7 +281,8 @@ class EmoePredictor(Predictor):
         last = getattr(self, "_fit_last", None)
         self._prev_NLE = None if last is None else last.copy()
         self._held_NLE = None if last is None else self._prev_NLE.copy()
-        self._invoke_step: int | None = None
+        self._invoking = False  # eMoE-L: this step invokes the predictor
+        self._prev_at_invoke: np.ndarray | None = None
         self._E, self._L = E, L
 
     # -- online bookkeeping
@@ -325,16 +331,13 @@ class EmoePredictor(Predictor):
         return self._token_forecast(view, self._held_NLE)
 
     def observe(self, routing: StepRouting) -> None:
-        for r in np.unique(routing.request):
-            rows = routing.request == r
-            c = self._counts.setdefault(int(r), np.zeros((self._L, self._E)))
-            ids = routing.experts_TLK[rows].astype(np.int64)
-            ok = ids >= 0
-            lay = np.broadcast_to(np.arange(self._L)[None, :, None], ids.shape)
-            np.add.at(c, (lay[ok], ids[ok]), 1.0)
-            n = self._task_of.get(int(r), -1)
+        reqs, local = np.unique(routing.request, return_inverse=True)
+        got = counts_by_group(routing.experts_TLK, local, reqs.size, self._E)
+        for i, r in enumerate(reqs.tolist()):  # per request of the step, not per token
+            self._counts[r] = self._counts.get(r, 0.0) + got[i]
+            n = self._task_of.get(r, -1)
             if n >= 0:
-                self._last[n] = int(r)
+                self._last[n] = r
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         raise ConfigError(f"predictor '{self.name}' cannot be saved yet; evaluate it with `routecast predict eval`.")
