@@ -122,3 +122,14 @@ def test_cli_bad_input_is_one_sentence_and_exit_2(args, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("routecast emoe: error:")
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_profile_writes_json(tmp_path, capsys):
+    from routecast.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["emoe", "profile", "--model", "builtin", "--per-task", "1", "--seq-len", "8", "--quiet",
+                 "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["tasks"] == ["austen", "bible", "code", "docs", "wiki"] and len(got["agreement"][0]) == 5
+    assert "sensitive MoE layers" in capsys.readouterr().out

@@ -175,5 +175,8 @@ def test_builtin_models_exact_when_all_resident_and_never_use_others(name):
             ov.set_resident(res)
             for b, keep in zip(ov.blocks, res, strict=True):
                 poison(b.experts, keep)
-            got = model(x).logits
+            with RoutingRecorder(model) as rec:
+                got = model(x).logits
     assert torch.isfinite(got).all() and ov.rerouted_L.sum() > 0
+    ids = rec.forwards()[0].experts_TLK  # what the experts executed, counted by the capture hooks
+    assert all(res[layer][ids[:, layer]].all() for layer in range(s.num_layers))
