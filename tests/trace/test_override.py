@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from routecast.common.errors import ConfigError
@@ -180,3 +182,30 @@ def test_builtin_models_exact_when_all_resident_and_never_use_others(name):
     assert torch.isfinite(got).all() and ov.rerouted_L.sum() > 0
     ids = rec.forwards()[0].experts_TLK  # what the experts executed, counted by the capture hooks
     assert all(res[layer][ids[:, layer]].all() for layer in range(s.num_layers))
+
+
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 12), E=st.integers(2, 16), K=st.integers(1, 4), seed=st.integers(0, 10_000))
+def test_fallback_properties(T, E, K, seed):
+    K = min(K, E)
+    g = torch.Generator().manual_seed(seed)
+    choice = torch.randn(T, E, generator=g)
+    ids = choice.topk(K, dim=-1).indices
+    prob = choice.softmax(-1)
+    w = prob.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True)
+    res = torch.zeros(E, dtype=torch.bool)
+    res[torch.randperm(E, generator=g)[: int(torch.randint(K, E + 1, (1,), generator=g))]] = True
+    new, neww, moved = fallback_routing(ids, w, choice, prob, res)
+    assert res[new].all()  # only resident experts
+    assert all(len(set(r)) == K for r in new.tolist())  # K distinct experts per token
+    assert torch.equal(new[~moved], ids[~moved])  # resident choices kept in place
+    assert torch.allclose(neww.sum(-1), w.sum(-1), atol=1e-5)  # gate mass kept
+    same = ~moved.any(-1)
+    assert torch.equal(neww[same], w[same])  # untouched rows bit-identical
+    # every substitute outranks every resident expert the token does not use
+    for t in range(T):
+        unused = [e for e in range(E) if res[e] and e not in new[t].tolist()]
+        subs = new[t][moved[t]].tolist()
+        if unused and subs:
+            assert min(choice[t, subs]) >= max(choice[t, unused])
