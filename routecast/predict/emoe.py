@@ -35,6 +35,7 @@ from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast
 from routecast.predict.harness import LAYER, REQUEST, Predictor, StepRouting, StepView
 from routecast.predict.neural import torch_threads
+from routecast.predict.store import register
 from routecast.trace import MoESpec, Trace
 
 MODES = ("A", "L")
@@ -235,6 +236,7 @@ def fit_net(dist_RLE: np.ndarray, tasks_R: np.ndarray, N: int, cfg: EmoeConfig) 
 
 
 # ------------------------------------------------------------------------------------------- the predictor
+@register
 class EmoePredictor(Predictor):
     """eMoE-A (``emoe``, request horizon) or eMoE-L (``emoe-l``, layer horizon), invoked every `period` prompts.
 
@@ -340,9 +342,41 @@ class EmoePredictor(Predictor):
                 self._last[n] = r
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        raise ConfigError(f"predictor '{self.name}' cannot be saved yet; evaluate it with `routecast predict eval`.")
+        if self.net is None or self.extractor.table_NV is None:
+            raise ConfigError(f"predictor '{self.name}' is not fitted; nothing to save.")
+        c = self.config
+        meta = {"period": self.period, "tasks": self.N, "default_task": self.extractor.default,
+                "config": {k: getattr(c, k) for k in ("mode", "d_model", "heads", "layers", "epochs", "lr",
+                                                      "history", "seed", "threads")}}
+        tensors = {f"net.{k}": v.detach().numpy().copy() for k, v in self.net.state_dict().items()}
+        tensors["keywords"] = self.extractor.table_NV.astype(np.uint8)
+        tensors["fit_last"] = self._fit_last
+        return meta, tensors
+
+    @classmethod
+    def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
+        L, E = spec.num_layers, spec.num_experts
+        return {"keywords": (("N", "V"), "iu", ("nonneg",)), "fit_last": (("N", L, E), "f", ("nonneg",))}
+
+    @classmethod
+    def from_state(cls, spec: MoESpec, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> EmoePredictor:
+        cfg = EmoeConfig(**meta["config"])
+        p = EmoeLayerPredictor(spec, cfg, period=int(meta["period"])) if cfg.mode == "L" else \
+            EmoePredictor(spec, cfg, period=int(meta["period"]))
+        p.N = int(meta["tasks"])
+        if tensors["keywords"].shape[0] != p.N:
+            raise ValueError(f"keywords has {tensors['keywords'].shape[0]} tasks, meta says {p.N}")
+        p.extractor.table_NV = tensors["keywords"].astype(bool)
+        p.extractor.default = int(meta["default_task"])
+        net = EmoeNet(spec.num_layers, spec.num_experts, p.N, cfg)
+        net.load_state_dict({k[4:]: torch.from_numpy(np.array(v)) for k, v in tensors.items() if k.startswith("net.")})
+        p.net = net.eval()
+        p._fit_last = np.asarray(tensors["fit_last"], np.float64)
+        p.reset()
+        return p
 
 
+@register
 class EmoeLayerPredictor(EmoePredictor):
     """eMoE-L: layer l of the invoking step from its own layer l-1 (see the module docstring)."""
 

@@ -102,3 +102,18 @@ def test_emoe_is_listed_in_predict_eval_and_checks_its_arguments():
         EmoePredictor(tr.spec, period=0)
     with pytest.raises(ConfigError, match="not fitted"):
         run_harness(EmoePredictor(tr.spec, FAST), tr)
+
+
+@pytest.mark.parametrize("cls", [EmoePredictor, EmoeLayerPredictor])
+def test_saved_emoe_predicts_the_same(cls, tmp_path):
+    from routecast.predict.store import load_predictor, save_predictor
+
+    tr = task_trace()
+    train = tr.select(tr.tokens["request"] < 20)
+    test = tr.select(tr.tokens["request"] >= 20)
+    pred = cls(tr.spec, FAST, period=2).fit(train)
+    back = load_predictor(save_predictor(pred, tmp_path / "p"))
+    assert type(back) is cls and back.period == 2
+    a = run_harness(pred, test, collect=True).forecasts
+    b = run_harness(back, test, collect=True).forecasts
+    assert all(np.array_equal(x.scores_TLE, y.scores_TLE) for (_, x), (_, y) in zip(a, b, strict=True))
