@@ -159,6 +159,10 @@ def run_quality(model: Any, tokenizer: Any, cfg: QualityConfig, *, progress: boo
     N = len(tasks)
     with RoutingOverride(model, record=True) as ov:
         s = ov.spec
+        low = [b for b in (*cfg.budgets, *([cfg.reuse_budget] if cfg.reuse_periods else [])) if b * s.num_experts < s.top_k - 1e-9]
+        if low:
+            raise ConfigError(f"--budget {low[0]:.1%} keeps fewer than top-k = {s.top_k} of {s.num_experts} experts per "
+                              f"layer; expected at least {s.top_k / s.num_experts:.1%} so every token keeps {s.top_k} experts.")
         if profile is None:
             profile = profile_sensitivity(model, tasks, warm, warm_task, threshold=cfg.threshold, seed=cfg.seed,
                                           progress=progress)
