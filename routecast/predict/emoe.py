@@ -290,8 +290,9 @@ class EmoePredictor(Predictor):
     # -- online bookkeeping
     def _new_requests(self, view: StepView) -> list[int]:
         """Register the view's unseen requests (extracting their task from their prompt tokens), in order."""
-        new = [int(r) for r in dict.fromkeys(view.request.tolist()) if int(r) not in self._task_of]
-        for r in new:
+        reqs, first = np.unique(view.request, return_index=True)
+        new = [int(r) for r in reqs[np.argsort(first, kind="stable")].tolist() if int(r) not in self._task_of]
+        for r in new:  # per new prompt
             self._task_of[r] = self.extractor.extract(view.token_id[view.request == r])
         return new
 
@@ -322,10 +323,15 @@ class EmoePredictor(Predictor):
             self._seen += 1
         return invoke
 
+    def _tasks_T(self, view: StepView) -> np.ndarray:
+        """int (T,) extracted task of each token's prompt (the most common task where none was extracted)."""
+        reqs, inv = np.unique(view.request, return_inverse=True)
+        per = np.array([self._task_of[int(r)] for r in reqs.tolist()], np.int64)  # per request, not per token
+        per = np.where((per >= 0) & (per < self.N), per, self.extractor.default)
+        return per[inv]
+
     def _token_forecast(self, view: StepView, dist_NLE: np.ndarray) -> Forecast:
-        tasks = np.array([self._task_of[int(r)] for r in view.request], np.int64)
-        tasks = np.where((tasks >= 0) & (tasks < self.N), tasks, self.extractor.default)
-        return Forecast(top_k=self.spec.top_k, scores_TLE=dist_NLE[tasks])
+        return Forecast(top_k=self.spec.top_k, scores_TLE=dist_NLE[self._tasks_T(view)])
 
     def predict(self, view: StepView) -> Forecast:
         if self._step_start(view):
@@ -397,8 +403,7 @@ class EmoeLayerPredictor(EmoePredictor):
             # previous prompt's layers as their "current" ones.
             cur = self._prev_at_invoke.copy()
             if layer:
-                tasks = np.array([self._task_of[int(r)] for r in view.request], np.int64)
-                tasks = np.where((tasks >= 0) & (tasks < self.N), tasks, self.extractor.default)
+                tasks = self._tasks_T(view)
                 got = dist_by_group(view.experts_TlK, tasks, self.N, self._E)  # (N, l, E)
                 present = np.bincount(tasks, minlength=self.N) > 0
                 cur[present, :layer] = got[present]
