@@ -8,7 +8,8 @@ tolerance to inaccurate routing (Observation 3); eMoE saves up to 80% of expert 
    source documents (seed 0) and scored causally on the requests of the others: eMoE-A (`emoe`) and eMoE-L
    (`emoe-l`) invoked every p prompts, p = 1, 2, 5, 10, 20, 40, against MoE-GPS's distribution-only row;
    top-k accuracy, active-set F1 and distribution error (predict/metrics.py); task-extraction accuracy on the
-   held-out prompts.
+   held-out prompts; the paper's Figure 9, the correlation of each prompt's expert distribution with the d-th
+   next one (all requests of the trace in arrival order).
 2. Sensitivity (cache/emoe_profile.py): per task, next-token agreement and perplexity with the first j MoE
    layers routed at random, on --per-task windows of --seq-len tokens of the corpus test split (the shipped
    sample); layers insensitive while agreement >= 0.85.
@@ -38,7 +39,7 @@ PERIODS = (1, 2, 5, 10, 20, 40)
 
 
 def predictor_rows(name: str, trace_dir: str, epochs: int) -> dict:
-    from routecast.predict.emoe import extraction_accuracy, make_emoe
+    from routecast.predict.emoe import extraction_accuracy, make_emoe, request_table
     from routecast.predict.evaluate import heldout_rows, make_predictor
     from routecast.predict.harness import run_harness
     from routecast.trace.io import read_trace
@@ -55,6 +56,17 @@ def predictor_rows(name: str, trace_dir: str, epochs: int) -> dict:
                      "distribution_error": m["distribution_error"], "us_per_token": r.us_per_token,
                      "eval_s": time.perf_counter() - t0})
 
+    # The paper's Figure 9: correlation of a prompt's expert selection with its d-th successor (all requests in
+    # arrival order; Pearson over the flattened (L, E) distributions), any task and same task.
+    tab = request_table(tr)
+    d_RX = tab["dist"].reshape(len(tab["dist"]), -1)
+    z = (d_RX - d_RX.mean(1, keepdims=True)) / np.maximum(d_RX.std(1, keepdims=True), 1e-12)
+    corr = {}
+    for gap in PERIODS:
+        c = (z[:-gap] * z[gap:]).mean(1)
+        same = tab["task"][:-gap] == tab["task"][gap:]
+        corr[gap] = {"any": float(c.mean()), "same_task": float(c[same].mean()) if same.any() else None,
+                     "other_task": float(c[~same].mean()) if (~same).any() else None}
     base = make_predictor("distribution", tr.spec).fit_rows(tr, train)
     score("distribution (MoE-GPS)", base, "-")
     acc = None
@@ -66,7 +78,7 @@ def predictor_rows(name: str, trace_dir: str, epochs: int) -> dict:
         acc = extraction_accuracy(pred.extractor, tr.select(test))
     return {"trace": trace_dir, "split": used, "train_tokens": int(train.sum()), "test_tokens": int(test.sum()),
             "test_requests": int(np.unique(tr.tokens["request"][test]).size),
-            "task_extraction": {"accuracy": acc[0], "prompts": acc[1]}, "rows": rows}
+            "task_extraction": {"accuracy": acc[0], "prompts": acc[1]}, "prompt_correlation": corr, "rows": rows}
 
 
 def main() -> None:
@@ -127,6 +139,10 @@ def main() -> None:
         for r in res["rows"]:
             print(f"{r['predictor']:<24} {r['p']!s:>3} {r['top_k_accuracy']:>9.3f} {r['active_f1']:>9.3f} "
                   f"{r['distribution_error']:>8.3f} {r['us_per_token']:>8.1f}")
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        print("correlation of a prompt's expert distribution with the d-th next prompt (any / same task / other task): "
+              + "; ".join(f"d={d}: {fmt(c['any'])} / {fmt(c['same_task'])} / {fmt(c['other_task'])}"
+                          for d, c in res["prompt_correlation"].items()))
     for m, p in out.get("profile", {}).items():
         print(f"\n[{m}] sensitivity\n{p['text']}")
     for m, q in out.get("quality", {}).items():
