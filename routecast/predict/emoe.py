@@ -14,7 +14,7 @@ Legend: R requests (prompts), L MoE layers, E experts, K top-k, N task types, V 
     e_1..e_m (eq. 1), full attention;
   * eMoE-L (layer horizon): layer i from layer i-1 of the same prompt, e_i = f(e_{i-1}), causal attention over
     [previous prompt's e_1, e_1, ..., e_{i-1}]; layer 1 from the previous prompt's layer 1.
-  "Previous prompt" is the latest prompt of the same (extracted) task, as far as it has been seen.
+  "Previous prompt" is the newest prompt of the same (extracted) task, as far as its routing has been seen.
 - Periodic invocation (§3.3): the predictor runs when prompt number 0, p, 2p, ... (in arrival order) starts;
   the forecast it made (one distribution per task type and layer, eMoE's Figure 11 array) is reused for every
   token until the next invocation. A token's forecast is its prompt's task row.
@@ -278,7 +278,8 @@ class EmoePredictor(Predictor):
         L, E = self.spec.num_layers, self.spec.num_experts
         self._task_of: dict[int, int] = {}  # request -> extracted task
         self._counts: dict[int, np.ndarray] = {}  # request -> (L, E) routed slots seen so far
-        self._last: dict[int, int] = {}  # task -> latest request of that task
+        self._last: dict[int, int] = {}  # task -> newest request of that task
+        self._arrival: dict[int, int] = {}  # request -> arrival index (order of first appearance)
         self._seen = 0
         last = getattr(self, "_fit_last", None)
         self._prev_NLE = None if last is None else last.copy()
@@ -294,6 +295,7 @@ class EmoePredictor(Predictor):
         new = [int(r) for r in reqs[np.argsort(first, kind="stable")].tolist() if int(r) not in self._task_of]
         for r in new:  # per new prompt
             self._task_of[r] = self.extractor.extract(view.token_id[view.request == r])
+            self._arrival[r] = len(self._arrival)
         return new
 
     def _previous(self) -> np.ndarray:
@@ -344,8 +346,10 @@ class EmoePredictor(Predictor):
         for i, r in enumerate(reqs.tolist()):  # per request of the step, not per token
             self._counts[r] = self._counts.get(r, 0.0) + got[i]
             n = self._task_of.get(r, -1)
-            if n >= 0:
-                self._last[n] = r
+            if n >= 0 and (n not in self._last or self._arrival[r] >= self._arrival[self._last[n]]):
+                self._last[n] = r  # the newest prompt of its task seen so far
+        keep = set(self._last.values())  # only each task's newest prompt is needed: memory stays O(N L E)
+        self._counts = {r: c for r, c in self._counts.items() if r in keep}
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if self.net is None or self.extractor.table_NV is None:
