@@ -12,8 +12,8 @@ next arrival when the scheduler admits mid-batch. A run of decode steps is price
 first token (TTFT = its end - arrival); every decode step emits one token per running request.
 
 Metrics (per request): TTFT; TPOT = (finish - first token) / (output - 1); end-to-end latency; SLO met when
-TTFT <= its TTFT SLO and TPOT <= its TPOT SLO. p90 TBT is over all decode tokens (a decode token's gap is its
-step's time plus any prefill-only step that stalled it). Throughput: output tokens / makespan; goodput: output
+TTFT <= its TTFT SLO and TPOT <= its TPOT SLO. p90 TBT is over all decode tokens (a token's gap is the time
+since its request's previous token, so a prefill-only step that stalled the decodes counts). Throughput: output tokens / makespan; goodput: output
 tokens of requests that met their SLO / makespan.
 """
 
@@ -182,12 +182,13 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
                c_per_token=float(p.base_n[cfg.token_budget]) / cfg.token_budget)
     first = np.full(N, np.nan)
     finish = np.full(N, np.nan)
+    last_tok = np.zeros(N)  # time of each request's latest token
     tbt: list[np.ndarray] = []
     tbt_w: list[np.ndarray] = []
     steps: list[dict[str, Any]] | None = [] if record else None
     arrival, prompt, output, task = req.arrival, req.prompt, req.output, req.task
     heap: list[tuple[float, int, int, int]] = [(float(arrival[0]), 0, ARRIVAL, 0)]
-    seq, events, busy, stall, load_total = 1, 0, False, 0.0, 0.0
+    seq, events, busy, load_total = 1, 0, False, 0.0
     pending: dict[str, Any] = {}
 
     def retire(ids: np.ndarray, t: float) -> None:
@@ -197,7 +198,7 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
         np.subtract.at(st.count_T, task[ids], 1)
 
     def start(t: float) -> bool:
-        nonlocal seq, stall, load_total
+        nonlocal seq, load_total
         admitted = scheduler.admit(st)
         d = int(st.running.size)
         if admitted:
@@ -213,12 +214,10 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
             dur = p.step(n, rides, ctx_mean, p.prefill(prompt[A]))
             dur += max(0.0, load - float(p.attn_n[min(n, p.max_tokens)]))  # loading overlaps the step's attention (eMoE §4)
             load_total += load
-            if rides:
-                tbt.append(np.array([dur + stall]))
-                tbt_w.append(np.array([rides]))
-                stall = 0.0
-            elif d:
-                stall += dur  # a prefill-only step holds the running decodes back
+            if rides:  # each running request's gap since its previous token (a stalled one waited longer)
+                tbt.append(t + dur - last_tok[st.running])
+                tbt_w.append(np.ones(rides))
+                last_tok[st.running] = t + dur
             pending.update(kind="prefill", A=A, k=1 if rides else 0, start=t)
             if steps is not None:
                 steps.append({"start": t, "end": t + dur, "prefill": A.tolist(), "decode": rides, "tokens": n, "k": 1})
@@ -236,11 +235,12 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
             if ta < cum[-1]:
                 k = int(np.searchsorted(cum, ta, side="left")) + 1
                 durs, cum = durs[:k], cum[:k]
-        durs_tbt = durs.copy()
-        durs_tbt[0] += stall
-        stall = 0.0
-        tbt.append(durs_tbt)
-        tbt_w.append(np.full(k, d))
+        tbt.append(t + durs[0] - last_tok[st.running])  # first gap: may include prefill-only steps that stalled it
+        tbt_w.append(np.ones(d))
+        if k > 1:
+            tbt.append(durs[1:])
+            tbt_w.append(np.full(k - 1, d))
+        last_tok[st.running] = t + float(cum[-1])
         pending.update(kind="decode", k=k, start=t)
         if steps is not None:
             steps.append({"start": t, "end": t + float(cum[-1]), "prefill": [], "decode": d, "tokens": d, "k": k,
@@ -279,6 +279,7 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
         if pending["kind"] == "prefill":
             A = pending["A"]
             first[A] = t
+            last_tok[A] = t
             one = output[A] <= 1
             if one.any():
                 retire(A[one], t)
