@@ -160,10 +160,11 @@ def weighted_percentile(x: np.ndarray, w: np.ndarray, q: float) -> float:
 
 
 def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None = None,
-             loader: ExpertLoader | None = None, record: bool = False) -> ServeResult:
+             loader: ExpertLoader | None = None, record: bool = False, slo_engine: Engine | None = None) -> ServeResult:
     """Run every request of `req` through `engine` under `scheduler` (a serve_sched.Scheduler) -> ServeResult.
 
-    Every request finishes (the loop runs until the last one does). Requests whose prompt exceeds the token
+    Every request finishes (the loop runs until the last one does). SLO multiples ('5x') refer to slo_engine's idle
+    latency when given (compare engines against one reference), else to this engine's. Requests whose prompt exceeds the token
     budget, or whose prompt + output exceed the KV capacity, could never be admitted and are refused first.
     """
     cfg, p = engine.config, engine.prices
@@ -174,7 +175,7 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
     if int((req.prompt + req.output).max()) > engine.kv_capacity:
         raise ConfigError(f"a request needs {int((req.prompt + req.output).max())} KV tokens; expected at most the "
                           f"engine's capacity of {engine.kv_capacity}.")
-    ttft_t, tpot_t = (slo or SLO()).targets(engine, req)
+    ttft_t, tpot_t = (slo or SLO()).targets(slo_engine or engine, req)
     e2e_t = ttft_t + tpot_t * np.maximum(req.task_mean_output[req.task] - 1.0, 0.0)
     nT = len(req.task_names)
     st = State(engine=engine, req=req, slo_ttft=ttft_t, slo_e2e=e2e_t, loader=loader,

@@ -103,6 +103,18 @@ def _rescale(req: Requests, rate: float) -> Requests:
     return dataclasses.replace(req, arrival=arr)
 
 
+def capacity_rps(engine: Engine, req: Requests) -> float:
+    """Requests/s the engine sustains on these requests' lengths: all of them arriving at once, served by the
+    fastgen scheduler (full batches); the makespan sets the rate."""
+    import dataclasses
+
+    import numpy as np
+
+    burst = dataclasses.replace(req, arrival=np.zeros(req.n))
+    res = simulate(engine, burst, make_scheduler("fastgen"))
+    return req.n / float(res.finish.max())
+
+
 def under_slo(rows: Sequence[dict[str, Any]], target: float = 0.9) -> dict[str, float]:
     """Per scheduler: the highest throughput (tokens/s) among the rates whose SLO attainment >= target (0 if none)."""
     out: dict[str, float] = {}

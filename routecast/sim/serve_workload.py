@@ -136,6 +136,17 @@ class Requests:
                    task_mean_output=means)
 
 
+def resample(base: Requests, n: int, rate: float, *, seed: int) -> Requests:
+    """N requests drawn with replacement from `base`'s (prompt, output, task) tuples, Poisson arrivals at `rate`."""
+    if n < 1 or not (math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"resample needs n >= 1 and a finite rate > 0; got n={n}, rate={rate}.")
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, n)
+    pick = rng.integers(0, base.n, n)
+    return Requests(arrival=np.cumsum(gaps) - gaps[0], prompt=base.prompt[pick], output=base.output[pick],
+                    task=base.task[pick], task_names=base.task_names, task_mean_output=base.task_mean_output)
+
+
 def make_requests(
     tasks: tuple[Task, ...], n: int, rate: float, *, seed: int, arrival: str = "poisson", cv: float = 1.0,
     mix: tuple[float, ...] | None = None,
