@@ -166,6 +166,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lar", type=float, default=None, help="local activation rate of the all-to-all (default 1/G)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the engine (default: smallest power of two that fits)")
     p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="GPU-GPU link (default nvlink)")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="override the link's per-direction bandwidth in GB/s (e.g. 20.8: a UPI hop)")
     p.add_argument("--skewness", type=float, default=1.4, help="hot expert load / mean (MoE-GPS; default 1.4)")
     p.add_argument("--max-seqs", type=int, default=256, help="running sequences at most (default 256)")
     p.add_argument("--token-budget", type=int, default=4096, help="tokens per step at most (default 4096)")
@@ -189,13 +191,13 @@ def serve_sim_main(a: argparse.Namespace) -> int:
         raise ConfigError(f"--period is {a.period}; expected a positive number of prompts.")
     if not (math.isfinite(a.slo_target) and 0 < a.slo_target <= 1):
         raise ConfigError(f"--slo-target is {a.slo_target}; expected a fraction in (0, 1].")
-    for flag, v in (("--lar", a.lar), ("--cv", a.cv), ("--skewness", a.skewness)):
+    for flag, v in (("--lar", a.lar), ("--cv", a.cv), ("--skewness", a.skewness), ("--link-gbps", a.link_gbps)):
         if v is not None and not math.isfinite(v):
             raise ConfigError(f"{flag} is {v}; expected a finite number.")
     parse_slo(a.slo_ttft, "--slo-ttft")
     parse_slo(a.slo_tpot, "--slo-tpot")
     check_out_file(a.out, "--out")
-    cfg = EngineConfig(model=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link,
+    cfg = EngineConfig(model=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link, link_gbps=a.link_gbps,
                        budget=parse_fraction(a.budget, "--budget"), miss=a.miss, lar=a.lar, skewness=a.skewness,
                        max_seqs=a.max_seqs, token_budget=a.token_budget, seed=a.seed)
     trace_req = None
@@ -206,7 +208,8 @@ def serve_sim_main(a: argparse.Namespace) -> int:
     slo = SLO(ttft=a.slo_ttft, tpot=a.slo_tpot)
     engine, rows = sweep(cfg, scheds, rates, requests=a.requests, seed=a.seed, slo=slo, period=a.period,
                          arrival=a.arrival, cv=a.cv, trace_requests=trace_req, progress=not a.quiet)
-    print(f"{engine.model.name} on {engine.gpus} x {engine.hw.name} ({cfg.link}), budget {cfg.budget:.0%} "
+    link = cfg.link if cfg.link_gbps is None else f"{cfg.link} at {cfg.link_gbps:g} GB/s"
+    print(f"{engine.model.name} on {engine.gpus} x {engine.hw.name} ({link}), budget {cfg.budget:.0%} "
           f"({engine.resident_per_layer}/{engine.model.num_experts} experts per layer), KV {engine.kv_capacity} tokens, "
           f"LAR {cfg.lar if cfg.lar is not None else 1 / engine.gpus:.3g}, SLO TTFT {a.slo_ttft} TPOT {a.slo_tpot}")
     print(format_rows(rows))

@@ -42,7 +42,8 @@ MISS_MODES = ("fallback", "load")
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """One serving engine. model / hardware: profile names or paths; gpus 0 = the smallest power of two whose
-    memory holds the full weights at 75% of mem_util; budget: resident share of each layer's experts (0, 1];
+    memory holds the full weights at 75% of mem_util; link: the profile's GPU-GPU link, link_gbps overrides its
+    per-direction bandwidth (e.g. 20.8 for the cross-socket UPI hop of Speculative MoE's GPU-Server-B); budget: resident share of each layer's experts (0, 1];
     lar: local activation rate of the all-to-all (None = 1/G, random placement); skewness: hottest expert's
     load over the mean (MoE-GPS; 1 = uniform); max_seqs: running sequences at most; token_budget: tokens per
     step at most (eMoE's T_max, vLLM's max_num_batched_tokens); samples: routing draws per table point."""
@@ -51,6 +52,7 @@ class EngineConfig:
     hardware: str = "h100-sxm"
     gpus: int = 0
     link: str = "nvlink"
+    link_gbps: float | None = None
     budget: float = 1.0
     miss: str = "fallback"
     lar: float | None = None
@@ -78,6 +80,8 @@ class EngineConfig:
                 raise bad(name, "a positive integer")
         if not isinstance(self.gpus, int) or self.gpus < 0:
             raise bad("gpus", "a positive integer (0 = automatic)")
+        if self.link_gbps is not None and not (math.isfinite(self.link_gbps) and self.link_gbps > 0):
+            raise bad("link_gbps", "a finite GPU-GPU bandwidth > 0 GB/s per direction")
         if not (math.isfinite(self.mem_util) and 0 < self.mem_util <= 1):
             raise bad("mem_util", "a fraction in (0, 1]")
 
@@ -197,9 +201,10 @@ def build_engine(cfg: EngineConfig) -> Engine:
                           f"{wb / 1e9:.0f} GB of weights; expected more GPUs (--gpus) or a smaller --budget.")
     if cfg.budget < 1 and hw.h2d_bandwidth <= 0:
         raise ConfigError(f"hardware {hw.name} has no host-to-device link (h2d_gbps 0); expected one to load experts.")
-    if G > 1 and hw.link_bandwidth(cfg.link) <= 0:
+    if G > 1 and cfg.link_gbps is None and hw.link_bandwidth(cfg.link) <= 0:
         raise ConfigError(f"hardware {hw.name} has no {cfg.link} bandwidth; expected a link for {G} GPUs.")
-    opts = dataclasses.replace(moe_gps_options(cfg.link), local_fraction=cfg.lar)
+    opts = dataclasses.replace(moe_gps_options(cfg.link), local_fraction=cfg.lar,
+                               link_bandwidth=None if cfg.link_gbps is None else cfg.link_gbps * 1e9)
     resident = resident_experts(m.num_experts, cfg.budget)
     prices = _tables(cfg, m, hw, G, opts, resident)
     load_s = m.expert_bytes() / (G * hw.h2d_bandwidth) if hw.h2d_bandwidth > 0 else 0.0

@@ -24,10 +24,23 @@ def test_serve_sim_sweep_writes_json(tmp_path, capsys):
 @pytest.mark.parametrize("args", [
     ["--scheduler", "sjf"], ["--rate", "0"], ["--rate", "nan"], ["--rates", "1,-2"], ["--model-profile", "nope"],
     ["--hardware", "nope"], ["--budget", "0%"], ["--budget", "nan"], ["--lar", "nan"], ["--lar", "2"],
-    ["--requests", "0"], ["--slo-ttft", "abc"], ["--slo-tpot", "0"], ["--period", "0"], ["--token-budget", "8"],
+    ["--requests", "0"], ["--link-gbps", "0"], ["--slo-ttft", "abc"], ["--slo-tpot", "0"], ["--period", "0"], ["--token-budget", "8"],
 ])
 def test_serve_sim_bad_input(args, tmp_path, capsys):
     rc = main(["serve-sim", "--requests", "20", "--out", str(tmp_path / "x.json"), "--quiet", *args])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("routecast serve-sim: error:") and err.count("\n") == 1
     assert not (tmp_path / "x.json").exists()
+
+
+def test_serve_sim_replays_a_trace_over_a_slow_link(tmp_path, small_trace, capsys):
+    from routecast.trace.io import write_trace
+
+    write_trace(small_trace(num_requests=6), tmp_path / "tr")
+    out = tmp_path / "t.json"
+    rc = main(["serve-sim", "--trace", str(tmp_path / "tr"), "--rates", "2,50", "--scheduler", "vllm,emoe",
+               "--gpus", "8", "--link", "pcie", "--link-gbps", "20.8", "--lar", "0.9", "--out", str(out), "--quiet"])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 and all(r["requests"] == 6 for r in rows)
+    assert "20.8 GB/s" in capsys.readouterr().out
