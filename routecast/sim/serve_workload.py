@@ -117,7 +117,7 @@ class Requests:
         prompt = np.bincount(inv, weights=np.asarray(trace.phase) == PREFILL, minlength=ids.size).astype(np.int64)
         dec = np.bincount(inv, weights=np.asarray(trace.phase) == DECODE, minlength=ids.size).astype(np.int64)
         arr = np.zeros(ids.size)
-        np.maximum.at(arr, inv, np.nan_to_num(np.asarray(trace.arrival_s, dtype=np.float64)))
+        arr[inv] = np.asarray(trace.arrival_s, dtype=np.float64)  # one arrival per request, any sign
         task = np.zeros(ids.size, dtype=np.int64)
         task[inv] = np.asarray(trace.task, dtype=np.int64)
         keep = prompt > 0
