@@ -128,13 +128,15 @@ class FastGen(Scheduler):
 
 
 class EMoE(Scheduler):
-    """eMoE Algorithm 1 (see the module docstring); scan_limit bounds the waiting requests examined per call."""
+    """eMoE Algorithm 1 (see the module docstring); scan_limit bounds the waiting requests examined per call;
+    slo_check=False drops line 5 (an ablation: the stringency order and token budget alone)."""
 
     name = "emoe"
     mixed = True
 
-    def __init__(self, scan_limit: int = 256) -> None:
+    def __init__(self, scan_limit: int = 256, slo_check: bool = True) -> None:
         super().__init__()
+        self.slo_check = slo_check
         if scan_limit < 1:
             raise ConfigError(f"scan_limit is {scan_limit}; expected a positive integer.")
         self.scan_limit = scan_limit
@@ -192,7 +194,7 @@ class EMoE(Scheduler):
                     ps[req.task[a]] += req.prompt[a]
                     ct[req.task[a]] += 1
                 dE = loader.delta_s(ps, ct)
-            if g.size:
+            if g.size and self.slo_check:
                 n_new = n_i + (G_r >= g)
                 new_t = dE + (W_acc + w + n_new * g) * c + r_i
                 if np.any(old_ok & (wait_i + new_t >= slo_i)):
