@@ -22,7 +22,7 @@ from routecast.common.errors import ConfigError
 from routecast.sim.serve import SLO, parse_slo, simulate
 from routecast.sim.serve_cost import MISS_MODES, Engine, EngineConfig, ExpertLoader, build_engine
 from routecast.sim.serve_sched import SCHEDULERS, make_scheduler
-from routecast.sim.serve_workload import ARRIVALS, Requests, emoe_tasks, make_requests
+from routecast.sim.serve_workload import ARRIVALS, MIN_RATE, Requests, emoe_tasks, make_requests
 
 COLUMNS = ("scheduler", "rate", "throughput_tok_s", "goodput_tok_s", "slo_attainment", "ttft_p50_s", "ttft_p90_s",
            "tpot_p50_s", "tpot_p90_s", "e2e_mean_s", "e2e_p90_s", "tbt_p90_s")
@@ -48,8 +48,8 @@ def parse_rates(text: str, flag: str = "--rates") -> list[float]:
             v = float(part)
         except ValueError:
             raise ConfigError(f"{flag} holds {part!r}; expected comma-separated arrival rates in requests/s.") from None
-        if not (math.isfinite(v) and v > 0):
-            raise ConfigError(f"{flag} holds {part!r}; expected arrival rates that are finite and > 0 requests/s.")
+        if not (math.isfinite(v) and v >= MIN_RATE):
+            raise ConfigError(f"{flag} holds {part!r}; expected finite arrival rates >= {MIN_RATE:g} requests/s.")
         out.append(v)
     if not out:
         raise ConfigError(f"{flag} is empty; expected at least one arrival rate.")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from routecast.trace.trace import Trace
 
 ARRIVALS = ("poisson", "gamma")
+MIN_RATE = 1e-6  # requests/s: slower arrivals put times beyond float precision of the per-step sums
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +139,7 @@ class Requests:
 
 def resample(base: Requests, n: int, rate: float, *, seed: int) -> Requests:
     """N requests drawn with replacement from `base`'s (prompt, output, task) tuples, Poisson arrivals at `rate`."""
-    if n < 1 or not (math.isfinite(rate) and rate > 0):
+    if n < 1 or not (math.isfinite(rate) and rate >= MIN_RATE):
         raise ConfigError(f"resample needs n >= 1 and a finite rate > 0; got n={n}, rate={rate}.")
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, n)
@@ -155,8 +156,8 @@ def make_requests(
     task per request (uniform, or `mix` weights), prompt and output lengths from the task. Seeded."""
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"requests is {n!r}; expected a positive integer.")
-    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-        raise ConfigError(f"rate is {rate!r}; expected a finite arrival rate > 0 requests/s.")
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate >= MIN_RATE):
+        raise ConfigError(f"rate is {rate!r}; expected a finite arrival rate >= {MIN_RATE:g} requests/s.")
     if arrival not in ARRIVALS:
         raise ConfigError(f"arrival process is {arrival!r}; expected one of {list(ARRIVALS)}.")
     if not (math.isfinite(cv) and cv > 0):

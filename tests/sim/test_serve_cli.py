@@ -22,7 +22,7 @@ def test_serve_sim_sweep_writes_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args", [
-    ["--scheduler", "sjf"], ["--rate", "0"], ["--rate", "nan"], ["--rates", "1,-2"], ["--model-profile", "nope"],
+    ["--scheduler", "sjf"], ["--rate", "0"], ["--rate", "nan"], ["--rates", "1,-2"], ["--rate", "1e-300"], ["--model-profile", "nope"],
     ["--hardware", "nope"], ["--budget", "0%"], ["--budget", "nan"], ["--lar", "nan"], ["--lar", "2"],
     ["--requests", "0"], ["--link-gbps", "0"], ["--slo-ttft", "abc"], ["--slo-tpot", "0"], ["--period", "0"], ["--token-budget", "8"],
 ])
