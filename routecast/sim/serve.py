@@ -221,7 +221,8 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
                 last_tok[st.running] = t + dur
             pending.update(kind="prefill", A=A, k=1 if rides else 0, start=t)
             if steps is not None:
-                steps.append({"start": t, "end": t + dur, "prefill": A.tolist(), "decode": rides, "tokens": n, "k": 1})
+                steps.append({"start": t, "end": t + dur, "prefill": A.tolist(), "decode": rides, "tokens": n, "k": 1,
+                              "kv": st.kv_used})
             heapq.heappush(heap, (t + dur, seq, STEP_END, 0))
             seq += 1
             return True
@@ -245,7 +246,7 @@ def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None =
         pending.update(kind="decode", k=k, start=t)
         if steps is not None:
             steps.append({"start": t, "end": t + float(cum[-1]), "prefill": [], "decode": d, "tokens": d, "k": k,
-                          "price_d": price_d})
+                          "price_d": price_d, "kv": st.kv_used})
         heapq.heappush(heap, (t + float(cum[-1]), seq, STEP_END, 0))
         seq += 1
         return True

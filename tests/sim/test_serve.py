@@ -94,7 +94,7 @@ def test_invariants(data, sched, kv):
     # the batch limits hold
     for s in steps:
         p = int(r.prompt[s["prefill"]].sum())
-        assert s["decode"] + len(s["prefill"]) <= SEQS
+        assert s["decode"] + len(s["prefill"]) <= SEQS and s["kv"] <= kv  # KV reserved for prompt + output
         if sched in ("emoe", "fastgen"):
             assert p == 0 or s["decode"] + p < TB
         elif sched == "vllm":
@@ -149,3 +149,26 @@ def test_requests_from_trace(small_trace):
     assert int(r.prompt.sum() + r.output.sum() - r.n) == tr.num_tokens
     assert r.arrival[0] == 0 and np.all(np.diff(r.arrival) >= 0)
     assert dataclasses.replace(r, arrival=r.arrival * 2).n == r.n
+
+
+def test_emoe_admits_the_most_stringent_request_that_fits():
+    # r0 is prefilling when r1 (12-token prompt) and then r2 (11 tokens) arrive; only one fits the 16-token step.
+    # TTFT targets are 5x each prompt's idle prefill, so r2's deadline (0.002 + 5 x 21 ms) precedes r1's
+    # (0.001 + 5 x 22 ms): eMoE takes r2 first, FastGen takes r1 (arrival order, head of line).
+    r = reqs([0.0, 0.001, 0.002], [2, 12, 11], [5, 3, 3])
+    em = simulate(toy_engine(), r, make_scheduler("emoe"))
+    fg = simulate(toy_engine(), r, make_scheduler("fastgen"))
+    assert em.admit[2] == pytest.approx(0.012) and em.admit[1] > em.admit[2]
+    assert fg.admit[1] == pytest.approx(0.012) and fg.admit[2] > fg.admit[1]
+
+
+def test_emoe_slo_check_holds_a_request_that_would_break_a_running_slo():
+    # r0 runs with an end-to-end SLO of 0.02 + 8 x 0.002 = 36 ms; eq. 3 with c = 26 ms / 16 tokens: admitting r1
+    # (W = 14) makes r0's expected latency (14 + 2 x 8) c + 12 ms = 61 ms > 36 ms, so eMoE waits for r0 to finish.
+    r = reqs([0.0, 0.001], [2, 14], [9, 9])
+    slo = SLO(ttft=0.02, tpot=0.002)
+    em = simulate(toy_engine(), r, make_scheduler("emoe"), slo=slo)
+    assert em.admit[1] >= em.finish[0]
+    for other in (make_scheduler("fastgen"), make_scheduler("emoe", slo_check=False)):
+        res = simulate(toy_engine(), r, other, slo=slo)
+        assert res.admit[1] == pytest.approx(0.012)  # admitted with r0's first decode step
