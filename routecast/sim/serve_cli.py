@@ -56,19 +56,23 @@ def parse_rates(text: str, flag: str = "--rates") -> list[float]:
     return out
 
 
-def run_one(engine: Engine, req: Requests, scheduler: str, *, slo: SLO, period: int, seed: int) -> dict[str, Any]:
-    """One simulation -> its metrics dict (the expert loader runs when the budget keeps a share of the experts)."""
-    loader = ExpertLoader(engine, req.task_mean_output, period, seed) if engine.config.budget < 1 else None
+def run_one(engine: Engine, req: Requests, scheduler: str, *, slo: SLO, period: int, seed: int,
+            task_freq: Any = None) -> dict[str, Any]:
+    """One simulation -> its metrics dict (the expert loader runs when the budget keeps a share of the experts;
+    task_freq (T, L, E): its per-task expert frequencies, synthetic when None)."""
+    loader = (ExpertLoader(engine, req.task_mean_output, period, seed, task_freq=task_freq)
+              if engine.config.budget < 1 else None)
     res = simulate(engine, req, make_scheduler(scheduler), slo=slo, loader=loader)
     return {"scheduler": scheduler, **res.metrics(), "events": res.events}
 
 
 def sweep(engine_cfg: EngineConfig, schedulers: Sequence[str], rates: Sequence[float], *, requests: int, seed: int,
           slo: SLO, period: int = 40, arrival: str = "poisson", cv: float = 1.0, trace_requests: Requests | None = None,
-          progress: bool = False) -> tuple[Engine, list[dict[str, Any]]]:
+          task_freq: Any = None, progress: bool = False) -> tuple[Engine, list[dict[str, Any]]]:
     """Every scheduler at every rate on the same seeded arrivals -> (engine, rows with 'rate' added).
 
-    With trace_requests, arrivals and lengths come from the trace, time-scaled to each rate."""
+    With trace_requests, arrivals and lengths come from the trace, time-scaled to each rate; task_freq feeds the
+    expert loader (see run_one)."""
     engine = build_engine(engine_cfg)
     rows = []
     total = len(rates) * len(schedulers)
@@ -83,7 +87,7 @@ def sweep(engine_cfg: EngineConfig, schedulers: Sequence[str], rates: Sequence[f
         else:
             req = make_requests(emoe_tasks(), requests, rate, seed=seed, arrival=arrival, cv=cv)
         for s in schedulers:
-            rows.append({"rate": rate, **run_one(engine, req, s, slo=slo, period=period, seed=seed)})
+            rows.append({"rate": rate, **run_one(engine, req, s, slo=slo, period=period, seed=seed, task_freq=task_freq)})
             if bar is not None:
                 bar.update(1)
     if bar is not None:
@@ -200,25 +204,33 @@ def serve_sim_main(a: argparse.Namespace) -> int:
     cfg = EngineConfig(model=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link, link_gbps=a.link_gbps,
                        budget=parse_fraction(a.budget, "--budget"), miss=a.miss, lar=a.lar, skewness=a.skewness,
                        max_seqs=a.max_seqs, token_budget=a.token_budget, seed=a.seed)
-    trace_req = None
+    trace_req, freq, freq_note = None, None, "synthetic"
     if a.trace:
+        from routecast.sim.models import load_model
+        from routecast.sim.serve_workload import task_expert_freq
         from routecast.trace.io import read_trace
 
-        trace_req = Requests.from_trace(read_trace(a.trace))
+        tr = read_trace(a.trace)
+        trace_req = Requests.from_trace(tr)
+        prof = load_model(a.model_profile)
+        if tr.spec.num_experts == prof.num_experts:  # the loader can use the trace's own per-task routing
+            freq = task_expert_freq(tr, len(trace_req.task_names), prof.num_moe_layers)
+            freq_note = f"from {a.trace}"
     slo = SLO(ttft=a.slo_ttft, tpot=a.slo_tpot)
     engine, rows = sweep(cfg, scheds, rates, requests=a.requests, seed=a.seed, slo=slo, period=a.period,
-                         arrival=a.arrival, cv=a.cv, trace_requests=trace_req, progress=not a.quiet)
+                         arrival=a.arrival, cv=a.cv, trace_requests=trace_req, task_freq=freq, progress=not a.quiet)
     link = cfg.link if cfg.link_gbps is None else f"{cfg.link} at {cfg.link_gbps:g} GB/s"
     print(f"{engine.model.name} on {engine.gpus} x {engine.hw.name} ({link}), budget {cfg.budget:.0%} "
           f"({engine.resident_per_layer}/{engine.model.num_experts} experts per layer), KV {engine.kv_capacity} tokens, "
-          f"LAR {cfg.lar if cfg.lar is not None else 1 / engine.gpus:.3g}, SLO TTFT {a.slo_ttft} TPOT {a.slo_tpot}")
+          f"LAR {cfg.lar if cfg.lar is not None else 1 / engine.gpus:.3g}, SLO TTFT {a.slo_ttft} TPOT {a.slo_tpot}"
+          + (f", per-task expert frequencies {freq_note}" if cfg.budget < 1 else ""))
     print(format_rows(rows))
     best = under_slo(rows, a.slo_target)
     if len(rates) > 1:
         print(f"throughput under SLO (attainment >= {a.slo_target:.0%}): "
               + ", ".join(f"{k} {v:.1f} tok/s" for k, v in best.items()))
     doc = {"config": {**asdict(cfg), "requests": a.requests, "arrival": a.arrival, "cv": a.cv, "period": a.period,
-                      "slo_ttft": a.slo_ttft, "slo_tpot": a.slo_tpot, "trace": a.trace},
+                      "slo_ttft": a.slo_ttft, "slo_tpot": a.slo_tpot, "trace": a.trace, "task_freq": freq_note},
            "engine": {"gpus": engine.gpus, "kv_capacity_tokens": engine.kv_capacity,
                       "weight_gb": engine.weight_bytes / 1e9, "resident_per_layer": engine.resident_per_layer},
            "rows": rows, "throughput_under_slo": best}

@@ -262,8 +262,8 @@ class ExpertLoader:
     (s = 1: every layer treated as routing-sensitive; the sensitivity profile is not modelled here); loading the
     experts not yet resident costs expert_load_s each, exposed beyond the step's attention time.
 
-    task_freq (num_tasks, L, E): per-task expert frequencies f_i; synthetic (Dirichlet(1) per task and layer,
-    seeded) unless given. The first set is loaded before the first request (eMoE loads all experts first).
+    task_freq (num_tasks, L, E): per-task expert frequencies f_i (serve_workload.task_expert_freq reads them from a
+    trace); synthetic (Dirichlet(1) per task and layer, seeded) unless given. The first set is loaded before the first request (eMoE loads all experts first).
     """
 
     def __init__(self, engine: Engine, task_mean_output: np.ndarray, period: int, seed: int,
@@ -274,6 +274,8 @@ class ExpertLoader:
         T = task_mean_output.shape[0]
         rng = np.random.default_rng(seed + 7919)
         self.freq = task_freq if task_freq is not None else rng.dirichlet(np.ones(m.num_experts), size=(T, m.num_moe_layers))
+        if self.freq.shape != (T, m.num_moe_layers, m.num_experts):
+            raise ConfigError(f"task_freq has shape {self.freq.shape}; expected ({T}, {m.num_moe_layers}, {m.num_experts}).")
         self.wo = np.asarray(task_mean_output, dtype=np.float64)
         self.L = engine.resident_per_layer
         self.active = engine.config.budget < 1

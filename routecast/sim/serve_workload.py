@@ -4,6 +4,7 @@
     emoe_tasks() -> tuple[Task, ...]                                   eMoE's five evaluation tasks (Table 1)
     make_requests(tasks, n, rate, seed, arrival="poisson"|"gamma", cv) -> Requests   arrays of N requests
     Requests.from_trace(trace)                                         arrivals and lengths of a captured trace
+    task_expert_freq(trace, num_tasks, num_layers) -> (T, L, E)       per-task expert frequencies (eq. 2's f_i)
 
 Lengths are log-normal (median x exp(sigma z)), rounded and clipped to [lo, hi]. Arrivals are a Poisson
 process of `rate` requests/s (exponential gaps), or Gamma gaps of the same mean and coefficient of variation
@@ -135,6 +136,21 @@ class Requests:
         a = arr[keep][order]
         return cls(arrival=a - a[0], prompt=prompt[keep][order], output=out, task=t, task_names=names,
                    task_mean_output=means)
+
+
+def task_expert_freq(trace: Trace, num_tasks: int, num_layers: int) -> np.ndarray:
+    """(num_tasks, num_layers, E) per-task expert frequencies f_i (eMoE eq. 2) from a trace's routing, task ids as
+    Requests.from_trace numbers them (requests of no known task last); the trace's L_t MoE layers are repeated to
+    fill num_layers (a profile deeper than the traced model). A task with no routed tokens gets uniform rows."""
+    E = trace.spec.num_experts
+    task = np.asarray(trace.task, dtype=np.int64)
+    task = np.where(task < 0, num_tasks - 1, task)
+    out = np.full((num_tasks, trace.spec.num_layers, E), 1.0 / E)
+    for k in range(num_tasks):
+        c = trace.counts_LE(task == k).astype(np.float64)
+        tot = c.sum(1, keepdims=True)
+        out[k] = np.where(tot > 0, c / np.maximum(tot, 1.0), 1.0 / E)
+    return out[:, np.arange(num_layers) % trace.spec.num_layers]
 
 
 def resample(base: Requests, n: int, rate: float, *, seed: int) -> Requests:

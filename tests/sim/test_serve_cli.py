@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from routecast.cli import main
@@ -44,3 +45,16 @@ def test_serve_sim_replays_a_trace_over_a_slow_link(tmp_path, small_trace, capsy
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 4 and all(r["requests"] == 6 for r in rows)
     assert "20.8 GB/s" in capsys.readouterr().out
+
+
+def test_serve_sim_budget_uses_the_traces_task_routing(tmp_path, capsys, small_trace):
+    from routecast.sim.serve_workload import Requests, task_expert_freq
+    from routecast.trace.io import write_trace
+
+    tr = small_trace(num_requests=6, num_layers=3, num_experts=8)
+    f = task_expert_freq(tr, len(Requests.from_trace(tr).task_names), 32)
+    assert f.shape[1:] == (32, 8) and np.allclose(f.sum(-1), 1.0) and np.array_equal(f[:, 3], f[:, 0])
+    write_trace(tr, tmp_path / "tr")
+    rc = main(["serve-sim", "--trace", str(tmp_path / "tr"), "--rate", "5", "--budget", "50%", "--period", "1",
+               "--out", str(tmp_path / "b.json"), "--quiet"])
+    assert rc == 0 and "per-task expert frequencies from" in capsys.readouterr().out
