@@ -41,12 +41,12 @@ _DEMAND = -1.0
 class StoreConfig:
     """budget: expert slots in the fast tier (all layers). per_layer: split them evenly per layer.
     loader_threads: background readers (demand loads and prefetches share them, demand first).
-    check: verify the slot accounting after every change (cheap; the budget guarantee's assertion)."""
+    check: verify the whole slot accounting after every change (tests); the occupied count is always asserted."""
 
     budget: int
     per_layer: bool = False
     loader_threads: int = 2
-    check: bool = True
+    check: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
@@ -144,6 +144,7 @@ class ExpertStore:
         self.policies[self.pool_of(key)].admit(key)
         ev = self.events[key] = threading.Event()
         occ = int(np.count_nonzero(self.state))
+        assert occ <= self.cfg.budget, f"{occ} experts occupy slots; the budget is {self.cfg.budget}"
         self.stats["max_occupied"] = max(self.stats["max_occupied"], occ)
         return ev
 
