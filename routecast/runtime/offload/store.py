@@ -148,10 +148,11 @@ class ExpertStore:
         self.stats["max_occupied"] = max(self.stats["max_occupied"], occ)
         return ev
 
-    def _push(self, prio: float, key: int, slot: int) -> int:
+    def _push(self, prio: float, key: int, slot: int, wake: bool = True) -> int:
         self.seq += 1
         heapq.heappush(self.jobs, (prio, self.seq, key, slot))
-        self.cond.notify()
+        if wake:
+            self.cond.notify()
         return self.seq
 
     # ------------------------------------------------------------------ loader threads
@@ -207,8 +208,10 @@ class ExpertStore:
                 self.policies[0 if not self.cfg.per_layer else int(layer)].mark_predicted(ks, lambda k: k // self.E)
                 for k in ks:
                     if self.state[k] == ABSENT and k not in self.queued:
-                        self.queued[k] = self._push(float(layer - current_layer), k, -1)
+                        self.queued[k] = self._push(float(layer - current_layer), k, -1, wake=False)
                         self.stats["prefetch_issued"] += 1
+            if self.jobs:  # one wake-up per forecast, not per expert (each costs a GIL hand-over)
+                self.cond.notify(len(self.threads))
 
     def _correct(self, layer: int, used: set[int]) -> None:
         """Layer `layer`'s true routing arrived: cancel its wrong queued prefetches, demote its wrong residents."""
@@ -268,10 +271,12 @@ class ExpertStore:
                     slot = self._take_slot(k, None)
                     if slot >= 0:
                         self._reserve(k, slot)
-                        self._push(_DEMAND, k, slot)
+                        self._push(_DEMAND, k, slot, wake=False)
                         wait.append(k)
                     if self.cfg.check:
                         self.check()
+                if later:
+                    self.cond.notify(len(self.threads))
                 deferred = [k for k in later if self.state[k] == ABSENT]
                 for k in deferred:
                     self.pins[k] -= 1
