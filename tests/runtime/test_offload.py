@@ -27,7 +27,7 @@ def setup(request):
     return request.param, model, reqs, ref
 
 
-@pytest.mark.parametrize("frac,prefetch", [(0.25, "none"), (0.5, "lookahead")])
+@pytest.mark.parametrize("frac,prefetch", [(0.25, "lookahead"), pytest.param(0.5, "none", marks=pytest.mark.slow)])
 def test_greedy_tokens_identical_to_all_resident(setup, frac, prefetch) -> None:
     name, model, reqs, ref = setup
     pred = make_predictor(prefetch, model, name)

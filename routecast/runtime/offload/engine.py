@@ -48,7 +48,8 @@ class OffloadConfig:
     """budget: fast-tier expert slots. per_layer: split them per layer (else one pool). direct: try O_DIRECT
     (else posix_fadvise DONTNEED before each read). loader_threads: background readers. verify: compare
     every expert's checkpoint bytes with the loaded weights before freeing them. check: assert the store's
-    slot accounting after every change."""
+    slot accounting after every change. keep_weights: keep the model's own expert tensors aside (not used) so
+    close() can put them back and the model be reused (demo and benchmarks; memory is then not saved)."""
 
     budget: int
     per_layer: bool = False
@@ -56,6 +57,7 @@ class OffloadConfig:
     loader_threads: int = 2
     verify: bool = True
     check: bool = False
+    keep_weights: bool = False
 
 
 class _SlotView:
@@ -109,9 +111,12 @@ class OffloadedModel:
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
                                                         loader_threads=cfg.loader_threads, check=cfg.check))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
+        self._kept: dict[tuple[int, str], nn.Parameter] = {}
         for li, b in enumerate(self.blocks):
             for n in params:
-                del b.experts._parameters[n]
+                p = b.experts._parameters.pop(n)
+                if cfg.keep_weights:
+                    self._kept[(li, n)] = p
             b.experts.forward = self._make_forward(li, b.experts)
         self.predictor = predictor
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
@@ -142,10 +147,15 @@ class OffloadedModel:
         self.tier.read_s = 0.0
 
     def close(self) -> None:
+        """Stop the loader threads, remove the hooks; with keep_weights, give the model its expert tensors back."""
         for h in self.hooks:
             h.remove()
         self.store.close()
         self.tier.close()
+        for (li, n), p in self._kept.items():
+            self.blocks[li].experts._parameters[n] = p
+            self.blocks[li].experts.__dict__.pop("forward", None)
+        self._kept = {}
 
     # ------------------------------------------------------------------ the experts forward
     def _make_forward(self, li: int, mod: nn.Module):

@@ -128,18 +128,23 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
 
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
-               progress: bool = False, threads: int = 1) -> dict[str, Any]:
-    """One configuration on a freshly loaded model: budget None = all resident. -> figures + tokens + log."""
+               progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
+    `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
-    model, tok = load_model(str(model_dir))
+    model, tok = loaded if loaded is not None else load_model(str(model_dir))
+    if loaded is not None:
+        cfg_kw = {**(cfg_kw or {}), "keep_weights": True}
     path = Path(model_dir) if Path(str(model_dir)).is_dir() else _builtin_dir(str(model_dir))
     if budget is None:
         res = generate_all(model, tok, requests, progress=progress, desc="all-resident")
         res.update(config="all-resident", tokens_per_s=res["new_tokens"] / res["wall_s"], hit_ratio=1.0,
                    bytes_read=0, stall_s=0.0, stall_share=0.0)
         return res
+    if predictor is not None:
+        predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
     off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
     try:
         res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}")
