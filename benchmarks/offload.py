@@ -57,7 +57,11 @@ def main() -> None:
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
     ap.add_argument("--scratch", default="out/bench_offload")
     ap.add_argument("--out", default="out/bench_offload/offload.json")
+    ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
+    if a.report:
+        print_report(json.loads(Path(a.report).read_text()))
+        return
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -140,12 +144,26 @@ def main() -> None:
         row["model_error"] = row["model_tokens_per_s"] / row["tokens_per_s"] - 1
         rows.append(row)
 
+    out = {"machine": machine_info(), "load_avg": [min(loads), max(loads)], "tier": tier, "profile": str(prof_path),
+           "dense_us": dense_us, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
+           "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets")} for r in v]
+                    for k, v in runs.items()}}
+    print_report(out)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1, default=float))
+    print(f"wrote {a.out}")
+
+
+def print_report(out: dict) -> None:
+    """The result table and the last round's counters of a run (also `--report JSON` for a saved run)."""
+    rows, tier, st = out["rows"], out["tier"], out["settings"]
     by = {r["config"]: r for r in rows}
     od = by["on-demand"]["tokens_per_s"]
     ar = by["all-resident"]["tokens_per_s"]
-    print(f"\n{a.model}, {len(requests)} requests x {a.max_new_tokens} new tokens, one at a time; median of {a.repeats} "
-          f"interleaved rounds; load average {min(loads):.1f}-{max(loads):.1f} on {machine_info()['cpus']} cores; "
-          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s")
+    lo, hi = out["load_avg"]
+    print(f"\n{st['model']}, {st['prompts']} x {st['max_new_tokens']} new tokens, one request at a time; median of "
+          f"{st['repeats']} interleaved rounds; load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; "
+          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s; dense {out['dense_us']:.0f} µs per layer")
     head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "replay hit", "MB read", "stall",
             "model tok/s", "model err", "identical")
     print(" | ".join(head))
@@ -156,13 +174,13 @@ def main() -> None:
             "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f}",
             f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['model_tokens_per_s']:.2f}",
             f"{r['model_error']:+.1%}", str(r["identical"])]))
-    out = {"machine": machine_info(), "load_avg": [min(loads), max(loads)], "tier": tier, "profile": str(prof_path),
-           "dense_us": dense_us, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
-           "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets")} for r in v]
-                    for k, v in runs.items()}}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1, default=float))
-    print(f"wrote {a.out}")
+    print("\nlast round's counters: wall s | predictor s | stall s | reads | s inside reads (summed over threads) | "
+          "prefetches issued / loaded / useful / cancelled / dropped")
+    for k, v in out["runs"].items():
+        r = v[-1]
+        print(f"{k} | {r['wall_s']:.1f} | {r.get('predict_s', 0):.2f} | {r.get('stall_s', 0):.2f} | {r.get('reads', 0)} | "
+              f"{r.get('read_s', 0):.2f} | {r.get('prefetch_issued', 0)} / {r.get('prefetch_loaded', 0)} / "
+              f"{r.get('prefetch_useful', 0)} / {r.get('prefetch_cancelled', 0)} / {r.get('prefetch_dropped', 0)}")
 
 
 if __name__ == "__main__":
