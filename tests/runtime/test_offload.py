@@ -44,6 +44,12 @@ def test_greedy_tokens_identical_to_all_resident(setup, frac, prefetch) -> None:
         assert got["prefetch_issued"] > 0 and got["pred_sets"].shape[1:] == (s.num_layers, s.num_experts)
 
 
+def test_per_layer_pools_keep_tokens_and_per_layer_budget(setup) -> None:
+    name, _model, reqs, ref = setup
+    got = run_config(name, reqs, budget=12, prefetch="none", cfg_kw={"check": True, "per_layer": True})
+    assert got["tokens"] == ref["tokens"] and got["max_occupied"] <= 12
+
+
 def test_runtime_lru_hit_ratio_equals_replay_on_its_access_log(setup) -> None:
     name, _model, reqs, ref = setup
     got = run_config(name, reqs, budget=5, prefetch="none")
