@@ -10,7 +10,9 @@ route to (ExpertFlow eq. 7's bit-wise OR), each expert computed once for all its
    later layers of the step, nearest layer first; they queue on the single host-to-device link);
 2. the router decides at tr = t + dense_s: a required expert is a *hit* when resident or already on its way
    (an in-flight prefetch: no demand load is needed, the wait shows in the stall); otherwise a *miss*, loaded
-   on demand at tr, behind queued prefetches (FIFO) or ahead of those not yet started (priority);
+   on demand at tr, behind queued prefetches (FIFO), ahead of every one not yet started (eager priority),
+   or ahead of those that still arrive before their own layer's router asks (slack-aware priority: a
+   demand load never turns a prefetch that would have been in time into a late one);
 3. experts are computed one after another, earliest-ready first; expert i starts at max(end of i-1,
    ready_i). The layer ends when the last one ends; stall = end - (tr + Σ compute).
 
@@ -31,6 +33,7 @@ import numpy as np
 from numba import njit
 
 LRU, LFU, LFUDA, BELADY, SEMOE, PLEC = 0, 1, 2, 3, 4, 5
+DEMAND_FIFO, DEMAND_EAGER, DEMAND_SLACK = 0, 1, 2  # how a demand load queues on the link (see replay_kernel)
 OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE, OP_STREAM = 0, 1, 2, 3, 4
 NEVER = 1e18  # next use of a key that is never used again (Belady)
 _PRED = 1e15  # PLEC: keys predicted for the rest of the step rank above every fallback priority
@@ -181,6 +184,41 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
 
 
 @njit(cache=True)
+def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, resident, r0, r1, layer, E, a, cdense,
+                  xfer_s):
+    """Where this access's demand loads enter the prefetch queue (ring index in first..tail) so that no queued
+    prefetch for a later layer that could still arrive in time is pushed past its layer's router.
+
+    After the demand loads the layer still computes at least one missed expert (the cheapest one, c_min),
+    then layers l+1..l' each spend their non-expert time before the router of layer l' asks. Queued
+    transfers run back to back, so if the demand loads enter at queue position j, the prefetch at position
+    q >= j arrives (q - j + 1) transfers after them; it stays in time iff that fits in
+    c_min + non-expert time up to its layer, i.e. j >= q + 1 - floor(slack_q / xfer_s). The smallest j that
+    meets every such bound is returned (first = jump every prefetch, tail = behind all of them).
+    """
+    c_min = 1e300
+    for i in range(r0, r1):
+        if not resident[req_key[i]] and req_comp[i] < c_min:
+            c_min = req_comp[i]
+    if c_min == 1e300:
+        return first
+    n = (tail - first + nq) % nq
+    need = 0  # smallest relative insertion index allowed so far
+    for r in range(n):
+        q = (first + r) % nq
+        k = q_key[q]
+        lk = k // E
+        if lid[k] != q_lid[q] or not resident[k] or lk <= layer:
+            continue  # evicted since it was queued, or due at this layer already (late whatever the order)
+        slack = c_min + cdense[a + lk - layer + 1] - cdense[a + 1]
+        fit = int(slack / xfer_s) if xfer_s > 0 else n
+        b = r + 1 - fit
+        if b > need:
+            need = b
+    return (first + need) % nq
+
+
+@njit(cache=True)
 def replay_kernel(
     policy, correct, priority_demand, plec_fallback, layer_ahead, depth,
     L, E, pool_of, pool_cap, pool_keys, pool_off,
@@ -191,8 +229,10 @@ def replay_kernel(
     """Replay A = steps·L accesses; see the module docstring for the model.
 
     policy: LRU | LFU | LFUDA | BELADY | SEMOE | PLEC. correct: PLEC real-time correction (mispredicted
-    experts of the current layer are evicted first). priority_demand: demand loads overtake queued
-    prefetches that have not started. plec_fallback: 0 = recency, 1 = frequency for keys with no
+    experts of the current layer are evicted first). priority_demand: DEMAND_FIFO (demand loads queue behind
+    every prefetch), DEMAND_EAGER (they overtake every queued prefetch that has not started) or DEMAND_SLACK
+    (they overtake the queued prefetches that still arrive before their layer's router asks; see
+    _slack_insert). plec_fallback: 0 = recency, 1 = frequency for keys with no
     predicted use left in the step. layer_ahead: layer l's forecast arrives at layer l-1's start (layer
     horizon) instead of at the step's start (request horizon). depth: PLEC prefetches the forecast of
     layers l+1..l+depth at layer l's start (the rest of the forecast only protects experts from eviction).
@@ -205,6 +245,8 @@ def replay_kernel(
     """
     A = req_off.shape[0] - 1
     K = L * E
+    cdense = np.zeros(A + 1, np.float64)  # cdense[i] = non-expert seconds of accesses < i
+    cdense[1:] = np.cumsum(dense_s)
     P = pool_cap.shape[0]
     resident = np.zeros(K, np.bool_)
     ready = np.zeros(K, np.float64)
@@ -351,6 +393,13 @@ def replay_kernel(
             if q_head != q_tail and q_start[q_head] <= tr:  # in progress: it finishes first
                 dcur = q_end[q_head]
                 first_shift = (q_head + 1) % nq
+            if priority_demand == DEMAND_SLACK and first_shift != q_tail:
+                j = _slack_insert(q_key, q_lid, lid, first_shift, q_tail, nq, req_key, req_comp, resident, r0, r1,
+                                  layer, E, a, cdense, xfer_s)
+                if j != first_shift:
+                    prev = (j - 1 + nq) % nq
+                    dcur = max(dcur, q_end[prev])
+                    first_shift = j
         else:
             dcur = max(link_free, tr)
         n_miss = 0
