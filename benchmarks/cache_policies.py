@@ -36,7 +36,8 @@ from routecast.cache.cli import _clean, format_rows, run_replay  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.predict.evaluate import heldout  # noqa: E402
 
-POLICIES = ["lru", "lfu", "lfuda", "lru-layer", "semoe", "plec", "plec-correct", "plec-correct-fifo", "belady"]
+POLICIES = ["lru", "lfu", "lfuda", "lru-layer", "semoe", "plec", "plec-correct", "plec-correct-eager", "plec-correct-fifo",
+            "belady"]
 BUDGETS = ["25%", "50%", "75%"]
 
 

@@ -502,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace directory")
     p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
     p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
-                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, plec-correct-fifo, belady")
+                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, "
+                        "plec-correct-eager, plec-correct-fifo, belady")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
     p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
