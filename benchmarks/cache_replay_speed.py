@@ -111,7 +111,7 @@ def main() -> None:
     if a.trace:
         from routecast.trace.io import read_trace
 
-        traces.append((Path(a.trace).name, read_trace(a.trace, load_hidden=False, load_logits=False)))
+        traces.append((Path(a.trace).name, read_trace(a.trace, mmap=False, load_hidden=False, load_logits=False)))
     results = [bench(n, t, a.reps) for n, t in traces]
     print(f"{'trace':<26} {'policy':<13} {'M events/s':>11} {'spread (min..max s)':>22}")
     for r in results:

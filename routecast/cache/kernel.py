@@ -51,7 +51,7 @@ def _log(log, nl, overflow, a, key, op):
     return nl, True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv):
     if lnx[victim] != victim:
         lunlink(lnx, lpv, victim)
@@ -62,7 +62,7 @@ def _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv):
     evs[a] += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready, lid, pf, last, pref, ver,
                     h1, h2, hk, hv, hstart, hsize, lists, lnx, lpv, sentinel):
     """Make prefetched key k resident (arriving at `arrive`, touched at tick `now`) with priority (prio1, 0);

@@ -66,7 +66,7 @@ def hpop(h1, h2, hk, hv, hstart, hsize, p):
     return r1, r2, rk, rv
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def lunlink(lnx, lpv, k):
     n, p = lnx[k], lpv[k]
     lnx[p] = n
@@ -75,7 +75,7 @@ def lunlink(lnx, lpv, k):
     lpv[k] = k
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ltouch(lnx, lpv, k, sentinel):
     """Move key k (linked or not) to the most recent end of the list headed by `sentinel`."""
     if lnx[k] != k:
@@ -87,7 +87,7 @@ def ltouch(lnx, lpv, k, sentinel):
     lpv[sentinel] = k
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def lvictim(lnx, sentinel, ready, cur, mode, tnow, a, E, excl_layer):
     """The least recent eligible key of a list, or -1 (mode as in kernel._pop_victim; modes 0 and 2)."""
     v = lnx[sentinel]
@@ -105,7 +105,7 @@ def lvictim(lnx, sentinel, ready, cur, mode, tnow, a, E, excl_layer):
     return -1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def bump_count(order, pos, cnt, k, base):
     """cnt[k] just grew: move key k towards the front of its block of `order` (from index base), which is
     kept sorted by (-cnt[key], key); pos[key] is each key's index in `order`. Counts only grow, so a key
