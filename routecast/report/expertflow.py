@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from routecast.cache.cli import forecast_sets
 from routecast.cache.replay import ReplayConfig, replay
+from routecast.common.errors import ConfigError
 from routecast.predict.batch_eval import token_sets
 from routecast.predict.evaluate import fit_or_load, heldout
 from routecast.report.html import Section, figure, paragraph, table
@@ -82,15 +83,23 @@ def rebatch_rows(test: Trace, paths_TLE: np.ndarray, hardware: str, policy: str 
     return rows
 
 
+def _skipped(title: str, why: str) -> tuple[Section, dict[str, Any]]:
+    sec = Section(key="expertflow", title=title)
+    sec.parts.append(paragraph(f"Skipped: {why}"))
+    return sec, {"skipped": why}
+
+
 def section_expertflow(trace: Trace, out_dir: str | Path, *, predictor: str = "conditional-token",
                        hardware: str = "h100-sxm", seed: int = 0) -> tuple[Section, dict[str, Any]]:
     """Demo-report section (writes expertflow_hit.png into out_dir) -> (Section, summary dict)."""
+    title = "ExpertFlow: expert caching and re-batching (simulated)"
     if not trace.spec.expert_bytes:
-        sec = Section(key="expertflow", title="ExpertFlow: expert caching and re-batching (simulated)")
-        sec.parts.append(paragraph("Skipped: the trace records no expert size (expert_bytes = 0), so transfers "
-                                   "cannot be priced; capture from a model or pass --expert-bytes to `routecast cache replay`."))
-        return sec, {"skipped": "no expert size"}
-    train, test, used = heldout(trace, "document", 0.8, seed)
+        return _skipped(title, "the trace records no expert size (expert_bytes = 0), so transfers cannot be priced; "
+                               "pass --expert-bytes to `routecast cache replay`")
+    try:
+        train, test, used = heldout(trace, "document", 0.8, seed)
+    except ConfigError as e:  # too few requests to hold any out
+        return _skipped(title, str(e))
     pred = fit_or_load(predictor, train, model=None, seed=seed, threads=1, quiet=True)
     pred_SLE, layer_ahead = forecast_sets(pred, test)
     rows = cache_rows(test, pred_SLE, layer_ahead, hardware)
@@ -101,7 +110,7 @@ def section_expertflow(trace: Trace, out_dir: str | Path, *, predictor: str = "c
     at50 = {r["policy"]: r for r in rows if r["budget_pct"] == 50}
     pc = at50["plec-correct"]
     lru = at50["lru"]
-    sec = Section(key="expertflow", title="ExpertFlow: expert caching and re-batching (simulated)")
+    sec = Section(key="expertflow", title=title)
     sec.parts.append(paragraph(
         f"Replay of the held-out {used}s ({test.num_tokens} tokens, {train.num_tokens} used to fit the forecast) "
         f"through expert-cache policies with device slots for 25/50/75% of all {trace.spec.num_layers} x "
