@@ -9,7 +9,9 @@ no documents) and every policy is replayed on the held-out requests, the forecas
 step's true routing (an upper bound for the forecast, not a predictor). Hit = the expert is on the device
 when the router asks (a prefetch still in flight is not a hit; it is in 'covered' and its wait in the stall).
 Gap closed = (hit - hit_LRU) / (hit_Belady - hit_LRU). Timing: h100-sxm profile (PCIe 5.0 h2d 64 GB/s),
-each trace's expert size, no non-expert time (--dense-us 0).
+each trace's expert size, no non-expert time (--dense-us 0). The three PLEC-with-correction rows differ only
+in where a demand load enters the prefetch queue: plec-correct (ahead of the prefetches that can spare the
+time), plec-correct-eager (ahead of every queued prefetch) and plec-correct-fifo (behind all of them).
 
 Traces: --builtin DIR (capture: `routecast capture --model builtin --prompts corpus:test:160
 --max-new-tokens 24 --out DIR --batch-size 16`), --fine DIR (the fine-grained built-in model's trace, when it
