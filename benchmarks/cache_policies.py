@@ -73,12 +73,12 @@ def main() -> None:
     from routecast.trace.synth import generate
     from routecast.trace.synth_presets import preset_config
 
-    traces = [("builtin", read_trace(a.builtin, load_hidden=False, load_logits=False))]
+    traces = [("builtin", read_trace(a.builtin, mmap=False, load_hidden=False, load_logits=False))]
     if a.synthetic:
         traces.append((f"{a.synthetic} (synthetic)",
                        generate(preset_config(a.synthetic, requests=a.synthetic_requests, seed=0))))
     if a.fine:
-        traces.append(("builtin-fine", read_trace(a.fine, load_hidden=False, load_logits=False)))
+        traces.append(("builtin-fine", read_trace(a.fine, mmap=False, load_hidden=False, load_logits=False)))
     else:
         print("no --fine trace given: the fine-grained built-in model's rows are absent")
     results = {n: run_trace(n, t, a.predictor) for n, t in traces}
