@@ -1,8 +1,8 @@
 """Replay speed: (token, layer) events per second of the compiled cache kernel, vs a pure-Python LRU.
 
 Claim: the numba kernel (routecast.cache.kernel, cache=True) replays >= 1 M (token, layer) events/s on one
-core for every policy (measured: all but SE-MoE on the DeepSeek-V3 geometry, which weighs all 256 experts of
-the next layer at every access). Baseline in the same run: a plain Python replay (OrderedDict LRU over the same
+core for every policy, SE-MoE included on the DeepSeek-V3 geometry (it prefetches all 256 experts of the next
+layer at every access: ~256 evictions and prefetches per access). Baseline in the same run: a plain Python replay (OrderedDict LRU over the same
 accesses, hits first, no timing model); its demand-load count must equal the kernel's LRU count, which
 cross-checks the kernel. Events = tokens x MoE layers of the replayed trace. Access building (numpy, once
 per trace) is timed separately. Each policy's kernel time is the calling thread's CPU time (the machine is
