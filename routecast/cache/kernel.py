@@ -64,7 +64,7 @@ def _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv):
 
 @njit(cache=True)
 def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready, lid, pf, last, pref, ver,
-                    h1, h2, hk, hv, hstart, hsize, lists, lnx, lpv, sentinel):
+                    h1, h2, hk, hv, hstart, hsize):
     """Make prefetched key k resident (arriving at `arrive`, touched at tick `now`) with priority (prio1, 0);
     returns the link's free time."""
     resident[k] = True
@@ -75,10 +75,7 @@ def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready,
     last[k] = now
     pref[a] += 1
     ver[k] += 1
-    if lists:
-        ltouch(lnx, lpv, k, sentinel)
-    else:
-        hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
+    hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
     return arrive
 
 
@@ -368,7 +365,7 @@ def replay_kernel(
                         nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
                 st = max(link_free, t)
                 link_free = _admit_prefetch(k, p, a, st + xfer_s, next_lid, c1, tick, resident, used, ready, lid, pf,
-                                            last, pref, ver, h1, h2, hk, hv, hstart, hsize, False, lnx, lpv, 0)
+                                            last, pref, ver, h1, h2, hk, hv, hstart, hsize)
                 next_lid += 1
                 tick += 1.0
                 if priority_demand:
