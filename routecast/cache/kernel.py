@@ -189,7 +189,10 @@ def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, residen
     transfers run back to back, so if the demand loads enter at queue position j, the prefetch at position
     q >= j arrives (q - j + 1) transfers after them; it stays in time iff that fits in
     c_min + non-expert time up to its layer, i.e. j >= q + 1 - floor(slack_q / xfer_s). The smallest j that
-    meets every such bound is returned (first = jump every prefetch, tail = behind all of them).
+    meets every such bound is returned (first = jump every prefetch, tail = behind all of them). Only the
+    prefetches already queued are protected: on a busy link the layers then start earlier than under FIFO,
+    and prefetches issued at those starts can arrive after their routers (the same link time, waited for
+    later).
     """
     c_min = 1e300
     for i in range(r0, r1):
