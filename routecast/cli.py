@@ -525,6 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p, "out/schedule/rebatch.json")
     p.set_defaults(fn=cmd_schedule)
 
+    from routecast.runtime.cli import add_parser as add_run_parser
+
+    add_run_parser(sub)
+
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
     )
