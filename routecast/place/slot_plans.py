@@ -11,9 +11,6 @@ Legend: L MoE layers, E experts, S slots, G ranks, T steps.
   probe_plans   PROBE Algorithm 2 (place.probe.plan_layers) for every step on that step's per-source-rank
                 loads, from the sharded placement: E / G home slots per rank + max_redundant replica slots
                 (empty where the planner placed none); n_LEG are the shares. One plan per step.
-weight_moves(old, new) lists the copies a re-plan implies: every expert a rank hosts in `new` but did not
-host in `old` is received once from one old holder, the one that has sent the fewest so far (ties: lowest
-rank), as place.compare.eplb_transfers counts them.
 """
 
 from __future__ import annotations
@@ -123,29 +120,3 @@ def probe_plans(load_TLGE, *, k_max: int = 16, max_redundant: int = 3, hide_wind
         plans.append(SlotPlan(slots_LS=slots, share_LS=share, num_ranks=G, num_experts=E,
                               layer_ids=_layer_ids(layer_ids, L), method="probe").validate())
     return plans
-
-
-def hosted(plan: SlotPlan) -> np.ndarray:
-    """(L, E, G) bool: rank g holds at least one slot of expert e."""
-    L, S = plan.slots_LS.shape
-    out = np.zeros((L, plan.num_experts, plan.num_ranks), bool)
-    ok = plan.slots_LS >= 0
-    lay = np.repeat(np.arange(L), S).reshape(L, S)
-    out[lay[ok], plan.slots_LS[ok], np.broadcast_to(plan.rank_of_slot(), (L, S))[ok]] = True
-    return out
-
-
-def weight_moves(old: SlotPlan, new: SlotPlan) -> np.ndarray:
-    """(M, 4) int64 rows (layer, expert, src_rank, dst_rank): the copies `new` needs that `old` lacks."""
-    if (old.num_ranks, old.num_experts, old.num_layers) != (new.num_ranks, new.num_experts, new.num_layers):
-        raise ConfigError("plans differ in ranks, experts or layers; expected the same geometry for a re-plan.")
-    had, has = hosted(old), hosted(new)
-    need = np.argwhere(has & ~had)  # (layer, expert, dst) in order
-    sent = np.zeros((old.num_layers, old.num_ranks), np.int64)
-    rows = np.empty((len(need), 4), np.int64)
-    for i, (lay, e, g) in enumerate(need):  # sequential: each choice depends on the sends chosen before it
-        holders = np.flatnonzero(had[lay, e])
-        src = holders[np.argmin(sent[lay, holders])]
-        sent[lay, src] += 1
-        rows[i] = (lay, e, src, g)
-    return rows

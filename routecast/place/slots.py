@@ -18,6 +18,10 @@ Token -> slot assignment (assign_items), the same for every method so that only 
   remote   the rest fill the remaining quotas in slot order, items in token order.
 So per (expert, rank) the processed items are exactly the quotas, and the items sent and received by each
 rank follow from the counts alone (sim.a2a.ep_a2a_bytes predicts them without this code).
+
+weight_moves(old, new) lists the copies a re-plan implies: every expert a rank hosts in `new` but did not
+host in `old` is received once from one old holder, the one that has sent the fewest so far (ties: lowest
+rank), as place.compare.eplb_transfers counts them.
 """
 
 from __future__ import annotations
@@ -196,3 +200,29 @@ def assign_items(expert_N: np.ndarray, src_N: np.ndarray, plan: SlotPlan, lay: i
     pos = base[e * G + dst] + _rank_within(e * G + dst)
     out[valid] = order[np.searchsorted(cq, pos, side="right")]
     return out
+
+
+def hosted(plan: SlotPlan) -> np.ndarray:
+    """(L, E, G) bool: rank g holds at least one slot of expert e."""
+    L, S = plan.slots_LS.shape
+    out = np.zeros((L, plan.num_experts, plan.num_ranks), bool)
+    ok = plan.slots_LS >= 0
+    lay = np.repeat(np.arange(L), S).reshape(L, S)
+    out[lay[ok], plan.slots_LS[ok], np.broadcast_to(plan.rank_of_slot(), (L, S))[ok]] = True
+    return out
+
+
+def weight_moves(old: SlotPlan, new: SlotPlan) -> np.ndarray:
+    """(M, 4) int64 rows (layer, expert, src_rank, dst_rank): the copies `new` needs that `old` lacks."""
+    if (old.num_ranks, old.num_experts, old.num_layers) != (new.num_ranks, new.num_experts, new.num_layers):
+        raise ConfigError("plans differ in ranks, experts or layers; expected the same geometry for a re-plan.")
+    had, has = hosted(old), hosted(new)
+    need = np.argwhere(has & ~had)  # (layer, expert, dst) in order
+    sent = np.zeros((old.num_layers, old.num_ranks), np.int64)
+    rows = np.empty((len(need), 4), np.int64)
+    for i, (lay, e, g) in enumerate(need):  # sequential: each choice depends on the sends chosen before it
+        holders = np.flatnonzero(had[lay, e])
+        src = holders[np.argmin(sent[lay, holders])]
+        sent[lay, src] += 1
+        rows[i] = (lay, e, src, g)
+    return rows

@@ -78,13 +78,14 @@ class LinkProfile:
 
 
 def fit_link(sizes_bytes: Any, seconds: Any) -> tuple[float, float]:
-    """Least-squares t = alpha + V / B over the sweep -> (alpha s >= 0, B bytes/s > 0)."""
+    """t = alpha + V / B fitted on relative error (least squares of (model - t) / t, so that the small sizes,
+    where alpha dominates, count as much as the large ones) -> (alpha s >= 0, B bytes/s > 0)."""
     v = np.asarray(sizes_bytes, np.float64)
     t = np.asarray(seconds, np.float64)
     if v.shape != t.shape or v.size < 2 or np.unique(v).size < 2 or not np.isfinite(t).all() or (t <= 0).any():
         raise ConfigError(f"sweep of {v.size} points; expected >= 2 distinct sizes with positive finite times.")
-    A = np.stack([np.ones_like(v), v], axis=1)
-    (alpha, inv_b), *_ = np.linalg.lstsq(A, t, rcond=None)
+    A = np.stack([np.ones_like(v), v], axis=1) / t[:, None]
+    (alpha, inv_b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
     if inv_b <= 0:
         raise ConfigError("the measured all-to-all time does not grow with size; expected a sweep over larger sizes.")
     return max(float(alpha), 0.0), float(1.0 / inv_b)

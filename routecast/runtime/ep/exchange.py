@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from routecast.place.slot_plans import hosted
-from routecast.place.slots import SlotPlan, assign_items
+from routecast.place.slots import SlotPlan, assign_items, hosted
 
 
 @dataclass

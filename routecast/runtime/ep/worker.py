@@ -7,8 +7,8 @@ steps (trace step ids to replay, in order), plans (npz: slots_PLS, share_PLS, pl
 num_experts, layer_ids, method), out (folder for rank<r>.json / rank<r>.pt), backend ("gloo" | "nccl"),
 timeout_s (collective and rendezvous timeout), repeats, sync (barrier before each all-to-all so its time is the
 transfer, not the wait for a slower rank), save_outputs, threads, token_ranks (optional .npy: rank of every
-trace row; default: each step's rows in G contiguous blocks), kill (optional {"rank", "step"}: that rank
-SIGKILLs itself before that step, for the fault test).
+trace row, the hook for a token shuffle such as Speculative MoE's; default: each step's rows in G contiguous
+blocks), kill (optional {"rank", "step", "mode": "kill" | "hang"}: fault injection for the tests).
 
 Each rank loads the model, copies out the experts its first plan hosts and drops the rest, then replays every
 step: per MoE layer the router inputs (trace hidden_TLH) and routing (experts_TLK, weights_TLK) of its own
@@ -55,6 +55,16 @@ def token_ranks(n: int, world: int) -> np.ndarray:
     return (np.arange(n) * world) // max(n, 1)
 
 
+def fault(mode: str, out: Path, rank: int) -> None:
+    """Fault injection for the tests: 'kill' SIGKILLs this rank, 'hang' stops it forever (its peers must time
+    out); the moment is written to out/fault-rank<r> first."""
+    (out / f"fault-rank{rank}").write_text(repr(time.time()))
+    if mode == "hang":
+        while True:
+            time.sleep(3600)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _fail(rank: int, what: str, t0: float, e: BaseException) -> int:
     msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     print(f"routecast ep: rank {rank}: {what} failed after {time.monotonic() - t0:.1f} s ({type(e).__name__}: {msg}); "
@@ -66,7 +76,8 @@ def run(cfg: dict[str, Any]) -> int:
     import torch
     import torch.distributed as dist
 
-    from routecast.place.slot_plans import weight_moves
+    from routecast.common.errors import ConfigError
+    from routecast.place.slots import weight_moves
     from routecast.runtime.ep.exchange import Router, move_weights, moe_layer, rank_experts
     from routecast.trace.capture_arch import find_blocks
     from routecast.trace.capture_inputs import load_model
@@ -77,16 +88,20 @@ def run(cfg: dict[str, Any]) -> int:
     t0 = time.monotonic()
     backend = cfg.get("backend", "gloo")
     dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}") if backend == "nccl" else torch.device("cpu")
+    try:  # a bad plan is refused before any collective
+        plans, plan_of_step = load_plans(cfg["plans"])
+        for p in plans:
+            p.validate(f"plan {cfg['plans']}")
+        if plans[0].num_ranks != world:
+            raise ConfigError(f"plan {cfg['plans']} is for {plans[0].num_ranks} ranks; expected {world} "
+                              "(torchrun --nproc-per-node).")
+    except ConfigError as e:
+        print(f"routecast ep: rank {rank}: {e}", file=sys.stderr, flush=True)
+        return 2
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=float(cfg.get("timeout_s", 20))))
     except Exception as e:  # noqa: BLE001 - any rendezvous failure is reported the same way
         return _fail(rank, "rendezvous", t0, e)
-    plans, plan_of_step = load_plans(cfg["plans"])
-    if plans[0].num_ranks != world:
-        print(f"routecast ep: rank {rank}: the plan is for {plans[0].num_ranks} ranks; expected {world} "
-              "(torchrun --nproc-per-node).", file=sys.stderr)
-        dist.destroy_process_group()
-        return 2
     model, _ = load_model(cfg["model"])
     blocks = find_blocks(model)
     store = rank_experts(blocks, plans[int(plan_of_step[0])], rank, world)
@@ -114,7 +129,7 @@ def run(cfg: dict[str, Any]) -> int:
             for rep in range(int(cfg.get("repeats", 1))):
                 for i, rows in enumerate(rows_of):
                     if kill and int(kill["rank"]) == rank and int(kill["step"]) == i and rep == 0:
-                        os.kill(os.getpid(), signal.SIGKILL)
+                        fault(kill.get("mode", "kill"), Path(cfg["out"]), rank)
                     p = int(plan_of_step[i])
                     if p != cur:
                         what = f"weight exchange before step {i}"
