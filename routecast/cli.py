@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.runtime.ep.cli import add_parser as add_ep_parser
 
 
 def _threads(n: int) -> None:
@@ -523,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
     p.set_defaults(fn=cmd_schedule)
+
+    add_ep_parser(sub)  # routecast/runtime/ep/cli.py
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"

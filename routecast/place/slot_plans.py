@@ -21,9 +21,9 @@ from routecast.common.errors import ConfigError
 from routecast.place.duplication import duplicate_experts, sharded_placement
 from routecast.place.eplb import rebalance_experts
 from routecast.place.probe import plan_layers, token_costs
-from routecast.place.slots import SlotPlan
+from routecast.place.slots import METHODS, SlotPlan
 
-METHODS = ("static", "eplb", "moe-gps", "probe")
+__all__ = ["METHODS", "eplb_plan", "moegps_plan", "probe_plans", "static_plan"]
 
 
 def _layer_ids(layer_ids, L: int) -> tuple[int, ...]:

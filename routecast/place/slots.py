@@ -32,6 +32,8 @@ import numpy as np
 
 from routecast.common.errors import ConfigError
 
+METHODS = ("static", "eplb", "moe-gps", "probe")  # the builders of place.slot_plans
+
 
 @dataclass(frozen=True, kw_only=True)
 class SlotPlan:
