@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.place.export_cli import run_export
 from routecast.runtime.ep.cli import add_parser as add_ep_parser
 
 
@@ -546,7 +547,9 @@ _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _FORWARDED:
+    if argv[:2] == ["place", "export"]:  # routecast/place/export_cli.py owns its flags
+        a = argparse.Namespace(cmd="place export", fn=run_export, args=argv[2:])
+    elif argv and argv[0] in _FORWARDED:
         # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
         a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
     else:
