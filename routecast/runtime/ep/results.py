@@ -32,10 +32,12 @@ def check_outputs(model_dir: str, trace: Any, rows_of: list[np.ndarray], out: Pa
     block's shared experts. Returns {'cells', 'max_abs_err', 'allclose'} (rtol 1e-4, atol 1e-5).
     """
     import torch
+    from transformers.utils import logging as hf_logging
 
     from routecast.trace.capture_arch import find_blocks
     from routecast.trace.capture_inputs import load_model
 
+    hf_logging.disable_progress_bar()
     model, _ = load_model(model_dir)
     blocks = find_blocks(model)
     saved = [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
