@@ -146,14 +146,14 @@ def moe_layer(store: RankExperts, plan: SlotPlan, lay: int, x_nH: torch.Tensor, 
     if store.shared[lay] is not None:
         y = y + store.shared[lay](x_nH)
     row = H * x_nH.element_size()
-    rec = LayerRecord(send_items_G=send.tolist(), recv_items_G=recv.tolist(),
-                      sent_bytes=int(send.sum() - send[r]) * row, recv_bytes=int(recv_buf[recv_rows_from_others(recv, r)].numel()
-                                                                                 * recv_buf.element_size()),
-                      items=int(into.size), t_dispatch=t_disp, t_compute=t_comp, t_combine=t_comb)
+    from_others = recv_buf[recv_rows_from_others(recv, r)]  # what crossed the link into this rank
+    rec = LayerRecord(send_items_G=send.tolist(), recv_items_G=recv.tolist(), sent_bytes=int(send.sum() - send[r]) * row,
+                      recv_bytes=from_others.numel() * from_others.element_size(), items=int(into.size),
+                      t_dispatch=t_disp, t_compute=t_comp, t_combine=t_comb)
     return y, rec
 
 
-def recv_rows_from_others(recv_G: np.ndarray, rank: int) -> slice | torch.Tensor:
+def recv_rows_from_others(recv_G: np.ndarray, rank: int) -> torch.Tensor:
     """Row index of the receive buffer excluding the block this rank sent itself."""
     start = int(recv_G[:rank].sum())
     idx = np.concatenate([np.arange(start), np.arange(start + int(recv_G[rank]), int(recv_G.sum()))])

@@ -27,7 +27,6 @@ from routecast.common.errors import ConfigError
 from routecast.place.slot_plans import METHODS, eplb_plan, moegps_plan, probe_plans, static_plan
 from routecast.place.slots import SlotPlan
 from routecast.runtime.ep.worker import step_rows, token_ranks
-from routecast.sim.a2a import LinkProfile, ep_a2a_bytes
 
 
 def select_steps(trace: Any, first: int, count: int, min_tokens: int = 0) -> list[int]:

@@ -75,16 +75,19 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
     return res
 
 
-HEADER = ("plan", "max/mean items", "IR", "a2a MB", "a2a ms", "pred ms", "err", "compute ms", "moved MB", "bytes==sim",
-          "allclose")
+HEADER = ("plan", "max/mean items", "IR", "a2a MB", "a2a ms median/min", "pred ms", "err median/min",
+          "cell ratio p10/p50", "compute ms", "moved MB", "bytes==sim", "allclose (max err)")
 
 
 def format_row(name: str, s: dict[str, Any]) -> str:
     pred = s.get("a2a_pred_s")
     out = s.get("outputs", {})
     cells = (name, f"{s['max_items_per_rank']:.0f}/{s['mean_items_per_rank']:.0f}", f"{s['ir_items']:.3f}",
-             f"{s['a2a_bytes'] / 1e6:.2f}", f"{s['a2a_s'] * 1e3:.1f}", "-" if pred is None else f"{pred * 1e3:.1f}",
-             "-" if pred is None else f"{s['a2a_rel_err']:+.0%}", f"{s['compute_s'] * 1e3:.1f}",
+             f"{s['a2a_bytes'] / 1e6:.2f}", f"{s['a2a_s'] * 1e3:.1f}/{s['a2a_min_s'] * 1e3:.1f}",
+             "-" if pred is None else f"{pred * 1e3:.1f}",
+             "-" if pred is None else f"{s['a2a_rel_err']:+.0%}/{s['a2a_min_rel_err']:+.0%}",
+             "-" if pred is None else "{:.2f}/{:.2f}".format(*s["a2a_cell_ratio_p10_p50_p90"][:2]),
+             f"{s['compute_s'] * 1e3:.1f}",
              f"{s['weight_bytes_moved'] / 1e6:.2f}", str(s["bytes"]["equal"]),
              "-" if not out else f"{out['allclose']} ({out['max_abs_err']:.1e})")
     return " | ".join(cells)

@@ -78,7 +78,7 @@ def run(cfg: dict[str, Any]) -> int:
 
     from routecast.common.errors import ConfigError
     from routecast.place.slots import weight_moves
-    from routecast.runtime.ep.exchange import Router, move_weights, moe_layer, rank_experts
+    from routecast.runtime.ep.exchange import Router, moe_layer, move_weights, rank_experts
     from routecast.trace.capture_arch import find_blocks
     from routecast.trace.capture_inputs import load_model
     from routecast.trace.io import read_trace

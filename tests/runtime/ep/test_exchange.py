@@ -31,6 +31,11 @@ def _data():
     return gu, dn, x, ids, w
 
 
+def _src():
+    """Tokens scattered over the ranks (not contiguous blocks): the token -> rank hook a token shuffle uses."""
+    return np.random.default_rng(5).integers(0, G, N)
+
+
 def _plans(ids, src):
     from routecast.place.slot_plans import eplb_plan, moegps_plan, probe_plans, static_plan
 
@@ -47,15 +52,13 @@ def _child(rank: int, port: int, out: str, plans: dict) -> None:
     import torch.nn.functional as F
 
     from routecast.place.slots import hosted, weight_moves
-    from routecast.runtime.ep.exchange import RankExperts, Router, move_weights, moe_layer
+    from routecast.runtime.ep.exchange import RankExperts, Router, moe_layer, move_weights
     from routecast.runtime.ep.results import predicted_bytes
-    from routecast.runtime.ep.worker import token_ranks
-
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=G, timeout=timedelta(seconds=10))
     gu, dn, x, ids, w = _data()
-    src = token_ranks(N, G)
+    src = _src()
     mine = np.flatnonzero(src == rank)
     ref = torch.zeros(N, H)
     for k in range(K):
@@ -104,11 +107,9 @@ def _child(rank: int, port: int, out: str, plans: dict) -> None:
 def test_two_ranks_every_plan_and_a_dead_peer(tmp_path):
     from routecast.runtime.ep.launch import free_port
 
-    from routecast.runtime.ep.worker import token_ranks
-
     ctx = mp.get_context("spawn")
     port = free_port()
-    plans = _plans(_data()[3], token_ranks(N, G))  # planned here: the ranks need no planner (no numba import)
+    plans = _plans(_data()[3], _src())  # planned here: the ranks need no planner (no numba import)
     procs = [ctx.Process(target=_child, args=(r, port, str(tmp_path), plans)) for r in range(G)]
     for p in procs:
         p.start()
