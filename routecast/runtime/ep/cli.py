@@ -40,6 +40,7 @@ def cmd_ep(a: argparse.Namespace) -> int:
     print(f"EP {st['nproc']} (gloo, torchrun): {len(st['steps'])} steps, {st['tokens']} tokens, {st['repeats']} repeats, "
           f"link {st['link']}")
     print(format_table(res))
+    print(f"ranks started per plan with: {st['torchrun']}")
     return 0
 
 

@@ -29,7 +29,8 @@ def check_outputs(model_dir: str, trace: Any, rows_of: list[np.ndarray], out: Pa
     """Every saved (step, layer) of every rank against the single-process MoE block with the same routing (fp32).
 
     Reference: the transformers experts module (all E experts in one process) on the step's rows, plus the
-    block's shared experts. Returns {'cells', 'max_abs_err', 'allclose'} (rtol 1e-4, atol 1e-5).
+    block's shared experts. Returns {'cells', 'max_abs_err', 'allclose'} (rtol 1e-4, atol 1e-5) and router_match:
+    the share of tokens whose forced top-k set equals what the block's router picks on the same inputs.
     """
     import torch
     from transformers.utils import logging as hf_logging
@@ -41,7 +42,7 @@ def check_outputs(model_dir: str, trace: Any, rows_of: list[np.ndarray], out: Pa
     model, _ = load_model(model_dir)
     blocks = find_blocks(model)
     saved = [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
-    worst, ok, cells = 0.0, True, 0
+    worst, ok, cells, same, rows_n = 0.0, True, 0, 0, 0
     with torch.no_grad():
         for key in saved[0]:
             i, lay = map(int, key.split(":"))
@@ -50,6 +51,10 @@ def check_outputs(model_dir: str, trace: Any, rows_of: list[np.ndarray], out: Pa
             ids = torch.from_numpy(np.asarray(trace.experts_TLK[rows, lay]).astype(np.int64))
             w = torch.from_numpy(np.asarray(trace.weights_TLK[rows, lay], np.float32))
             b = blocks[lay]
+            routed = b.router(x)  # the model's own router on the same inputs: does the forced routing match it?
+            if isinstance(routed, tuple) and len(routed) == 3 and not routed[2].is_floating_point():
+                same += int((routed[2].sort(dim=-1).values == ids.sort(dim=-1).values).all(dim=-1).sum())
+                rows_n += ids.shape[0]
             ref = b.experts(x, ids, w)
             sh = next((b.block._modules[n] for n in ("shared_experts", "shared_expert") if n in b.block._modules), None)
             if sh is not None:
@@ -63,7 +68,8 @@ def check_outputs(model_dir: str, trace: Any, rows_of: list[np.ndarray], out: Pa
             worst = max(worst, err)
             ok &= bool(torch.allclose(got, ref, rtol=1e-4, atol=1e-5))
             cells += 1
-    return {"cells": cells, "max_abs_err": worst, "allclose": ok}
+    return {"cells": cells, "max_abs_err": worst, "allclose": ok,
+            "router_match": None if rows_n == 0 else same / rows_n}
 
 
 def predicted_bytes(plan: SlotPlan, lay: int, ids_nK: np.ndarray, src_n: np.ndarray, row_bytes: int

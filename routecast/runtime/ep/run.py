@@ -54,7 +54,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
     res: dict[str, Any] = {"settings": {
         "model": model, "trace": str(trace_dir), "nproc": nproc, "steps": ids, "tokens": int(sum(r.size for r in rows_of)),
         "repeats": repeats, "link": None if prof is None else prof.name, "backend": "gloo",
-        "torchrun": " ".join(torchrun_command(nproc, Path("CONFIG")))}, "plans": {}}
+        "torchrun": " ".join(torchrun_command(nproc, out / "PLAN" / "config.json"))}, "plans": {}}
     for name in plans:
         d = out / name
         cfg, pl, pos = prepare(trace, model=model, trace_dir=trace_dir, out=d, method=name, nproc=nproc, steps=ids,
@@ -76,7 +76,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
 
 
 HEADER = ("plan", "max/mean items", "IR", "a2a MB", "a2a ms median/min", "pred ms", "err median/min",
-          "cell ratio p10/p50", "compute ms", "moved MB", "bytes==sim", "allclose (max err)")
+          "cell ratio p10/p50", "compute ms", "moved MB", "bytes==sim", "allclose (max err), router match")
 
 
 def format_row(name: str, s: dict[str, Any]) -> str:
@@ -89,7 +89,8 @@ def format_row(name: str, s: dict[str, Any]) -> str:
              "-" if pred is None else "{:.2f}/{:.2f}".format(*s["a2a_cell_ratio_p10_p50_p90"][:2]),
              f"{s['compute_s'] * 1e3:.1f}",
              f"{s['weight_bytes_moved'] / 1e6:.2f}", str(s["bytes"]["equal"]),
-             "-" if not out else f"{out['allclose']} ({out['max_abs_err']:.1e})")
+             "-" if not out else f"{out['allclose']} ({out['max_abs_err']:.1e})"
+             + ("" if out.get("router_match") is None else f", router {out['router_match']:.0%}"))
     return " | ".join(cells)
 
 
