@@ -76,7 +76,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
 
 
 HEADER = ("plan", "max/mean items", "IR", "a2a MB", "a2a ms median/min", "pred ms", "err median/min",
-          "cell ratio p10/p50", "compute ms", "moved MB", "bytes==sim", "allclose (max err), router match")
+          "cell ratio p10/p50", "compute ms", "moved MB", "held MB/rank", "bytes==sim", "allclose (max err), router match")
 
 
 def format_row(name: str, s: dict[str, Any]) -> str:
@@ -88,7 +88,8 @@ def format_row(name: str, s: dict[str, Any]) -> str:
              "-" if pred is None else f"{s['a2a_rel_err']:+.0%}/{s['a2a_min_rel_err']:+.0%}",
              "-" if pred is None else "{:.2f}/{:.2f}".format(*s["a2a_cell_ratio_p10_p50_p90"][:2]),
              f"{s['compute_s'] * 1e3:.1f}",
-             f"{s['weight_bytes_moved'] / 1e6:.2f}", str(s["bytes"]["equal"]),
+             f"{s['weight_bytes_moved'] / 1e6:.2f}", f"{max(s['held_bytes_per_rank']) / 1e6:.1f}",
+             str(s["bytes"]["equal"]),
              "-" if not out else f"{out['allclose']} ({out['max_abs_err']:.1e})"
              + ("" if out.get("router_match") is None else f", router {out['router_match']:.0%}"))
     return " | ".join(cells)
