@@ -89,7 +89,8 @@ def run_export(a: argparse.Namespace) -> int:
         plan = None if loads is not None else plan_from_sglang(src, layer_ids=tuple(spec.layer_ids),
                                                                num_experts=spec.num_experts, num_ranks=a.ep)
     else:
-        raise ConfigError(f"PLAN {a.plan!r} is neither a method (static, eplb, moe-gps) nor a .json/.pt file.")
+        why = " (PROBE plans change every step and leave empty slots, which SGLang cannot load)" if a.plan == "probe" else ""
+        raise ConfigError(f"PLAN {a.plan!r} is neither a method (static, eplb, moe-gps) nor a .json/.pt file{why}.")
     if a.format == "sglang":
         doc = sglang_mapping(plan, n_layers)
         write_atomic(out, json.dumps(doc), "--out")

@@ -32,7 +32,7 @@ def _layer_ids(layer_ids, L: int) -> tuple[int, ...]:
 
 def _check_ranks(E: int, G: int) -> None:
     if isinstance(G, bool) or not isinstance(G, (int, np.integer)) or G < 1 or E % G:
-        raise ConfigError(f"ep is {G!r}; expected a positive divisor of the {E} experts.")
+        raise ConfigError(f"ranks (--ep / --nproc) is {G!r}; expected a positive divisor of the {E} experts.")
 
 
 def static_plan(num_layers: int, num_experts: int, num_ranks: int, layer_ids=None) -> SlotPlan:

@@ -98,4 +98,4 @@ def test_cli_export_round_trip(tmp_path, capsys, small_trace):
     assert json.loads(conv.read_text()) == json.loads(out.read_text())
     assert main(["place", "export", "eplb", "--trace", str(tmp_path / "tr"), "--ep", "3", "--num-layers", "4",
                  "--out", str(tmp_path / "z.json")]) == 2
-    assert "ep is 3" in capsys.readouterr().err
+    assert "ranks (--ep / --nproc) is 3" in capsys.readouterr().err
