@@ -27,6 +27,20 @@ def cmd_ep(a: argparse.Namespace) -> int:
 
     if not a.trace:
         raise ConfigError("--trace is missing; expected a trace folder captured with --hidden (routecast capture).")
+    if a.action == "forward":
+        from routecast.common.outputs import check_out_dir
+        from routecast.runtime.ep.forward import run_forward
+
+        out = check_out_dir(a.out or "out/ep-forward", "--out", overwrite=a.overwrite)
+        for plan in [p for p in a.plans.split(",") if p]:
+            r = run_forward(model=a.model, trace_dir=a.trace, out=out / plan, nproc=a.nproc, method=plan,
+                            requests=a.requests, tokens=a.tokens, redundant_per_rank=a.redundant, timeout_s=a.timeout)
+            print(json.dumps(r) if a.json else
+                  f"{plan}: EP {r['nproc']} whole-model forward of {r['sequences']} x {r['tokens']} tokens: logits "
+                  f"allclose {r['allclose']} (max abs err {r['logits_max_abs_err']:.1e}), bytes == sim {r['bytes_equal']} "
+                  f"({r['cells_checked']} rank-layers), a2a {r['a2a_bytes'] / 1e6:.2f} MB, expert weights held per rank "
+                  f"{max(r['held_bytes_per_rank']) / 1e6:.1f} MB")
+        return 0
 
     res = run_plans(model=a.model, trace_dir=a.trace, out=a.out or "out/ep", nproc=a.nproc,
                     plans=[p for p in a.plans.split(",") if p], steps=a.steps, first_step=a.first_step,
@@ -47,14 +61,17 @@ def cmd_ep(a: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The `ep` subcommand (routecast/cli.py calls this)."""
     p = sub.add_parser("ep", help="expert parallelism: run a trace's MoE layers on torchrun ranks under each plan")
-    p.add_argument("action", choices=("run", "calibrate"),
-                   help="run: replay trace steps through the real MoE layers per plan; calibrate: measure the gloo "
-                        "all-to-all and fit alpha + V / B")
+    p.add_argument("action", choices=("run", "forward", "calibrate"),
+                   help="run: replay trace steps through the real MoE layers per plan; forward: the whole model with "
+                        "EP MoE layers and its own router on the trace's prompts, logits vs one process; calibrate: "
+                        "measure the gloo all-to-all and fit alpha + V / B")
     p.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc-per-node; default 2)")
     p.add_argument("--model", default="builtin-fine", help="checkpoint folder or built-in name (default builtin-fine)")
     p.add_argument("--trace", default=None, help="run: trace captured from --model with --hidden")
     p.add_argument("--plans", default=",".join(m for m in METHODS),
                    help=f"run: comma-separated plans among {', '.join(METHODS)} (default all)")
+    p.add_argument("--requests", type=int, default=8, help="forward: sequences (default 8)")
+    p.add_argument("--tokens", type=int, default=32, help="forward: prompt tokens per sequence (default 32)")
     p.add_argument("--steps", type=int, default=8, help="run: trace steps to replay (default 8)")
     p.add_argument("--first-step", type=int, default=0, help="run: index of the first replayed step (default 0)")
     p.add_argument("--min-tokens", type=int, default=0, help="run: skip steps with fewer tokens (default 0)")

@@ -101,10 +101,11 @@ def _timed_a2a(out: torch.Tensor, inp: torch.Tensor, out_split: list[int], in_sp
 
 
 def moe_layer(store: RankExperts, plan: SlotPlan, lay: int, x_nH: torch.Tensor, w_nK: torch.Tensor, route: Router,
-              *, sync: bool = True) -> tuple[torch.Tensor, LayerRecord]:
+              *, sync: bool = True, shared: bool = True) -> tuple[torch.Tensor, LayerRecord]:
     """Routed experts (+ shared experts) of MoE layer `lay` for this rank's n tokens -> ((n, H) output, record).
 
-    x_nH: this rank's tokens (the rows of route with src == rank, in order); w_nK: their routing weights.
+    x_nH: this rank's tokens (the rows of route with src == rank, in order); w_nK: their routing weights;
+    shared=False leaves the shared experts to the caller (the transformers block adds them itself).
     """
     G, r = store.world, store.rank
     K = route.ids_NK.shape[1]
@@ -143,7 +144,7 @@ def moe_layer(store: RankExperts, plan: SlotPlan, lay: int, x_nH: torch.Tensor, 
     item_out[torch.from_numpy(perm)] = back
     w_items = w_nK.reshape(-1, 1).to(x_nH.dtype)
     y = (item_out * w_items).reshape(-1, K, H).sum(dim=1)
-    if store.shared[lay] is not None:
+    if shared and store.shared[lay] is not None:
         y = y + store.shared[lay](x_nH)
     row = H * x_nH.element_size()
     from_others = recv_buf[recv_rows_from_others(recv, r)]  # what crossed the link into this rank
