@@ -87,3 +87,12 @@ def test_torchrun_reports_a_dead_rank(fine_trace, tmp_path):
     with pytest.raises(ConfigError, match="exited with code"):
         launch(cfg, 2)
     assert time.time() - t0 < 120
+
+
+def test_whole_model_forward_at_ep2(fine_trace, tmp_path):
+    from routecast.runtime.ep.forward import run_forward
+
+    r = run_forward(model="builtin-fine", trace_dir=fine_trace, out=tmp_path / "fwd", nproc=2, method="eplb",
+                    requests=4, tokens=12)
+    assert r["allclose"] and r["bytes_equal"] and r["cells_checked"] == 2 * 5
+    assert max(r["held_bytes_per_rank"]) < 64 * 5 * 98304
