@@ -76,6 +76,15 @@ def _child(rank: int, port: int, out: str, plans: dict) -> None:
         res[name] = {"err": float((y - ref[mine]).abs().max()), "sent": rec.sent_bytes, "recv": rec.recv_bytes,
                      "pred_sent": int(sent[rank]), "pred_recv": int(recv[rank]), "items": rec.items,
                      "quota": int(plan.served_GE(0, np.bincount(ids.reshape(-1), minlength=E))[rank].sum())}
+    # the drop-in experts module of `ep forward`: local ids only, the global routing is all-gathered
+    from routecast.runtime.ep.forward import EPExperts
+
+    held = hosted(plans["eplb"])[0, :, rank]
+    store = RankExperts(rank=rank, world=G, layers=[{int(e): (gu[e], dn[e]) for e in np.flatnonzero(held)}],
+                        act=F.silu, shared=[None])
+    log = []
+    y = EPExperts(store, plans["eplb"], 0, log)(x[mine], torch.from_numpy(ids[mine]), w[mine])
+    res["module"] = {"err": float((y - ref[mine]).abs().max()), "ids_ok": log[0]["ids"] == ids[np.argsort(src, kind="stable")].tolist()}
     # a re-plan static -> probe: the weights arrive and equal the originals
     st = plans["static"]
     store = RankExperts(rank=rank, world=G, layers=[{int(e): (gu[e], dn[e]) for e in np.flatnonzero(hosted(st)[0, :, rank])}],
@@ -133,6 +142,7 @@ def test_two_ranks_every_plan_and_a_dead_peer(tmp_path):
     static_max = max(res[r]["static"]["items"] for r in range(G))
     assert max(res[r]["probe"]["items"] for r in range(G)) < static_max
     for r in range(G):
+        assert res[r]["module"]["err"] < 1e-5 and res[r]["module"]["ids_ok"]
         m = res[r]["move"]
         assert m["bytes_in"] == m["expected_in"] and m["held_ok"] and m["values_ok"]
     assert sum(res[r]["move"]["bytes_in"] for r in range(G)) > 0
