@@ -528,6 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
 
+    from routecast.runtime.cli import add_parser as add_run_parser
+
+    add_run_parser(sub)
+
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
     )

@@ -1,1 +1,1 @@
-"""Real execution of routecast's plans: offloaded inference and expert parallelism on torch.distributed."""
+"""Real execution: offloaded inference (offload/) and expert parallelism on torch.distributed (ep/)."""
