@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.place.export_cli import run_export
+from routecast.runtime.ep.cli import add_parser as add_ep_parser
 
 
 def _threads(n: int) -> None:
@@ -525,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p, "out/schedule/rebatch.json")
     p.set_defaults(fn=cmd_schedule)
 
+    add_ep_parser(sub)  # routecast/runtime/ep/cli.py
+
     from routecast.runtime.cli import add_parser as add_run_parser
 
     add_run_parser(sub)
@@ -551,7 +555,9 @@ _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _FORWARDED:
+    if argv[:2] == ["place", "export"]:  # routecast/place/export_cli.py owns its flags
+        a = argparse.Namespace(cmd="place export", fn=run_export, args=argv[2:])
+    elif argv and argv[0] in _FORWARDED:
         # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
         a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
     else:
