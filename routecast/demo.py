@@ -115,6 +115,12 @@ def section_emoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, out)
 
 
+def section_expertflow(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.expertflow import section_expertflow as run
+
+    return run(trace, out)
+
+
 def section_offload(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.offload import section_offload as run
 
@@ -132,6 +138,7 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("moegps", section_moegps),
     ("probe", section_probe),
     ("emoe", section_emoe),
+    ("expertflow", section_expertflow),
     ("offload", section_offload),
     ("serving", section_serving),
 ]
