@@ -70,7 +70,7 @@ def metis_groups(W: sp.csr_matrix, G: int, beta: float, seed: int) -> tuple[np.n
     vw = np.zeros((U + E, 2), np.int64)
     vw[:U, 0], vw[U:, 1] = lw, 1
     opts = pymetis.Options(seed=seed, ncuts=2)
-    _, parts = pymetis.part_graph(G, xadj=A.indptr, adjncy=A.indices, eweights=A.data, vweights=vw.ravel(),
+    _, parts = pymetis.part_graph(G, pymetis.CSRAdjacency(A.indptr, A.indices), eweights=A.data, vweights=vw.ravel(),
                                   options=opts)
     parts = np.asarray(parts, np.int32)
     ex = np.zeros((E, G))
