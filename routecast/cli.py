@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.schedule import cocluster_cli
 
 
 def _threads(n: int) -> None:
@@ -283,6 +284,8 @@ def cmd_cache(a: argparse.Namespace) -> int:
 
 
 def cmd_schedule(a: argparse.Namespace) -> int:
+    if a.action == "cocluster":
+        return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
     from routecast.schedule.cli import run_rebatch
@@ -514,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
-    p.add_argument("action", choices=("rebatch",), help="rebatch: arrival-order vs path-clustered half-batches")
+    p.add_argument("action", choices=("rebatch", "cocluster"),
+                   help="rebatch: arrival-order vs path-clustered half-batches; cocluster: s-MoE token-expert co-clustering")
     p.add_argument("trace", help="trace directory")
     p.add_argument("--predictor", default="conditional-token",
                    help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
@@ -522,7 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
     p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
+    cocluster_cli.add_cocluster_flags(p)
     p.set_defaults(fn=cmd_schedule)
+    cocluster_cli.add_permute_parser(sub)
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"

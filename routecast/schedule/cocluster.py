@@ -134,8 +134,12 @@ def topk_sets(experts_TK: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cocluster(trace: Trace, ep: int, method: str = "smoe", *, rows: np.ndarray | None = None,
-              config: CEOConfig | None = None, progress: bool = False) -> CoclusterPlan:
-    """Fit a plan of `method` on the rows of trace in the bool (T,) mask `rows` (None = all), layer by layer."""
+              config: CEOConfig | None = None, progress: bool = False, respect_groups: bool = False) -> CoclusterPlan:
+    """Fit a plan of `method` on the rows of trace in the bool (T,) mask `rows` (None = all), layer by layer.
+
+    respect_groups: for grouped routers (spec.n_group > 1) place whole router groups (the units are the groups,
+    their affinity the sum of their experts'), so the permuted checkpoint routes exactly as before (permute.py).
+    """
     if method not in METHODS:
         raise ConfigError(f"--method is {method!r}; expected one of {', '.join(METHODS)}.")
     s = trace.spec
@@ -144,36 +148,53 @@ def cocluster(trace: Trace, ep: int, method: str = "smoe", *, rows: np.ndarray |
     cfg = config or CEOConfig()
     keys, W_L = affinity(trace, rows)
     L, E, U = s.num_layers, s.num_experts, keys.size
+    unit_E = np.arange(E)  # the unit each expert is placed with: itself, or its router group
+    if respect_groups and s.n_group > 1:
+        if s.n_group % ep:
+            raise ConfigError(f"--respect-groups: the router's {s.n_group} expert groups cannot be split evenly over "
+                              f"--ep {ep} ranks; expected an ep that divides {s.n_group}.")
+        unit_E = np.arange(E) // (E // s.n_group)
+        agg = sp.csr_matrix((np.ones(E), (np.arange(E), unit_E)), shape=(E, s.n_group))
+        W_L = [sp.csr_matrix(W @ agg) for W in W_L]
+    n_units = int(unit_E.max()) + 1
     eg = np.zeros((L, E), np.int32)
     tg = np.zeros((L, U), np.int32)
     tc = np.ones((L, U), np.float32)
     fit_s, hist = [], []
     ex = None if method != "hypergraph" else np.asarray(
-        trace.experts_TLK if rows is None else trace.experts_TLK[np.asarray(rows, bool)])
+        trace.experts_TLK if rows is None else trace.experts_TLK[np.asarray(rows, bool)]).astype(np.int64)
+    if ex is not None and n_units != E:  # the hyperedges run over groups: a token's distinct groups
+        ex = np.where(ex >= 0, unit_E[np.maximum(ex, 0)], -1)
+        srt = np.sort(ex, axis=-1)
+        dup = np.concatenate([np.zeros(srt.shape[:-1] + (1,), bool), srt[..., 1:] == srt[..., :-1]], axis=-1)
+        ex = np.where(dup, -1, srt)
+    ug = np.zeros((L, n_units), np.int32)
     for layer in tqdm(range(L), desc=f"cocluster {method}", disable=not progress, leave=False):
         W = W_L[layer]
         t0 = time.perf_counter()
         if method == "smoe":
-            eg[layer], tg[layer], conf, h = ceo_cocluster(W, ep, cfg)
+            ug[layer], tg[layer], conf, h = ceo_cocluster(W, ep, cfg)
             tc[layer] = conf
             hist.append(h)
         elif method == "metis":
-            eg[layer], tg[layer] = baselines.metis_groups(W, ep, cfg.beta, cfg.seed)
+            ug[layer], tg[layer] = baselines.metis_groups(W, ep, cfg.beta, cfg.seed)
         elif method == "kmeans":
-            eg[layer], tg[layer] = baselines.kmeans_groups(W, ep, cfg.beta, cfg.seed)
+            ug[layer], tg[layer] = baselines.kmeans_groups(W, ep, cfg.beta, cfg.seed)
         elif method == "hypergraph":
             sets, n = topk_sets(ex[:, layer])
-            eg[layer], tg[layer] = baselines.hypergraph_groups(W, sets, n, ep, cfg.beta, cfg.seed)
+            ug[layer], tg[layer] = baselines.hypergraph_groups(W, sets, n, ep, cfg.beta, cfg.seed)
         elif method == "random":
-            eg[layer], tg[layer] = baselines.random_groups(W, ep, cfg.beta, cfg.seed + layer)
+            ug[layer], tg[layer] = baselines.random_groups(W, ep, cfg.beta, cfg.seed + layer)
         elif method == "sts":
-            eg[layer], tg[layer] = baselines.sts_groups(W, ep, cfg.beta)
+            ug[layer], tg[layer] = baselines.sts_groups(W, ep, cfg.beta)
         else:
-            eg[layer] = baselines.contiguous_experts(E, ep)
+            ug[layer] = baselines.contiguous_experts(n_units, ep)
+        eg[layer] = ug[layer][unit_E]
         fit_s.append(time.perf_counter() - t0)
     if method == "none":  # plain EP: no token table, every token stays home
         keys, tg, tc = keys[:0], tg[:, :0], tc[:, :0]
-    meta: dict[str, Any] = {"profile_tokens": int(trace.num_tokens if rows is None else np.sum(rows)), "distinct_tokens": U}
+    meta: dict[str, Any] = {"profile_tokens": int(trace.num_tokens if rows is None else np.sum(rows)), "distinct_tokens": U,
+                            "respect_groups": bool(n_units != E)}
     if method == "smoe":
         meta.update(n_steps=cfg.n_steps, samples=cfg.samples, rho=cfg.rho, smoothing=cfg.smoothing,
                     token_sampling=cfg.token_sampling, seed=cfg.seed, best_lar_per_step=[h[-1] for h in hist])
