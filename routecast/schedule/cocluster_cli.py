@@ -43,6 +43,8 @@ def cocluster_main(a: argparse.Namespace) -> int:
     check_out_file(plan_path, "--plan")
     cfg = CEOConfig(beta=a.beta, rho=a.rho, seed=a.seed)
     trace = read_trace(a.trace, load_hidden=False, load_logits=False)
+    if type(a.ep) is not int or a.ep < 1 or trace.spec.num_experts % a.ep:
+        raise ConfigError(f"--ep is {a.ep!r}; expected a positive divisor of the trace's {trace.spec.num_experts} experts.")
     if a.in_sample:
         train, test, used = np.ones(trace.num_tokens, bool), None, "none"
     else:

@@ -155,3 +155,20 @@ def test_balanced_tokens_respects_preference():
     W = sp.csr_matrix(np.array([[3.0, 0], [0, 3.0], [1.0, 1.0]]))
     tok = balanced_tokens(W, np.array([0, 1], np.int32), 2, 1.5)
     assert tok[0] == 0 and tok[1] == 1
+
+
+def test_cocluster_cli_table_json_plan_and_bad_input(tmp_path, capsys):
+    from routecast.cli import main
+    from routecast.trace.io import write_trace
+
+    write_trace(planted(), tmp_path / "tr")
+    out, plan = tmp_path / "cc.json", tmp_path / "plan.json"
+    assert main(["schedule", "cocluster", str(tmp_path / "tr"), "--ep", "4", "--method", "metis", "--out", str(out),
+                 "--plan", str(plan), "--quiet", "--split", "request"]) == 0
+    text = capsys.readouterr().out
+    assert "metis" in text and "none" in text and out.is_file()
+    assert read_plan(plan).method == "metis"
+    for bad in (["--method", "spectral"], ["--ep", "5"]):
+        assert main(["schedule", "cocluster", str(tmp_path / "tr"), *bad, "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error" in err
