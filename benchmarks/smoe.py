@@ -147,15 +147,18 @@ def scale_time(tokens: int, reps: int) -> dict:
 
     tr = first_layers(generate(preset_config("deepseek-v3", tokens=tokens, seed=1)), 1)
     cocluster(first_layers(tr, 1).select(np.arange(min(2000, tr.num_tokens))), 32, "smoe")  # compile
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = cocluster(tr, 32, "smoe")
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     r = {"tokens": tr.num_tokens, "distinct_tokens": int(plan.meta["distinct_tokens"]), "experts": tr.spec.num_experts,
-         "ep": 32, "seconds": times, "median_s": float(np.median(times))}
+         "ep": 32, "seconds": times, "median_s": float(np.median(times)), "cpu_seconds": cpu,
+         "median_cpu_s": float(np.median(cpu)), "load": os.getloadavg()[0]}
     print(f"Algorithm 1 time, one layer of {tr.num_tokens} tokens ({r['distinct_tokens']} distinct ids), 256 experts, "
-          f"EP 32, 1 thread: median {r['median_s']:.2f} s of {reps} (range {min(times):.2f}-{max(times):.2f})", flush=True)
+          f"EP 32, 1 thread: median {r['median_cpu_s']:.2f} s CPU, {r['median_s']:.2f} s wall of {reps} (wall range "
+          f"{min(times):.2f}-{max(times):.2f}; load {r['load']:.1f})", flush=True)
     return r
 
 
@@ -167,6 +170,7 @@ def main() -> None:
     ap.add_argument("--scale-tokens", type=int, default=100_000, help="tokens of the timing case")
     ap.add_argument("--reps", type=int, default=3, help="repeats of the timing case")
     ap.add_argument("--quick", action="store_true", help="fine trace only, no synthetic cases")
+    ap.add_argument("--scale-only", action="store_true", help="only the timing case (writes --out too)")
     ap.add_argument("--out", default="out/bench/smoe.json")
     a = ap.parse_args()
     from routecast.trace.io import read_trace
@@ -175,6 +179,11 @@ def main() -> None:
 
     t_start = time.perf_counter()
     print(f"load: {os.getloadavg()[0]:.1f} (1-min) on {os.cpu_count()} cores", flush=True)
+    if a.scale_only:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"machine": machine_info(), "scale": scale_time(a.scale_tokens, a.reps)},
+                                          indent=1, default=float))
+        return
     fine = read_trace(a.fine, load_hidden=False, load_logits=False).materialise()
     rows = run_case("fine", fine, (4, 8), METHODS)
     res: dict = {"machine": machine_info()}
