@@ -11,7 +11,8 @@ a synthetic deepseek-v3 preset trace (`--ds-requests` requests, its first `--ds-
 top-8) at EP 8/16/32. Each trace is split by document 80/20 (seed 0; synthetic requests are their own
 documents); every method is fitted on the training 80% and scored twice: in sample (on the same 80%) and held
 out (on the other 20%, token ids never profiled stay on their home rank). Methods: smoe (Algorithm 1), smoe-paper
-(its token sampler as printed), metis, kmeans (2-D balanced), hypergraph (Mt-KaHyPar, km1), random, sts (token
+(its token sampler as printed), smoe-groups (Algorithm 1 placing whole router groups, --respect-groups: what a
+permuted grouped-router checkpoint can realise; only where the groups divide over the ranks), metis, kmeans (2-D balanced), hypergraph (Mt-KaHyPar, km1), random, sts (token
 shuffling alone, experts contiguous), none (plain EP). All are held to the same balance: E/G experts per rank,
 token load <= beta x mean (+ one token). a2a bytes: routed assignments whose expert is on another rank x hidden x
 2 bytes, per layer (dispatch; the combine returns the same), -Z% against plain EP on the same tokens.
@@ -46,7 +47,7 @@ from routecast.schedule.ceo import CEOConfig, paper_preset  # noqa: E402
 from routecast.schedule.cocluster import cocluster, evaluate_plan  # noqa: E402
 from routecast.trace import Trace  # noqa: E402
 
-METHODS = ("none", "random", "sts", "kmeans", "metis", "hypergraph", "smoe-paper", "smoe")
+METHODS = ("none", "random", "sts", "kmeans", "metis", "hypergraph", "smoe-paper", "smoe", "smoe-groups")
 
 
 def first_layers(trace: Trace, n: int) -> Trace:
@@ -65,9 +66,13 @@ def run_case(name: str, trace: Trace, eps: tuple[int, ...], methods: tuple[str, 
     for ep in eps:
         base: dict[str, float] = {}
         for m in methods:
+            groups = m == "smoe-groups"
+            if groups and (trace.spec.n_group <= 1 or trace.spec.n_group % ep):
+                continue  # whole router groups cannot fill ep ranks evenly
             cfg = paper_preset() if m == "smoe-paper" else CEOConfig()
             t0 = time.perf_counter()
-            plan = cocluster(trace, ep, "smoe" if m == "smoe-paper" else m, rows=train, config=cfg)
+            plan = cocluster(trace, ep, "smoe" if m.startswith("smoe") else m, rows=train, config=cfg,
+                             respect_groups=groups)
             fit = time.perf_counter() - t0
             ins, held = evaluate_plan(plan, trace, rows=train), evaluate_plan(plan, trace, rows=test)
             if m == "none":
@@ -170,6 +175,7 @@ def main() -> None:
     ap.add_argument("--scale-tokens", type=int, default=100_000, help="tokens of the timing case")
     ap.add_argument("--reps", type=int, default=3, help="repeats of the timing case")
     ap.add_argument("--quick", action="store_true", help="fine trace only, no synthetic cases")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset (none is always run first)")
     ap.add_argument("--scale-only", action="store_true", help="only the timing case (writes --out too)")
     ap.add_argument("--out", default="out/bench/smoe.json")
     a = ap.parse_args()
@@ -185,13 +191,14 @@ def main() -> None:
                                           indent=1, default=float))
         return
     fine = read_trace(a.fine, load_hidden=False, load_logits=False).materialise()
-    rows = run_case("fine", fine, (4, 8), METHODS)
+    methods = tuple(dict.fromkeys(["none", *[m for m in a.methods.split(",") if m in METHODS]]))
+    rows = run_case("fine", fine, (4, 8), methods)
     res: dict = {"machine": machine_info()}
     if not a.quick:
         ds = first_layers(generate(preset_config("deepseek-v3", requests=a.ds_requests, seed=0)), a.ds_layers)
         print(f"synthetic deepseek-v3: {ds!r} ({a.ds_requests} requests, first {a.ds_layers} MoE layers)", flush=True)
         res["ds_trace"] = {"tokens": ds.num_tokens, "requests": a.ds_requests, "layers": a.ds_layers}
-        rows += run_case("deepseek-v3", ds, (8, 16, 32), METHODS)
+        rows += run_case("deepseek-v3", ds, (8, 16, 32), methods)
     res["rows"] = rows
     res["simulated"] = sim = simulate(rows)
     for s in sim:
