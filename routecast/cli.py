@@ -516,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 
-    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
+    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching; s-MoE token-expert co-clustering")
     p.add_argument("action", choices=("rebatch", "cocluster"),
                    help="rebatch: arrival-order vs path-clustered half-batches; cocluster: s-MoE token-expert co-clustering")
     p.add_argument("trace", help="trace directory")
