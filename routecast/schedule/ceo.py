@@ -155,6 +155,8 @@ def _sample_tokens(indptr: np.ndarray, idx: np.ndarray, w: np.ndarray, p_UG: np.
             cnt[g] += load_U[u]
             if cnt[g] >= cap:
                 mask[g] = 0.0
+                if mask.sum() == 0.0:  # every cluster full (only zero-load tokens or rounding remain): reopen
+                    mask[:] = 1.0
     return out, score
 
 
@@ -171,6 +173,8 @@ def _greedy_assign(score_NG: np.ndarray, load_N: np.ndarray, cap: float, order_N
         for g in range(G):
             if mask[g] and score_NG[n, g] > bv:
                 best, bv = g, score_NG[n, g]
+        if best < 0:  # every cluster reached cap (zero-load items or rounding remain): least loaded one
+            best = int(np.argmin(cnt))
         out[n] = best
         cnt[best] += load_N[n]
         if cnt[best] >= cap:
