@@ -170,10 +170,11 @@ def scale_time(tokens: int, reps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fine", default="/work/data/traces/fine", help="fine trace directory")
-    ap.add_argument("--ds-requests", type=int, default=20, help="requests of the synthetic deepseek-v3 trace")
+    ap.add_argument("--ds-preset", default="deepseek-v3", help="synthetic preset of the second case (default deepseek-v3)")
+    ap.add_argument("--ds-requests", type=int, default=20, help="requests of the synthetic trace")
     ap.add_argument("--ds-layers", type=int, default=2, help="MoE layers of it co-clustered")
     ap.add_argument("--scale-tokens", type=int, default=100_000, help="tokens of the timing case")
-    ap.add_argument("--reps", type=int, default=3, help="repeats of the timing case")
+    ap.add_argument("--reps", type=int, default=3, help="repeats of the timing case (0: skip it)")
     ap.add_argument("--quick", action="store_true", help="fine trace only, no synthetic cases")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset (none is always run first)")
     ap.add_argument("--scale-only", action="store_true", help="only the timing case (writes --out too)")
@@ -195,10 +196,10 @@ def main() -> None:
     rows = run_case("fine", fine, (4, 8), methods)
     res: dict = {"machine": machine_info()}
     if not a.quick:
-        ds = first_layers(generate(preset_config("deepseek-v3", requests=a.ds_requests, seed=0)), a.ds_layers)
-        print(f"synthetic deepseek-v3: {ds!r} ({a.ds_requests} requests, first {a.ds_layers} MoE layers)", flush=True)
-        res["ds_trace"] = {"tokens": ds.num_tokens, "requests": a.ds_requests, "layers": a.ds_layers}
-        rows += run_case("deepseek-v3", ds, (8, 16, 32), methods)
+        ds = first_layers(generate(preset_config(a.ds_preset, requests=a.ds_requests, seed=0)), a.ds_layers)
+        print(f"synthetic {a.ds_preset}: {ds!r} ({a.ds_requests} requests, first {a.ds_layers} MoE layers)", flush=True)
+        res["ds_trace"] = {"preset": a.ds_preset, "tokens": ds.num_tokens, "requests": a.ds_requests, "layers": a.ds_layers}
+        rows += run_case(a.ds_preset, ds, (8, 16, 32), methods)
     res["rows"] = rows
     res["simulated"] = sim = simulate(rows)
     for s in sim:
@@ -206,7 +207,7 @@ def main() -> None:
             print(f"simulated layer {s['trace']} EP{s['ep']} {s['method']} {s['link']}: LAR {s['lar']:.3f}, a2a "
                   f"{s['a2a_bytes_per_rank'] / 1e6:.2f} MB/rank, {s['layer_us']:.0f} µs, {s['speedup']:.3f}x vs plain EP")
     res["predictor"] = predictor(fine)
-    if not a.quick:
+    if not a.quick and a.reps > 0:
         res["scale"] = scale_time(a.scale_tokens, a.reps)
     res["load_end"] = os.getloadavg()[0]
     res["total_s"] = time.perf_counter() - t_start
