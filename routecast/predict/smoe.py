@@ -38,6 +38,9 @@ from routecast.predict.harness import LAYER, Predictor, StepView
 from routecast.predict.store import register
 from routecast.trace import MoESpec, Trace
 
+# Embedding tables up to this many values (64 MB float32) are saved with the predictor.
+MAX_SAVED_EMBEDDING_VALUES = 1 << 24
+
 
 @dataclass(frozen=True, kw_only=True)
 class SMoEConfig:
@@ -202,9 +205,14 @@ class SMoEPredictor(Predictor):
         t = self.table
         tensors = {"keys_U": t.keys_U, "probs_ULE": t.probs_ULE, "global_LE": t.global_LE, "group_LE": self.group_LE,
                    "ngram_LHG": self.ngram_LHG}
-        if self.embeddings is not None:
+        meta = {"config": dataclasses.asdict(self.config), "embedding_source": self.embedding_source}
+        if self.embeddings is not None and self.embeddings.size <= MAX_SAVED_EMBEDDING_VALUES:
             tensors["embeddings_VD"] = np.asarray(self.embeddings, np.float32)
-        return {"config": dataclasses.asdict(self.config), "embedding_source": self.embedding_source}, tensors
+        elif self.embeddings is not None:  # a 129k x 7168 table is 3.7 GB: the saved predictor goes without it
+            meta["embedding_source"] = ""
+            meta["note"] = (f"the {self.embeddings.shape} input embeddings were not saved (over "
+                            f"{MAX_SAVED_EMBEDDING_VALUES} values): unseen tokens take the global rows after loading")
+        return meta, tensors
 
     @classmethod
     def state_schema(cls, spec: MoESpec, meta: dict[str, Any]) -> dict[str, tuple]:
