@@ -18,6 +18,9 @@ token load <= beta x mean (+ one token). a2a bytes: routed assignments whose exp
 2 bytes, per layer (dispatch; the combine returns the same), -Z% against plain EP on the same tokens.
 Simulated layer speedup: sim/comm.a2a_for_lar on the deepseek-v3 profile, h100-sxm, 16 x 512 prefill tokens,
 over NVLink and PCIe: plain EP (TP all-reduce, its LAR) vs the method (s-TS reduce-scatter, its held-out LAR).
+End to end: throughput under SLO on the serving simulator (routecast/sim/serve*.py; fastgen scheduling, eMoE's
+tasks, Poisson, SLO 5x the idle plain-EP latency, >= 90% attainment, bisection on the rate) at plain EP's LAR and at
+the held-out LARs measured here at the same EP (deepseek-v2 EP 8 over a 20.8 GB/s link; deepseek-v3 EP 32, NVLink).
 Predictor: `smoe` (token table with embedding fallback + device 2-gram, Algorithm 2) in the causal harness on
 the fine trace's held-out documents, expert top-k accuracy and device accuracy with the smoe plan's groups at
 EP 8. Time: Algorithm 1 on one layer of a synthetic deepseek-v3 trace of `--scale-tokens` tokens at EP 32, one
@@ -122,6 +125,48 @@ def _group(rows: list[dict]) -> dict:
     return g
 
 
+# (profile, hardware, GPUs, link, GB/s override, which measured LARs): the serving simulator's settings
+# (benchmarks/serve_sim.py part B); s-MoE's GPU-Server-B crosses a 20.8 GB/s UPI hop.
+E2E_SETUPS = [("deepseek-v2", "h100-sxm", 8, "pcie", 20.8), ("deepseek-v3", "h100-sxm", 32, "nvlink", None)]
+
+
+def end_to_end(rows: list[dict], requests: int, seed: int = 0) -> list[dict]:
+    """Throughput under SLO (fastgen serving, SLO 5x the idle plain-EP latency, attainment >= 90%, bisection on
+    the Poisson rate) at plain EP's 1/G and at the held-out LARs this benchmark measured at the same EP."""
+    from routecast.sim.serve import simulate
+    from routecast.sim.serve_cli import capacity_rps
+    from routecast.sim.serve_cost import EngineConfig, build_engine
+    from routecast.sim.serve_sched import make_scheduler
+    from routecast.sim.serve_workload import emoe_tasks, make_requests
+
+    out = []
+    for model, hw, G, link, gbps in E2E_SETUPS:
+        plain = build_engine(EngineConfig(model=model, hardware=hw, gpus=G, link=link, link_gbps=gbps))
+        cap = capacity_rps(plain, make_requests(emoe_tasks(), min(requests, 1500), 1.0, seed=seed))
+        lars = [("plain EP", None)] + [(f"{r['trace']} {r['method']}", r["held_out"]["lar"]) for r in rows
+                                       if r["ep"] == G and r["method"] in ("sts", "smoe", "hypergraph")]
+        base = None
+        for label, lar in lars:
+            eng = plain if lar is None else build_engine(
+                EngineConfig(model=model, hardware=hw, gpus=G, link=link, link_gbps=gbps, lar=lar))
+            lo, hi, thr = 0.0, 2.0 * cap, 0.0
+            for _ in range(8):
+                mid = (lo + hi) / 2
+                m = simulate(eng, make_requests(emoe_tasks(), requests, mid, seed=seed), make_scheduler("fastgen"),
+                             slo_engine=plain).metrics()
+                if m["slo_attainment"] >= 0.9:
+                    lo, thr = mid, m["throughput_tok_s"]
+                else:
+                    hi = mid
+            base = thr if base is None else base
+            r = {"setting": f"{model} EP{G} {hw} {link}" + (f" {gbps:g}GB/s" if gbps else ""), "lar_from": label,
+                 "lar": 1.0 / G if lar is None else lar, "throughput_under_slo": thr, "gain": thr / base if base else 0.0}
+            out.append(r)
+            print(f"end to end {r['setting']}: LAR {r['lar']:.3f} ({label}): {thr:.1f} tok/s under SLO, "
+                  f"{r['gain']:.3f}x plain EP", flush=True)
+    return out
+
+
 def predictor(fine: Trace) -> dict:
     from routecast.predict.evaluate import _embeddings_for, heldout_rows
     from routecast.predict.harness import run_harness
@@ -178,6 +223,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fine trace only, no synthetic cases")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset (none is always run first)")
     ap.add_argument("--scale-only", action="store_true", help="only the timing case (writes --out too)")
+    ap.add_argument("--e2e-from", default=None,
+                    help="only the end-to-end serving part, at the LARs of a previous run's JSON (writes --out)")
+    ap.add_argument("--e2e-requests", type=int, default=1500, help="requests per serving simulation (default 1500)")
     ap.add_argument("--out", default="out/bench/smoe.json")
     a = ap.parse_args()
     from routecast.trace.io import read_trace
@@ -186,6 +234,12 @@ def main() -> None:
 
     t_start = time.perf_counter()
     print(f"load: {os.getloadavg()[0]:.1f} (1-min) on {os.cpu_count()} cores", flush=True)
+    if a.e2e_from:
+        prev = json.loads(Path(a.e2e_from).read_text())
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"machine": machine_info(), "from": a.e2e_from,
+                                           "end_to_end": end_to_end(prev["rows"], a.e2e_requests)}, indent=1))
+        return
     if a.scale_only:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"machine": machine_info(), "scale": scale_time(a.scale_tokens, a.reps)},
@@ -206,6 +260,7 @@ def main() -> None:
         if s["method"] in ("smoe", "hypergraph", "sts"):
             print(f"simulated layer {s['trace']} EP{s['ep']} {s['method']} {s['link']}: LAR {s['lar']:.3f}, a2a "
                   f"{s['a2a_bytes_per_rank'] / 1e6:.2f} MB/rank, {s['layer_us']:.0f} µs, {s['speedup']:.3f}x vs plain EP")
+    res["end_to_end"] = end_to_end(rows, a.e2e_requests)
     res["predictor"] = predictor(fine)
     if not a.quick and a.reps > 0:
         res["scale"] = scale_time(a.scale_tokens, a.reps)
