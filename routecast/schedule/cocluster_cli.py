@@ -41,6 +41,10 @@ def cocluster_main(a: argparse.Namespace) -> int:
     plan_path = a.plan or str(Path(out).with_name(Path(out).stem + "-plan.json"))
     check_out_file(out, "--out")
     check_out_file(plan_path, "--plan")
+    if not a.beta >= 1:
+        raise ConfigError(f"--beta is {a.beta}; expected a number >= 1 (the token-load bound as a multiple of the mean).")
+    if not 0 < a.rho <= 1:
+        raise ConfigError(f"--rho is {a.rho}; expected a share in (0, 1].")
     cfg = CEOConfig(beta=a.beta, rho=a.rho, seed=a.seed)
     trace = read_trace(a.trace, load_hidden=False, load_logits=False)
     if type(a.ep) is not int or a.ep < 1 or trace.spec.num_experts % a.ep:
