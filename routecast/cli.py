@@ -530,6 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedule)
     cocluster_cli.add_permute_parser(sub)
 
+    from routecast.runtime.cli import add_parser as add_run_parser
+
+    add_run_parser(sub)
+
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
     )

@@ -115,6 +115,12 @@ def section_smoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
 
 
+def section_offload(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.offload import section_offload as run
+
+    return run(trace, out)
+
+
 def section_serving(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.serving import section_serving as run
 
@@ -126,6 +132,7 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("moegps", section_moegps),
     ("probe", section_probe),
     ("smoe", section_smoe),
+    ("offload", section_offload),
     ("serving", section_serving),
 ]
 
