@@ -191,7 +191,9 @@ class SMoEPredictor(Predictor):
             ap_TG = np.full((cp_TE.shape[0], G), 1.0 / G)
         else:
             prev = view.experts_TlK
-            dev_Tl = np.stack([majority_device(prev[:, j], self.group_LE[j], G) for j in range(layer)], axis=1)
+            dev_Tl = np.zeros((prev.shape[0], layer), np.int64)
+            for j in range(max(0, layer - self.config.lookback), layer):  # only the n-gram's look-back is read
+                dev_Tl[:, j] = majority_device(prev[:, j], self.group_LE[j], G)
             ap_TG = self.ngram_LHG[layer][self._history(dev_Tl, layer)]
         # n-gram branch: device from Ap, experts within it in proportion to the token row
         within_TE = cp_TE / np.maximum(dev_mass_TG @ oh_EG.T, 1e-30)
