@@ -115,6 +115,12 @@ def section_smoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
 
 
+def section_expertflow(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.expertflow import section_expertflow as run
+
+    return run(trace, out)
+
+
 def section_offload(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.offload import section_offload as run
 
@@ -132,6 +138,7 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("moegps", section_moegps),
     ("probe", section_probe),
     ("smoe", section_smoe),
+    ("expertflow", section_expertflow),
     ("offload", section_offload),
     ("serving", section_serving),
 ]
