@@ -115,6 +115,12 @@ def section_emoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, out)
 
 
+def section_smoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.smoe import section_smoe as run
+
+    return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
+
+
 def section_expertflow(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.expertflow import section_expertflow as run
 
@@ -138,6 +144,7 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("moegps", section_moegps),
     ("probe", section_probe),
     ("emoe", section_emoe),
+    ("smoe", section_smoe),
     ("expertflow", section_expertflow),
     ("offload", section_offload),
     ("serving", section_serving),
