@@ -467,12 +467,14 @@ class TraceWriter:
         return np.unique(np.concatenate(self._requests)) if self._requests else np.zeros(0, np.int64)
 
     def append(self, tokens: dict[str, np.ndarray], experts_TLK: np.ndarray, weights_TLK: np.ndarray,
-               logits_TLE: np.ndarray | None = None, hidden_TLH: np.ndarray | None = None) -> None:
+               logits_TLE: np.ndarray | None = None, hidden_TLH: np.ndarray | None = None, *,
+               copy: bool = True) -> None:
         """Buffer n rows: experts_TLK (n, L, K) ints, weights_TLK (n, L, K), logits_TLE (n, L, E) and
         hidden_TLH (n, L, H) floats; tokens: any subset of COLUMNS, each (n,) (make_columns fills the rest).
 
-        Copies its inputs (the caller may reuse buffers); stores int16 / float32 / float32 / float16 or
-        float32. Commits a shard once >= shard_tokens rows are buffered.
+        Copies its inputs (the caller may reuse buffers) unless copy=False (the caller hands the arrays
+        over and does not change them); stores int16 / float32 / float32 / float16 or float32. Commits a
+        shard once >= shard_tokens rows are buffered.
         """
         where, E = "TraceWriter.append", self.spec.num_experts
         if self._closed:
@@ -502,8 +504,8 @@ class TraceWriter:
         hid = None if h is None else {"dtype": str(h.dtype), "dim": h.shape[2]}
         self._check_layout({"logits_TLE": logits_TLE is not None, "hidden_TLH": hid}, where)
         if e.shape[0]:
-            row = {_TOK + c: v.copy() for c, v in fields["tokens"].items()}
-            row.update({k: np.array(fields[k]) for k in _ROUTING if fields[k] is not None})
+            row = {_TOK + c: np.array(v, copy=copy) for c, v in fields["tokens"].items()}
+            row.update({k: np.array(fields[k], copy=copy) for k in _ROUTING if fields[k] is not None})
             self._buf.append(row)
             self._buf_rows += e.shape[0]
         if self._buf_rows >= self.shard_tokens:
@@ -513,7 +515,8 @@ class TraceWriter:
         """Commit the buffered rows as one shard now (temp file, fsync, rename, fsync the directory)."""
         if not self._buf:
             return
-        arrays = {k: np.concatenate([b[k] for b in self._buf]) for k in self._buf[0]}
+        arrays = (self._buf[0] if len(self._buf) == 1 else
+                  {k: np.concatenate([b[k] for b in self._buf]) for k in self._buf[0]})
         f = self._work / _shard_name(len(self._shards))
         crc = _write_shard(f, self.spec, self.task_names, self.source_names, arrays)
         self._shards.append({"file": f.name, "rows": self._buf_rows, "bytes": f.stat().st_size, "crc32": crc})
