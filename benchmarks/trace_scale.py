@@ -94,10 +94,13 @@ def _num_tokens(trace: Path) -> int:
 
 def run(stage: str, argv: list[str]) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    load0 = os.getloadavg()[0]
     p = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"{stage} failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["load"] = [load0, os.getloadavg()[0]]  # 1-minute load average before and after: the machine is shared
+    return r
 
 
 def main() -> None:
@@ -137,8 +140,9 @@ def main() -> None:
             r["gb"] = sum(f.stat().st_size for f in trace.iterdir()) / 1e9 if trace.is_dir() else gb
             rows[f"{st}@{gb:g}"] = r
             r["tokens"] = _num_tokens(trace) if (trace / "trace.json").is_file() else tokens
-            print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s, "
-                  f"peak RSS {r['peak_rss_gb']:.2f} GB", flush=True)
+            print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s "
+                  f"({r['cpu_seconds']:.0f} s CPU), peak RSS {r['peak_rss_gb']:.2f} GB, load {r['load'][0]:.1f}-"
+                  f"{r['load'][1]:.1f}", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(res, indent=1))
     # The whole table so far (this run and earlier ones merged from the JSON), then linearity per command.
@@ -148,6 +152,7 @@ def main() -> None:
             r = rows.get(f"{st}@{gb:g}")
             if r:
                 cpu = f" ({r['cpu_seconds']:.0f} s CPU)" if "cpu_seconds" in r else ""
+                cpu += f", load {r['load'][0]:.1f}-{r['load'][1]:.1f}" if "load" in r else ""
                 print(f"{st.upper()}: {r['gb']:.1f} GB in {r['seconds']:.0f} s{cpu}, peak RSS {r['peak_rss_gb']:.2f} GB")
     for st in STAGES:
         have = [gb for gb in sizes if f"{st}@{gb:g}" in rows]
