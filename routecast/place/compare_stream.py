@@ -15,7 +15,7 @@ import numpy as np
 
 from routecast.common.errors import ConfigError
 from routecast.place.eplb import EPLBDeployment
-from routecast.trace.stats_kernels import add_group_counts, add_transitions
+from routecast.trace.stats_kernels import add_group_counts
 from routecast.trace.trace import Trace
 
 # Steps per window of compare_methods: a window's (W, L, G, E) float64 assignments are ~120 MB at
@@ -48,19 +48,48 @@ def iter_steps(trace: Trace, chunk_rows: int | None = None):
             yield ids, loads
 
 
+def _add_pairs(experts_TLK: np.ndarray, w: float, trans: np.ndarray, rows: np.ndarray) -> None:
+    """trans[l, a, b] += w and rows[l, a] += w for every (a in set_l, b in set_l+1) pair of every token."""
+    T, L, K = experts_TLK.shape
+    for t in range(T):
+        for l in range(L - 1):
+            for i in range(K):
+                a = experts_TLK[t, l, i]
+                if a < 0:
+                    continue
+                for j in range(K):
+                    b = experts_TLK[t, l + 1, j]
+                    if b >= 0:
+                        trans[l, a, b] += w
+                        rows[l, a] += w
+
+
+try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
+    from numba import njit
+except ImportError:  # pragma: no cover - depends on the environment
+    njit = None
+if njit is not None:
+    _add_pairs = njit(cache=True, nogil=True)(_add_pairs)
+
+
 class TransitionForecaster:
     """The causal layer-ahead forecast of compare.py's module docstring, one step at a time.
 
     forecast(loads_LE, tokens) -> (L, E) float64 counts for this step from statistics of earlier steps and
     this step's routing of the previous layer; learn(experts_nLK, loads_LE) then adds this step. State:
-    decayed (L-1, E, E) transition counts and decayed layer-0 counts.
+    decayed (L-1, E, E) transition counts, their row sums, and decayed layer-0 counts. The transition
+    counts are kept scaled by decay^-t (step t's pairs are added with weight decay^-t, rescaled now and
+    then), so a step costs no pass over the (L-1, E, E) table: the forecast uses only ratios
+    P(e_l | e_{l-1}) = counts / row sum, which the common scale leaves unchanged.
     """
 
     def __init__(self, L: int, E: int, K: int, decay: float) -> None:
         if not 0.0 <= decay < 1.0:
             raise ConfigError(f"decay is {decay}; expected a value in [0, 1).")
         self.L, self.E, self.K, self.decay = L, E, K, decay
-        self.trans = np.zeros((max(L - 1, 0), E, E))  # decayed counts of (e at l-1, e' at l) pairs
+        self.trans = np.zeros((max(L - 1, 0), E, E))  # scaled decayed counts of (e at l-1, e' at l) pairs
+        self.rows = np.zeros((max(L - 1, 0), E))  # their sums over e'
+        self.scale = 1.0  # weight of the next step's pairs
         self.first = np.zeros(E)  # decayed layer-0 counts
 
     def forecast(self, loads_LE: np.ndarray, tokens: int) -> np.ndarray:
@@ -69,16 +98,27 @@ class TransitionForecaster:
         tot = self.first.sum()
         out[0] = (self.first / tot if tot > 0 else np.full(E, 1.0 / E)) * tokens * self.K
         if L > 1:
-            rows = self.trans.sum(axis=2, keepdims=True)
-            R = np.where(rows > 0, self.trans / np.where(rows > 0, rows, 1.0), 1.0 / E)  # P(e_l | e_{l-1})
-            out[1:] = np.einsum("le,lef->lf", loads_LE[:-1].astype(np.float64), R)
+            x = loads_LE[:-1].astype(np.float64)
+            seen = self.rows > 0  # a row never seen sends its load uniformly
+            w = np.where(seen, x / np.where(seen, self.rows, 1.0), 0.0)
+            out[1:] = np.matmul(w[:, None, :], self.trans)[:, 0, :] + np.where(seen, 0.0, x).sum(axis=1)[:, None] / E
         return out
 
     def learn(self, experts_nLK: np.ndarray, loads_LE: np.ndarray) -> None:
-        self.trans *= self.decay
         self.first = self.first * self.decay + loads_LE[0]
-        if self.L > 1 and len(experts_nLK):
-            add_transitions(experts_nLK, self.trans)
+        if self.L < 2:
+            return
+        if self.decay == 0.0:  # only the last step counts
+            self.trans[:] = 0.0
+            self.rows[:] = 0.0
+        if len(experts_nLK):
+            _add_pairs(np.ascontiguousarray(experts_nLK), self.scale, self.trans, self.rows)
+        if self.decay > 0.0:
+            self.scale /= self.decay
+            if self.scale > 1e150:  # rescale before the weights overflow
+                self.trans /= self.scale
+                self.rows /= self.scale
+                self.scale = 1.0
 
 
 def step_windows(src: Trace | np.ndarray, W: int, decay: float, preds: dict[str, np.ndarray] | None
