@@ -1,4 +1,4 @@
-"""Traces larger than memory: synth, stats, predict eval and place compare on a ~30 GB DeepSeek-V3 trace.
+"""Traces larger than memory: synth, stats, predict eval, place compare and cache replay on a ~30 GB DeepSeek-V3 trace.
 
 Each command runs in its own child process through the real CLI (`routecast ...`), and the child reports
 its own peak resident set (resource.getrusage(RUSAGE_SELF).ru_maxrss: anonymous and file-backed pages,
@@ -18,7 +18,7 @@ each copy's request ids, steps and arrival times shifted past the previous copy'
 like the others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
 
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
-       [--stages synth,tile,stats,eval,compare] [--tile N] [--keep] [--out out/bench/trace_scale.json]
+       [--stages synth,tile,stats,eval,compare,replay] [--tile N] [--keep] [--out out/bench/trace_scale.json]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
-STAGES = ("synth", "tile", "stats", "eval", "compare")
+STAGES = ("synth", "tile", "stats", "eval", "compare", "replay")
 
 
 def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
@@ -45,6 +45,7 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
                     "--out", str(scratch / f"compare-{trace.name}")],
+        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu", "--json"],
     }
 
 
