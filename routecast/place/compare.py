@@ -48,6 +48,11 @@ weight a method moves is charged through the cost model's transfer term, max_g m
               local) from one of its previous holders (the one with the fewest sends so far); all of them
               in the rebalance step, each layer's behind that layer's window, as PROBE's.
 Bytes moved count expert copies received over the network (x W).
+
+Memory: compare_methods reads, forecasts, plans and prices `window_steps` steps at a time (compare_stream.py:
+a Trace is streamed step by step, EPLB is replayed from cumulative-load snapshots), so it holds one window's
+(W, L, G, E) assignments and the per-step (T, L) results, not (T, L, G, E) arrays; the result is identical
+for any window size.
 """
 
 from __future__ import annotations
