@@ -23,6 +23,11 @@ from routecast.cache import kernel as K
 from routecast.common.errors import ConfigError
 from routecast.sim.hardware import Hardware
 from routecast.trace import Trace
+from routecast.trace.stats_kernels import add_group_counts
+
+# Rows per window when the accesses are built: a window of small decode steps (16 tokens each) holds
+# 1,024 steps x L x E int32 counts, 61 MB at DeepSeek-V3 geometry.
+ACCESS_ROWS = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,11 +121,12 @@ def step_windows(trace: Trace, rows: int | None = None) -> Iterator[tuple[np.nda
         yield np.asarray(ch.tokens["step"]), np.asarray(ch.experts_TLK)
 
 
-def build_accesses(trace: Trace, rows: int | None = None) -> Accesses:
+def build_accesses(trace: Trace, rows: int | None = ACCESS_ROWS) -> Accesses:
     """Per (step, layer) the distinct experts and their token counts, in step then layer order.
 
-    The routing is read window by window (step_windows, `rows` rows at a time): only the distinct (step,
-    layer, expert) entries are kept, never (T, L, K) index arrays. Vectorised inside a window.
+    The routing is read window by window (step_windows, `rows` rows at a time) and counted per (step, layer,
+    expert) by a compiled kernel: only the distinct entries are kept, never (T, L, K) index arrays; a window
+    holds (steps in it, L, E) int32 counts.
     """
     s = trace.spec
     L, E = s.num_layers, s.num_experts
@@ -128,12 +134,11 @@ def build_accesses(trace: Trace, rows: int | None = None) -> Accesses:
     s0 = 0
     for step, ids in step_windows(trace, rows):
         step_ids, sidx = np.unique(step, return_inverse=True)
-        t_i, l_i, k_i = np.nonzero(ids >= 0)
-        code = ((s0 + sidx[t_i]).astype(np.int64) * L + l_i) * E + ids[t_i, l_i, k_i].astype(np.int64)
-        uniq, counts = np.unique(code, return_counts=True)
+        c = add_group_counts(ids, sidx, np.zeros((step_ids.size, L, E), np.int32))  # tokens per (step, layer, expert)
+        flat = np.flatnonzero(c)  # increasing: step, then layer, then expert order
         steps.append(step_ids)
-        uniq_parts.append(uniq)
-        count_parts.append(counts)
+        uniq_parts.append(flat + s0 * L * E)
+        count_parts.append(c.ravel()[flat])
         s0 += step_ids.size
     step_ids = np.concatenate(steps) if steps else np.zeros(0, np.int64)
     uniq = np.concatenate(uniq_parts) if uniq_parts else np.zeros(0, np.int64)
