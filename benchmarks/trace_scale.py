@@ -19,6 +19,7 @@ like the others). Use it where synthesising the large trace takes too long on a 
 
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
        [--stages synth,tile,stats,eval,compare,replay] [--tile N] [--keep] [--out out/bench/trace_scale.json]
+       [--merge OTHER.json ...]   (--stages "" --merge ...: only print the merged table of earlier runs)
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the traces (to run later stages separately)")
     ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the size N times smaller")
     ap.add_argument("--out", default="out/bench/trace_scale.json", help="JSON output (merged with an existing one)")
+    ap.add_argument("--merge", nargs="*", default=[], help="JSON outputs of other runs (run in parallel) to merge in")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
 
@@ -125,6 +127,8 @@ def main() -> None:
     res = json.loads(out.read_text()) if out.is_file() else {}
     res["machine"] = machine_info()
     rows = res.setdefault("rows", {})
+    for other in a.merge:
+        rows.update(json.loads(Path(other).read_text()).get("rows", {}))
     for gb in a.gb:
         tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
         trace = scratch / f"dsv3-{gb:g}gb"
@@ -159,7 +163,9 @@ def main() -> None:
         have = [gb for gb in sizes if f"{st}@{gb:g}" in rows]
         for lo, hi in zip(have, have[1:], strict=False):
             r0, r1 = rows[f"{st}@{lo:g}"], rows[f"{st}@{hi:g}"]
-            print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x for size ratio {r1['gb'] / r0['gb']:.1f}x "
+            cpu = (f", CPU ratio {r1['cpu_seconds'] / r0['cpu_seconds']:.1f}x"
+                   if r0.get("cpu_seconds") and r1.get("cpu_seconds") else "")
+            print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x{cpu} for size ratio {r1['gb'] / r0['gb']:.1f}x "
                   f"({lo:g} -> {hi:g} GB); peak RSS {r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
     if any(k.startswith("tile@") for k in rows):
         print("tile: the largest trace is copies of the smallest synthesised one (--tile), not a synthesis")
