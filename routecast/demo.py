@@ -116,10 +116,24 @@ def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts), max_steps=DEMO_PROBE_STEPS)
 
 
+def section_offload(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.offload import section_offload as run
+
+    return run(trace, out)
+
+
+def section_serving(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.serving import section_serving as run
+
+    return run(trace, out)
+
+
 SECTIONS: list[tuple[str, SectionFn]] = [
     ("stats", section_stats),
     ("moegps", section_moegps),
     ("probe", section_probe),
+    ("offload", section_offload),
+    ("serving", section_serving),
 ]
 
 
