@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.place.export_cli import run_export
+from routecast.runtime.ep.cli import add_parser as add_ep_parser
 
 
 def _threads(n: int) -> None:
@@ -502,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace directory")
     p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
     p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
-                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, plec-correct-fifo, belady")
+                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, "
+                        "plec-correct-eager, plec-correct-fifo, belady")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
     p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
@@ -523,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
     p.set_defaults(fn=cmd_schedule)
+
+    add_ep_parser(sub)  # routecast/runtime/ep/cli.py
 
     from routecast.runtime.cli import add_parser as add_run_parser
 
@@ -550,7 +555,9 @@ _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _FORWARDED:
+    if argv[:2] == ["place", "export"]:  # routecast/place/export_cli.py owns its flags
+        a = argparse.Namespace(cmd="place export", fn=run_export, args=argv[2:])
+    elif argv and argv[0] in _FORWARDED:
         # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
         a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
     else:

@@ -116,6 +116,12 @@ def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts), max_steps=DEMO_PROBE_STEPS)
 
 
+def section_expertflow(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.expertflow import section_expertflow as run
+
+    return run(trace, out)
+
+
 def section_offload(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.offload import section_offload as run
 
@@ -132,6 +138,7 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("stats", section_stats),
     ("moegps", section_moegps),
     ("probe", section_probe),
+    ("expertflow", section_expertflow),
     ("offload", section_offload),
     ("serving", section_serving),
 ]
