@@ -270,10 +270,13 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
 
     def check(i: int, arrays: dict, raw: np.ndarray) -> None:
         f = d / shards[i]["file"]
+        want = shards[i].get("crc32") if verify else None
+        if want is not None and crc32_of(raw) == want:
+            return  # the bytes TraceWriter committed after Trace.validate passed on them: the value checks hold
         # value checks first: an id out of range says more than a checksum mismatch
         Trace.validate(SimpleNamespace(spec=spec, tokens=make_columns(shards[i]["rows"]), task_names=(),
                                        source_names=(), **{k: arrays.get(k) for k in _ROUTING}), where=str(f))
-        check_crc(f, raw, shards[i].get("crc32") if verify else None)
+        check_crc(f, raw, want)
 
     if len(shards) > 1 and mmap:
         src = ShardSource([d / s["file"] for s in shards], [s["rows"] for s in shards], load, check)
