@@ -14,6 +14,7 @@ from pathlib import Path
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
 from routecast.place.export_cli import run_export
 from routecast.runtime.ep.cli import add_parser as add_ep_parser
+from routecast.schedule import cocluster_cli
 
 
 def _threads(n: int) -> None:
@@ -285,6 +286,8 @@ def cmd_cache(a: argparse.Namespace) -> int:
 
 
 def cmd_schedule(a: argparse.Namespace) -> int:
+    if a.action == "cocluster":
+        return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
     from routecast.schedule.cli import run_rebatch
@@ -516,8 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 
-    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
-    p.add_argument("action", choices=("rebatch",), help="rebatch: arrival-order vs path-clustered half-batches")
+    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching; s-MoE token-expert co-clustering")
+    p.add_argument("action", choices=("rebatch", "cocluster"),
+                   help="rebatch: arrival-order vs path-clustered half-batches; cocluster: s-MoE token-expert co-clustering")
     p.add_argument("trace", help="trace directory")
     p.add_argument("--predictor", default="conditional-token",
                    help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
@@ -525,7 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
     p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
+    cocluster_cli.add_cocluster_flags(p)
     p.set_defaults(fn=cmd_schedule)
+    cocluster_cli.add_permute_parser(sub)
 
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
 
