@@ -84,6 +84,40 @@ def heldout_rows(trace: Trace, split: str, train_fraction: float, seed: int) -> 
     return train, test, used
 
 
+def _document_names(trace: Trace) -> set[str]:
+    names = list(trace.provenance.get("documents") or [])
+    ids = np.unique(trace.tokens["document"])
+    return {str(names[i]) for i in ids.tolist() if 0 <= i < len(names)}
+
+
+def with_extra_training(train: Trace, extra: Trace, test: Trace) -> Trace:
+    """train + extra (another capture of the same model, e.g. of the corpus's train split) as one training
+    trace: extra's request ids and steps are shifted past train's so no two requests merge. Refuses an extra
+    trace of another geometry or task list, or one that shares a source document with the held-out test."""
+    s, x = train.spec, extra.spec
+    if (s.num_layers, s.num_experts, s.top_k) != (x.num_layers, x.num_experts, x.top_k):
+        raise ConfigError(f"--train-extra: its trace has L={x.num_layers}, E={x.num_experts}, K={x.top_k}; expected "
+                          f"the evaluated trace's L={s.num_layers}, E={s.num_experts}, K={s.top_k}.")
+    if extra.task_names != train.task_names:
+        raise ConfigError(f"--train-extra: its tasks are {list(extra.task_names)}; expected the evaluated trace's "
+                          f"{list(train.task_names)}.")
+    shared = _document_names(extra) & _document_names(test)
+    if shared:
+        raise ConfigError(f"--train-extra: it holds {len(shared)} source document(s) of the held-out requests (e.g. "
+                          f"{sorted(shared)[0]!r}); expected documents disjoint from the test (e.g. corpus:train).")
+    tok = dict(extra.tokens)
+    tok["request"] = tok["request"] + (int(train.tokens["request"].max()) + 1 if train.num_tokens else 0)
+    tok["step"] = tok["step"] + (int(train.tokens["step"].max()) + 1 if train.num_tokens else 0)
+    tok["document"] = np.full_like(tok["document"], -1)  # ids number another document list
+    shifted = Trace(spec=train.spec, tokens=tok, experts_TLK=extra.experts_TLK, weights_TLK=extra.weights_TLK,
+                    task_names=train.task_names, source_names=train.source_names)
+    if train.hidden_TLH is not None or train.logits_TLE is not None:  # concat keeps a tensor only if all have it
+        train = Trace(spec=train.spec, tokens=train.tokens, experts_TLK=train.experts_TLK,
+                      weights_TLK=train.weights_TLK, task_names=train.task_names, source_names=train.source_names,
+                      provenance=dict(train.provenance))
+    return Trace.concat([train, shifted])
+
+
 def parse_names(names: str | Sequence[str]) -> list[str]:
     """'a,b' or ['a', 'b'] -> checked list; each a known name or a saved predictor directory."""
     items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
