@@ -89,8 +89,8 @@ def batch_accuracy_rows(
     import time
 
     from routecast.predict.evaluate import (
-        _embeddings_for,
         NEEDS_ROUTER_INPUTS,
+        _embeddings_for,
         _router_model,
         heldout,
         make_predictor,

@@ -198,10 +198,12 @@ def _nanmean(v: list[float]) -> float:
 def evaluate(
     trace: Trace, predictor_names: str | Sequence[str], *, model_dir: str | Path | None = None,
     train_fraction: float = 0.8, seed: int = 0, progress: bool = True, threads: int = 1, epochs: int | None = None,
-    split: str = "document",
+    split: str = "document", extra_train: Trace | None = None,
 ) -> list[dict[str, Any]]:
     """Fit each predictor on train_fraction of the documents (split="request": of the requests) and score it
     causally on the requests of the others; a saved predictor fitted on this trace must come from the same split.
+    extra_train: another capture of the model on other documents, added to every predictor's training data
+    (with_extra_training) except the lookahead's (it needs router inputs, which such captures may lack).
 
     model_dir: checkpoint for the neural predictors' embeddings (a directory, "builtin", "none", or None =
     from the trace's provenance, else learned embeddings). Returns one row per predictor: the mean over
@@ -214,6 +216,7 @@ def evaluate(
     train, test, used = heldout_rows(trace, split, train_fraction, seed)
     fitted_on = {"trace": trace_fingerprint(trace), "split": used, "train_fraction": train_fraction, "seed": seed}
     emb, emb_source = _embeddings_for(names, trace, model_dir)
+    both = None if extra_train is None else with_extra_training(trace.select(train), extra_train, trace.select(test))
     rows = []
     with torch_threads(threads):
         for name in names:
@@ -222,8 +225,13 @@ def evaluate(
                 pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                                       threads=threads, progress=progress, epochs=epochs,
                                       model_path=_router_model(name, trace, model_dir))
-                pred.fit_rows(trace, train)
-                fitted = pred.fit_note or f"{int(train.sum())} tokens ({train_fraction:.0%} of {used}s)"
+                if both is not None and name not in NEEDS_ROUTER_INPUTS:
+                    pred.fit_rows(both, np.ones(both.num_tokens, bool))
+                    fitted = pred.fit_note or (f"{int(train.sum())} tokens ({train_fraction:.0%} of {used}s) + "
+                                               f"{extra_train.num_tokens} of --train-extra")
+                else:
+                    pred.fit_rows(trace, train)
+                    fitted = pred.fit_note or f"{int(train.sum())} tokens ({train_fraction:.0%} of {used}s)"
             else:
                 pred = load_predictor(name)
                 ps, ts = pred.spec, trace.spec
@@ -362,21 +370,23 @@ def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, thread
 def predict_eval_main(
     trace_path: str | Path, predictors: str, *, model: str | None = None, as_json: bool = False,
     train_fraction: float = 0.8, seed: int = 0, threads: int = 1, epochs: int | None = None, quiet: bool = False,
-    split: str = "document",
+    split: str = "document", train_extra: str | Path | None = None,
 ) -> int:
     """`routecast predict eval TRACE --predictors A,B [--split document|request] [--model DIR|builtin|none]
-    [--json]`: prints the table (with the split it used), returns 0."""
+    [--train-extra DIR] [--json]`: prints the table (with the split it used), returns 0."""
     from routecast.trace.io import read_trace
 
     routers = any(n.strip() in NEEDS_ROUTER_INPUTS for n in predictors.split(","))
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
+    extra = None if train_extra is None else read_trace(train_extra)
     rows = evaluate(trace, predictors, model_dir=model, train_fraction=train_fraction, seed=seed,
-                    progress=not quiet, threads=threads, epochs=epochs, split=split)
+                    progress=not quiet, threads=threads, epochs=epochs, split=split, extra_train=extra)
     if as_json:
         print(rows_to_json(rows))
     else:
         print(f"held-out split by {rows[0]['split']}: fitted on {train_fraction:.0%} of the {rows[0]['split']}s "
-              f"(seed {seed}), scored on the rest")
+              f"(seed {seed}){'' if extra is None else f' plus {extra.num_tokens} tokens of {train_extra}'}, "
+              "scored on the rest")
         print(format_table(rows))
     return 0
 
