@@ -156,7 +156,7 @@ def make_predictor(
 
         from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
 
-        cfg = ExpertFlowConfig(seed=seed, threads=threads)
+        cfg = ExpertFlowConfig(seed=seed, threads=threads, progress=progress)
         return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
     if name in ("tlp", "slp"):
         from routecast.predict.locality import SLPPredictor, TLPPredictor

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast, multi_hot
@@ -52,6 +53,7 @@ class ExpertFlowConfig:
     weight_decay: float = 0.01
     seed: int = 0
     threads: int = 1
+    progress: bool = False  # a tqdm bar over epochs (loss in the postfix)
 
     def __post_init__(self) -> None:
         for f in ("d_model", "d_ff", "heads", "enc_layers", "dec_layers", "max_len", "epochs", "batch_size", "threads"):
@@ -144,7 +146,8 @@ class ExpertFlowPredictor(Predictor):
             n_batches = math.ceil(len(seqs) / cfg.batch_size)
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs * n_batches)
             net.train()
-            for _ in range(cfg.epochs):
+            bar = tqdm(range(cfg.epochs), desc="expertflow fit", unit="epoch", disable=not cfg.progress)
+            for _ in bar:
                 perm = torch.randperm(len(seqs), generator=g).numpy()
                 total = 0.0
                 for b in range(n_batches):
@@ -163,6 +166,7 @@ class ExpertFlowPredictor(Predictor):
                     sched.step()
                     total += float(loss.detach())
                 self.fit_log.append(total / n_batches)
+                bar.set_postfix(loss=f"{self.fit_log[-1]:.4f}")
             net.eval()
         finally:
             torch.set_num_threads(prev)
