@@ -140,3 +140,14 @@ def test_batch_accuracy_rows_name_every_size(split):
     assert rows[1]["batch_4"] > rows[0]["batch_4"] and rows[0]["test_requests"] == 8
     assert {"expertflow", "tlp", "slp"} <= set(PREDICTOR_NAMES)
     assert multi_hot(np.array([[1, -1]]), 3).tolist() == [[False, True, False]]
+
+
+def test_evaluate_adds_the_extra_training_trace(routed_trace):
+    from routecast.predict.evaluate import evaluate
+
+    tr = routed_trace(num_requests=20, prompt_len=4, decode_len=3, seed=7)
+    other = routed_trace(num_requests=30, prompt_len=4, decode_len=3, seed=8)  # another token -> expert table
+    plain = evaluate(tr, ["conditional-token"], progress=False, split="request")[0]
+    more = evaluate(tr, ["conditional-token"], progress=False, split="request", extra_train=other)[0]
+    assert "+ 210 of --train-extra" in more["fitted"] and "--train-extra" not in plain["fitted"]
+    assert plain["top_k_accuracy"] == 1.0 > more["top_k_accuracy"]  # the extra routing was learned too
