@@ -8,12 +8,14 @@ token's whole routing path in one pass. Trained with binary cross-entropy on the
 (ExpertFlow eq. 3); the predicted experts of a token at a layer are its K largest logits.
 
 Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); here d_model 64, d_ff 256, 2 encoder and
-1 decoder layers, learned absolute positions instead of T5's relative bias (small enough to train in a
-few minutes on one CPU thread); AdamW with the paper's weight decay 0.01 and cosine schedule, but batches
-of 8 requests at lr 2e-3 instead of 16 at 1e-3 (twice the optimizer steps for the same compute: 30 epochs
-of 16 at 1e-3 reached top-k accuracy 0.565 on the built-in trace, under-trained). Epochs by default: 3 M
-token passes over the training tokens, clamped to 8..30 (30 on a 16 k-token split of one trace; 12 with a
-227 k-token capture of the corpus's train split added, ~16 s of one CPU thread per epoch on the fine model).
+1 decoder layers (about a fifth of the paper's multiply-adds per token, so a fit on a 227 k-token capture
+takes minutes of one CPU thread), learned absolute positions instead of T5's relative bias; AdamW with the
+paper's weight decay 0.01 and cosine schedule, but batches of 8 requests at lr 2e-3 instead of 16 at 1e-3
+(twice the optimizer steps for the same compute: 30 epochs of 16 at 1e-3 reached top-k accuracy 0.565 on
+the built-in trace, under-trained). Epochs by default: 3 M token passes over the training tokens, clamped
+to 8..30 (30 on a 16 k-token split of one trace; 12 with a 227 k-token capture of the corpus's train split
+added, ~16 s of one idle CPU thread per epoch on the fine-grained model). More data is what helps most:
+see the README's predictor table (benchmarks/expertflow_predictor.py --train-extra).
 
 Horizon `request`: a step's forecast uses the step's token ids and positions plus the token ids of the
 request's earlier steps (revealed by observe); never any routing.
