@@ -536,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("corpus", add_help=False, help="build the multi-domain corpus (see `routecast corpus build --help`)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="build --out DIR --gensim-wheel WHL [--sample-out DIR] ...")
     p.set_defaults(fn=cmd_corpus)
+
+    from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
+    add_serve_sim(sub)
     return ap
 
 

@@ -109,10 +109,17 @@ def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
 
 
+def section_serving(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.serving import section_serving as run
+
+    return run(trace, out)
+
+
 SECTIONS: list[tuple[str, SectionFn]] = [
     ("stats", section_stats),
     ("moegps", section_moegps),
     ("probe", section_probe),
+    ("serving", section_serving),
 ]
 
 
