@@ -8,8 +8,8 @@ token's whole routing path in one pass. Trained with binary cross-entropy on the
 (ExpertFlow eq. 3); the predicted experts of a token at a layer are its K largest logits.
 
 Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); here d_model 64, d_ff 256, 2 encoder and
-1 decoder layers (at 2+1 layers the paper's sizes cost 5x these multiply-adds per token; a fit on a 227 k-token capture
-takes minutes of one CPU thread), learned absolute positions instead of T5's relative bias; AdamW with the
+1 decoder layers (at 2+1 layers the paper's sizes cost 5x these multiply-adds per token; a fit on a
+227 k-token capture takes minutes of one CPU thread), learned absolute positions instead of T5's relative bias; AdamW with the
 paper's weight decay 0.01 and cosine schedule, but batches of 8 requests at lr 2e-3 instead of 16 at 1e-3
 (twice the optimizer steps for the same compute: 30 epochs of 16 at 1e-3 reached top-k accuracy 0.565 on
 the built-in trace, under-trained). Epochs by default: 3 M token passes over the training tokens, clamped
