@@ -129,7 +129,7 @@ def main() -> None:
     a = ap.parse_args()
     from routecast.trace.io import read_trace
 
-    trace = read_trace(a.trace, load_hidden=False, load_logits=False)
+    trace = read_trace(a.trace, mmap=False, load_hidden=False, load_logits=False)
     if (trace.experts_TLK < 0).any():
         trace = trace.select(~(trace.experts_TLK < 0).any(axis=(1, 2)))  # moe-policylang has no dropped slots
     keep = np.unique(trace.request)[: a.requests]

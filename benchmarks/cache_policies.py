@@ -9,7 +9,9 @@ no documents) and every policy is replayed on the held-out requests, the forecas
 step's true routing (an upper bound for the forecast, not a predictor). Hit = the expert is on the device
 when the router asks (a prefetch still in flight is not a hit; it is in 'covered' and its wait in the stall).
 Gap closed = (hit - hit_LRU) / (hit_Belady - hit_LRU). Timing: h100-sxm profile (PCIe 5.0 h2d 64 GB/s),
-each trace's expert size, no non-expert time (--dense-us 0).
+each trace's expert size, no non-expert time (--dense-us 0). The three PLEC-with-correction rows differ only
+in where a demand load enters the prefetch queue: plec-correct (ahead of the prefetches that can spare the
+time), plec-correct-eager (ahead of every queued prefetch) and plec-correct-fifo (behind all of them).
 
 Traces: --builtin DIR (capture: `routecast capture --model builtin --prompts corpus:test:160
 --max-new-tokens 24 --out DIR --batch-size 16`), --fine DIR (the fine-grained built-in model's trace, when it
@@ -36,7 +38,8 @@ from routecast.cache.cli import _clean, format_rows, run_replay  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.predict.evaluate import heldout  # noqa: E402
 
-POLICIES = ["lru", "lfu", "lfuda", "lru-layer", "semoe", "plec", "plec-correct", "plec-correct-fifo", "belady"]
+POLICIES = ["lru", "lfu", "lfuda", "lru-layer", "semoe", "plec", "plec-correct", "plec-correct-eager", "plec-correct-fifo",
+            "belady"]
 BUDGETS = ["25%", "50%", "75%"]
 
 
@@ -70,12 +73,12 @@ def main() -> None:
     from routecast.trace.synth import generate
     from routecast.trace.synth_presets import preset_config
 
-    traces = [("builtin", read_trace(a.builtin, load_hidden=False, load_logits=False))]
+    traces = [("builtin", read_trace(a.builtin, mmap=False, load_hidden=False, load_logits=False))]
     if a.synthetic:
         traces.append((f"{a.synthetic} (synthetic)",
                        generate(preset_config(a.synthetic, requests=a.synthetic_requests, seed=0))))
     if a.fine:
-        traces.append(("builtin-fine", read_trace(a.fine, load_hidden=False, load_logits=False)))
+        traces.append(("builtin-fine", read_trace(a.fine, mmap=False, load_hidden=False, load_logits=False)))
     else:
         print("no --fine trace given: the fine-grained built-in model's rows are absent")
     results = {n: run_trace(n, t, a.predictor) for n, t in traces}

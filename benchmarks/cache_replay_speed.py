@@ -1,8 +1,8 @@
 """Replay speed: (token, layer) events per second of the compiled cache kernel, vs a pure-Python LRU.
 
 Claim: the numba kernel (routecast.cache.kernel, cache=True) replays >= 1 M (token, layer) events/s on one
-core for every policy (measured: all but SE-MoE on the DeepSeek-V3 geometry, which weighs all 256 experts of
-the next layer at every access). Baseline in the same run: a plain Python replay (OrderedDict LRU over the same
+core for every policy, SE-MoE included on the DeepSeek-V3 geometry (it prefetches all 256 experts of the next
+layer at every access: ~256 evictions and prefetches per access). Baseline in the same run: a plain Python replay (OrderedDict LRU over the same
 accesses, hits first, no timing model); its demand-load count must equal the kernel's LRU count, which
 cross-checks the kernel. Events = tokens x MoE layers of the replayed trace. Access building (numpy, once
 per trace) is timed separately. Each policy's kernel time is the calling thread's CPU time (the machine is
@@ -111,7 +111,7 @@ def main() -> None:
     if a.trace:
         from routecast.trace.io import read_trace
 
-        traces.append((Path(a.trace).name, read_trace(a.trace, load_hidden=False, load_logits=False)))
+        traces.append((Path(a.trace).name, read_trace(a.trace, mmap=False, load_hidden=False, load_logits=False)))
     results = [bench(n, t, a.reps) for n, t in traces]
     print(f"{'trace':<26} {'policy':<13} {'M events/s':>11} {'spread (min..max s)':>22}")
     for r in results:

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.place.export_cli import run_export
+from routecast.runtime.ep.cli import add_parser as add_ep_parser
+from routecast.schedule import cocluster_cli
 
 
 def _threads(n: int) -> None:
@@ -283,6 +286,8 @@ def cmd_cache(a: argparse.Namespace) -> int:
 
 
 def cmd_schedule(a: argparse.Namespace) -> int:
+    if a.action == "cocluster":
+        return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
     from routecast.schedule.cli import run_rebatch
@@ -504,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace directory")
     p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
     p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
-                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, plec-correct-fifo, belady")
+                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, "
+                        "plec-correct-eager, plec-correct-fifo, belady")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
     p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
@@ -515,8 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 
-    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching by predicted routing paths")
-    p.add_argument("action", choices=("rebatch",), help="rebatch: arrival-order vs path-clustered half-batches")
+    p = sub.add_parser("schedule", help="token scheduling: ExpertFlow re-batching; s-MoE token-expert co-clustering")
+    p.add_argument("action", choices=("rebatch", "cocluster"),
+                   help="rebatch: arrival-order vs path-clustered half-batches; cocluster: s-MoE token-expert co-clustering")
     p.add_argument("trace", help="trace directory")
     p.add_argument("--predictor", default="conditional-token",
                    help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
@@ -524,7 +531,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
     p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
+    cocluster_cli.add_cocluster_flags(p)
     p.set_defaults(fn=cmd_schedule)
+    cocluster_cli.add_permute_parser(sub)
+
+    add_ep_parser(sub)  # routecast/runtime/ep/cli.py
+
+    from routecast.runtime.cli import add_parser as add_run_parser
+
+    add_run_parser(sub)
 
     p = sub.add_parser(
         "train-builtin", add_help=False, help="train the built-in MoE model (see `routecast train-builtin --help`)"
@@ -548,7 +563,9 @@ _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _FORWARDED:
+    if argv[:2] == ["place", "export"]:  # routecast/place/export_cli.py owns its flags
+        a = argparse.Namespace(cmd="place export", fn=run_export, args=argv[2:])
+    elif argv and argv[0] in _FORWARDED:
         # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
         a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
     else:

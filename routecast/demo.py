@@ -109,6 +109,24 @@ def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
 
 
+def section_smoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.smoe import section_smoe as run
+
+    return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
+
+
+def section_expertflow(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.expertflow import section_expertflow as run
+
+    return run(trace, out)
+
+
+def section_offload(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.offload import section_offload as run
+
+    return run(trace, out)
+
+
 def section_serving(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.serving import section_serving as run
 
@@ -119,6 +137,9 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("stats", section_stats),
     ("moegps", section_moegps),
     ("probe", section_probe),
+    ("smoe", section_smoe),
+    ("expertflow", section_expertflow),
+    ("offload", section_offload),
     ("serving", section_serving),
 ]
 

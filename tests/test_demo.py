@@ -64,3 +64,9 @@ def test_demo_smoke_on_the_fine_model_places_64_experts(tmp_path):
     assert summary["trace"]["source"] == "builtin-fine model capture"
     assert 0 <= summary["stats"]["stats"]["unused_experts"] < 64
     assert {r["method"] for r in summary["probe"]["rows"]} >= {"static", "eplb_window", "probe_oracle"}
+    ef = summary["expertflow"]
+    hit = {(r["budget_pct"], r["policy"]): r["hit"] for r in ef["rows"]}
+    assert {b for b, _ in hit} == {25, 50, 75} and {p for _, p in hit} >= {"lru", "plec-correct", "belady"}
+    for b in (25, 50, 75):
+        assert hit[(b, "lru")] <= hit[(b, "belady")] and hit[(b, "lfu")] <= hit[(b, "belady")]
+    assert [r["method"] for r in ef["rebatch"]] == ["arrival", "clustered"] and ef["rebatch_speedup"] > 0

@@ -10,7 +10,9 @@ route to (ExpertFlow eq. 7's bit-wise OR), each expert computed once for all its
    later layers of the step, nearest layer first; they queue on the single host-to-device link);
 2. the router decides at tr = t + dense_s: a required expert is a *hit* when resident or already on its way
    (an in-flight prefetch: no demand load is needed, the wait shows in the stall); otherwise a *miss*, loaded
-   on demand at tr, behind queued prefetches (FIFO) or ahead of those not yet started (priority);
+   on demand at tr, behind queued prefetches (FIFO), ahead of every one not yet started (eager priority),
+   or ahead of those that still arrive before their own layer's router asks (slack-aware priority: a
+   demand load never turns a prefetch that would have been in time into a late one);
 3. experts are computed one after another, earliest-ready first; expert i starts at max(end of i-1,
    ready_i). The layer ends when the last one ends; stall = end - (tr + Σ compute).
 
@@ -23,6 +25,7 @@ demand policies, ties included (a tie is between experts both needed by the same
 choice costs one load and leaves the same experts available). A transfer in flight is never evicted to
 make room for a prefetch. Victims come from a lazy binary min-heap per pool over each
 policy's priority pair (p1, p2): the smallest is evicted; a key's entry is stale once its version moves on.
+The recency policies (LRU, per-layer LRU, SE-MoE) keep O(1) recency lists instead (structs.py), same order.
 """
 
 from __future__ import annotations
@@ -30,63 +33,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from routecast.cache.structs import bump_count, hpop, hpush, less, ltouch, lunlink, lvictim
+
 LRU, LFU, LFUDA, BELADY, SEMOE, PLEC = 0, 1, 2, 3, 4, 5
+DEMAND_FIFO, DEMAND_EAGER, DEMAND_SLACK = 0, 1, 2  # how a demand load queues on the link (see replay_kernel)
 OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE, OP_STREAM = 0, 1, 2, 3, 4
 NEVER = 1e18  # next use of a key that is never used again (Belady)
 _PRED = 1e15  # PLEC: keys predicted for the rest of the step rank above every fallback priority
-
-
-@njit(cache=True)
-def _less(a1, a2, b1, b2):
-    return a1 < b1 or (a1 == b1 and a2 < b2)
-
-
-@njit(cache=True)
-def _hput(h1, h2, hk, hv, j, v1, v2, key, ver):
-    h1[j] = v1
-    h2[j] = v2
-    hk[j] = key
-    hv[j] = ver
-
-
-@njit(cache=True)
-def _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, key, ver):
-    base = hstart[p]
-    i = hsize[p]
-    hsize[p] = i + 1
-    while i > 0:
-        par = (i - 1) >> 1
-        j = base + par
-        if not _less(v1, v2, h1[j], h2[j]):
-            break
-        _hput(h1, h2, hk, hv, base + i, h1[j], h2[j], hk[j], hv[j])
-        i = par
-    _hput(h1, h2, hk, hv, base + i, v1, v2, key, ver)
-
-
-@njit(cache=True)
-def _hpop(h1, h2, hk, hv, hstart, hsize, p):
-    """Remove the root of pool p's heap; returns (p1, p2, key, version)."""
-    base = hstart[p]
-    r1, r2, rk, rv = h1[base], h2[base], hk[base], hv[base]
-    n = hsize[p] - 1
-    hsize[p] = n
-    if n > 0:
-        v1, v2, key, ver = h1[base + n], h2[base + n], hk[base + n], hv[base + n]
-        i = 0
-        while True:
-            c = 2 * i + 1
-            if c >= n:
-                break
-            if c + 1 < n and _less(h1[base + c + 1], h2[base + c + 1], h1[base + c], h2[base + c]):
-                c += 1
-            j = base + c
-            if not _less(h1[j], h2[j], v1, v2):
-                break
-            _hput(h1, h2, hk, hv, base + i, h1[j], h2[j], hk[j], hv[j])
-            i = c
-        _hput(h1, h2, hk, hv, base + i, v1, v2, key, ver)
-    return r1, r2, rk, rv
 
 
 @njit(cache=True)
@@ -99,7 +52,9 @@ def _log(log, nl, overflow, a, key, op):
 
 
 @njit(cache=True)
-def _evict(victim, p, a, resident, pf, ver, used, evs):
+def _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv):
+    if lnx[victim] != victim:
+        lunlink(lnx, lpv, victim)
     resident[victim] = False
     pf[victim] = False
     ver[victim] += 1  # its heap entries go stale
@@ -120,8 +75,51 @@ def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready,
     last[k] = now
     pref[a] += 1
     ver[k] += 1
-    _hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
+    hpush(h1, h2, hk, hv, hstart, hsize, p, prio1, 0.0, k, ver[k])
     return arrive
+
+
+@njit(cache=True)
+def _semoe_prefetch(keys, a, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E, K, pool_of, used, pool_cap,
+                    resident, ready, cur, lid, pf, last, ver, lnx, lpv, pref, evs, log_on, log, nl, overflow):
+    """SE-MoE at the router of access a: prefetch `keys` (the next layer's, most used first) that are not
+    resident, each evicting the least recent eligible key (recency lists), until no victim is left.
+    Returns (link_free, next_lid, tick, log entries, log overflowed). Its own function: one call per access
+    keeps this loop, the hottest of the replay, small enough to compile tightly."""
+    arrive = max(link_free, tr)
+    for j in range(keys.shape[0]):
+        k = keys[j]
+        if resident[k]:
+            continue
+        p = pool_of[k]
+        if used[p] >= pool_cap[p]:
+            victim = lvictim(lnx, K + p, ready, cur, 2, tr, a, E, nxt_layer)
+            if victim < 0:
+                break
+            lunlink(lnx, lpv, victim)
+            resident[victim] = False
+            pf[victim] = False
+            ver[victim] += 1
+            used[p] -= 1
+            evs[a] += 1
+            if log_on:
+                nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
+        arrive += xfer_s
+        link_free = arrive
+        resident[k] = True
+        used[p] += 1
+        ready[k] = arrive
+        lid[k] = next_lid
+        pf[k] = True
+        last[k] = tick
+        pref[a] += 1
+        ver[k] += 1
+        ltouch(lnx, lpv, k, K + p)
+        next_lid += 1
+        tick += 1.0
+        if log_on:
+            nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
+    return link_free, next_lid, tick, nl, overflow
 
 
 @njit(cache=True)
@@ -157,7 +155,7 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
     victim = -1
     n = 0
     while hsize[p] > 0:
-        v1, v2, vk, vv = _hpop(h1, h2, hk, hv, hstart, hsize, p)
+        v1, v2, vk, vv = hpop(h1, h2, hk, hv, hstart, hsize, p)
         if not resident[vk] or vv != ver[vk]:
             continue  # stale entry
         skip = mode != 0 and ready[vk] > tnow
@@ -169,15 +167,53 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
             if n >= 64:  # a prefetch gives up rather than scan every transfer in flight
                 break
             continue
-        if mode == 1 and not _less(v1, v2, lim1, lim2):
+        if mode == 1 and not less(v1, v2, lim1, lim2):
             t1[n], t2[n], tk[n], tv[n] = v1, v2, vk, vv
             n += 1
             break
         victim = vk
         break
     for i in range(n):
-        _hpush(h1, h2, hk, hv, hstart, hsize, p, t1[i], t2[i], tk[i], tv[i])
+        hpush(h1, h2, hk, hv, hstart, hsize, p, t1[i], t2[i], tk[i], tv[i])
     return victim
+
+
+@njit(cache=True)
+def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, resident, r0, r1, layer, E, a, cdense,
+                  xfer_s):
+    """Where this access's demand loads enter the prefetch queue (ring index in first..tail) so that no queued
+    prefetch for a later layer that could still arrive in time is pushed past its layer's router.
+
+    After the demand loads the layer still computes at least one missed expert (the cheapest one, c_min),
+    then layers l+1..l' each spend their non-expert time before the router of layer l' asks. Queued
+    transfers run back to back, so if the demand loads enter at queue position j, the prefetch at position
+    q >= j arrives (q - j + 1) transfers after them; it stays in time iff that fits in
+    c_min + non-expert time up to its layer, i.e. j >= q + 1 - floor(slack_q / xfer_s). The smallest j that
+    meets every such bound is returned (first = jump every prefetch, tail = behind all of them). Only the
+    prefetches already queued are protected: on a busy link the layers then start earlier than under FIFO,
+    and prefetches issued at those starts can arrive after their routers (the same link time, waited for
+    later).
+    """
+    c_min = 1e300
+    for i in range(r0, r1):
+        if not resident[req_key[i]] and req_comp[i] < c_min:
+            c_min = req_comp[i]
+    if c_min == 1e300:
+        return first
+    n = (tail - first + nq) % nq
+    need = 0  # smallest relative insertion index allowed so far
+    for r in range(n):
+        q = (first + r) % nq
+        k = q_key[q]
+        lk = k // E
+        if lid[k] != q_lid[q] or not resident[k] or lk <= layer:
+            continue  # evicted since it was queued, or due at this layer already (late whatever the order)
+        slack = c_min + cdense[a + lk - layer + 1] - cdense[a + 1]
+        fit = int(slack / xfer_s) if xfer_s > 0 else n
+        b = r + 1 - fit
+        if b > need:
+            need = b
+    return (first + need) % nq
 
 
 @njit(cache=True)
@@ -191,8 +227,10 @@ def replay_kernel(
     """Replay A = steps·L accesses; see the module docstring for the model.
 
     policy: LRU | LFU | LFUDA | BELADY | SEMOE | PLEC. correct: PLEC real-time correction (mispredicted
-    experts of the current layer are evicted first). priority_demand: demand loads overtake queued
-    prefetches that have not started. plec_fallback: 0 = recency, 1 = frequency for keys with no
+    experts of the current layer are evicted first). priority_demand: DEMAND_FIFO (demand loads queue behind
+    every prefetch), DEMAND_EAGER (they overtake every queued prefetch that has not started) or DEMAND_SLACK
+    (they overtake the queued prefetches that still arrive before their layer's router asks; see
+    _slack_insert). plec_fallback: 0 = recency, 1 = frequency for keys with no
     predicted use left in the step. layer_ahead: layer l's forecast arrives at layer l-1's start (layer
     horizon) instead of at the step's start (request horizon). depth: PLEC prefetches the forecast of
     layers l+1..l+depth at layer l's start (the rest of the forecast only protects experts from eviction).
@@ -205,6 +243,8 @@ def replay_kernel(
     """
     A = req_off.shape[0] - 1
     K = L * E
+    cdense = np.zeros(A + 1, np.float64)  # cdense[i] = non-expert seconds of accesses < i
+    cdense[1:] = np.cumsum(dense_s)
     P = pool_cap.shape[0]
     resident = np.zeros(K, np.bool_)
     ready = np.zeros(K, np.float64)
@@ -234,6 +274,13 @@ def replay_kernel(
         hcap[p] = 2 * nk + hroom[p] + 64
         hstart[p] = tot
         tot += hcap[p]
+    lists = policy == LRU or policy == SEMOE  # recency order: O(1) lists instead of the heaps
+    if lists:
+        tot = 1
+    lnx = np.arange(K + P, dtype=np.int64)  # recency lists (structs.py): node K + p is pool p's sentinel
+    lpv = np.arange(K + P, dtype=np.int64)
+    by_count = np.arange(K, dtype=np.int64)  # SE-MoE: each layer's keys, most used first (ties: lower id)
+    by_pos = np.arange(K, dtype=np.int64)
     hsize = np.zeros(P, np.int64)
     h1 = np.zeros(tot, np.float64)
     h2 = np.zeros(tot, np.float64)
@@ -276,14 +323,14 @@ def replay_kernel(
         step = a // L
         t = clock
         for p in range(P):
-            if hsize[p] > hcap[p] - hroom[p]:
+            if not lists and hsize[p] > hcap[p] - hroom[p]:
                 hsize[p] = 0
                 for j in range(pool_off[p], pool_off[p + 1]):
                     k = pool_keys[j]
                     if resident[k]:
                         v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
                         ver[k] += 1
-                        _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
+                        hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
         if priority_demand:
             while q_head != q_tail and q_end[q_head] <= t:
                 q_head = (q_head + 1) % nq
@@ -301,7 +348,7 @@ def replay_kernel(
                 pred_step[k] = step
                 if resident[k]:
                     ver[k] += 1
-                    _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], _PRED - (k // E), 0.0, k, ver[k])
+                    hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], _PRED - (k // E), 0.0, k, ver[k])
             # the forecast's next `depth` layers, nearest first, while a lower-priority victim exists; a
             # prefetch issued for the current layer would leave with its demand load, so it is not issued
             for m in range(pred_off[min(a + 1, a + L - layer)], pred_off[min(a + 1 + depth, a + L - layer)]):
@@ -316,7 +363,7 @@ def replay_kernel(
                     if victim < 0:
                         blocked[p] = a
                         continue
-                    _evict(victim, p, a, resident, pf, ver, used, evs)
+                    _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv)
                     if log_on:
                         nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
                 st = max(link_free, t)
@@ -341,7 +388,7 @@ def replay_kernel(
                     mis[k] = True
                     if resident[k]:
                         ver[k] += 1
-                        _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], -2.0, last[k], k, ver[k])
+                        hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], -2.0, last[k], k, ver[k])
         first_shift = q_tail
         if priority_demand:
             while q_head != q_tail and q_end[q_head] <= tr:
@@ -351,6 +398,13 @@ def replay_kernel(
             if q_head != q_tail and q_start[q_head] <= tr:  # in progress: it finishes first
                 dcur = q_end[q_head]
                 first_shift = (q_head + 1) % nq
+            if priority_demand == DEMAND_SLACK and first_shift != q_tail:
+                j = _slack_insert(q_key, q_lid, lid, first_shift, q_tail, nq, req_key, req_comp, resident, r0, r1,
+                                  layer, E, a, cdense, xfer_s)
+                if j != first_shift:
+                    prev = (j - 1 + nq) % nq
+                    dcur = max(dcur, q_end[prev])
+                    first_shift = j
         else:
             dcur = max(link_free, tr)
         n_miss = 0
@@ -382,14 +436,17 @@ def replay_kernel(
                 stream = False
                 victim = -1
                 if used[p] >= pool_cap[p]:
-                    victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
-                                         0, tr, a, E, -1, 0.0, 0.0)
+                    if lists:
+                        victim = lvictim(lnx, K + p, ready, cur, 0, tr, a, E, -1)
+                    else:
+                        victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk,
+                                             tv, 0, tr, a, E, -1, 0.0, 0.0)
                     if victim < 0:
                         raise RuntimeError("cache replay: a full pool has no resident key in its heap")
                     if policy == BELADY and nxt[victim] <= req_next[i]:
                         # every resident is needed no later than k: k streams through the staging slot
                         stream = True
-                        _hpush(h1, h2, hk, hv, hstart, hsize, p, -nxt[victim], last[victim], victim, ver[victim])
+                        hpush(h1, h2, hk, hv, hstart, hsize, p, -nxt[victim], last[victim], victim, ver[victim])
                 if stream:
                     ready[k] = dcur + xfer_s
                     dcur = ready[k]
@@ -400,7 +457,7 @@ def replay_kernel(
                         nl, overflow = _log(log, nl, overflow, a, k, OP_STREAM)
                     continue
                 if used[p] >= pool_cap[p]:
-                    _evict(victim, p, a, resident, pf, ver, used, evs)
+                    _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv)
                     if policy == LFUDA:
                         age[p] = kval[victim]
                         fcnt[victim] = 0.0
@@ -419,12 +476,17 @@ def replay_kernel(
             tick += 1.0
             cnt[k] += 1.0
             fcnt[k] += 1.0
+            if policy == SEMOE:
+                bump_count(by_count, by_pos, cnt, k, (k // E) * E)
             kval[k] = fcnt[k] + age[p]
             nxt[k] = req_next[i]
             mis[k] = False
             ver[k] += 1
-            v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
-            _hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
+            if lists:
+                ltouch(lnx, lpv, k, K + p)
+            else:
+                v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
+                hpush(h1, h2, hk, hv, hstart, hsize, p, v1, v2, k, ver[k])
             if log_on:
                 nl, overflow = _log(log, nl, overflow, a, k, OP_COMPUTE)
         if n_miss:
@@ -446,26 +508,9 @@ def replay_kernel(
         if policy == SEMOE:
             nxt_layer = (layer + 1) % L
             base = nxt_layer * E
-            order = np.argsort(-cnt[base:base + E], kind="mergesort")
-            for j in range(E):
-                k = base + order[j]
-                p = pool_of[k]
-                if resident[k]:
-                    continue
-                if used[p] >= pool_cap[p]:
-                    victim = _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1, t2, tk, tv,
-                                         2, tr, a, E, nxt_layer, 0.0, 0.0)
-                    if victim < 0:
-                        break
-                    _evict(victim, p, a, resident, pf, ver, used, evs)
-                    if log_on:
-                        nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
-                link_free = _admit_prefetch(k, p, a, max(link_free, tr) + xfer_s, next_lid, tick, tick, resident, used,
-                                            ready, lid, pf, last, pref, ver, h1, h2, hk, hv, hstart, hsize)
-                next_lid += 1
-                tick += 1.0
-                if log_on:
-                    nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
+            link_free, next_lid, tick, nl, overflow = _semoe_prefetch(
+                by_count[base:base + E], a, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E, K, pool_of, used,
+                pool_cap, resident, ready, cur, lid, pf, last, ver, lnx, lpv, pref, evs, log_on, log, nl, overflow)
         # ---------------------------------------------------------------- compute, earliest-ready first
         n = r1 - r0
         comp = 0.0
@@ -490,5 +535,5 @@ def replay_kernel(
                 if resident[k]:
                     ver[k] += 1
                     v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
-                    _hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], v1, v2, k, ver[k])
+                    hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], v1, v2, k, ver[k])
     return hits, on_time, misses, pref, evs, stall, end, useful, log[:nl], overflow

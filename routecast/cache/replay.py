@@ -33,7 +33,7 @@ class Policy:
     describe: str
     per_layer: bool = False
     correct: bool = False
-    priority_demand: bool = False
+    priority_demand: int = K.DEMAND_FIFO
     forecast: bool = False
     demand_only: bool = True
 
@@ -47,8 +47,12 @@ POLICIES: dict[str, Policy] = {
                     describe="SE-MoE: prefetch the next layer's experts (most used first), LRU eviction"),
     "plec": Policy(code=K.PLEC, forecast=True, demand_only=False,
                    describe="ExpertFlow PLEC: prefetch the forecast's experts, nearest layer first"),
-    "plec-correct": Policy(code=K.PLEC, forecast=True, demand_only=False, correct=True, priority_demand=True,
-                           describe="PLEC + real-time correction: mispredicted experts go first, misses jump the queue"),
+    "plec-correct": Policy(code=K.PLEC, forecast=True, demand_only=False, correct=True, priority_demand=K.DEMAND_SLACK,
+                           describe="PLEC + real-time correction: mispredicted experts are evicted first; misses "
+                                    "overtake queued prefetches that can spare the time"),
+    "plec-correct-eager": Policy(code=K.PLEC, forecast=True, demand_only=False, correct=True,
+                                 priority_demand=K.DEMAND_EAGER,
+                                 describe="PLEC + correction, misses overtake every queued prefetch (late prefetches)"),
     "plec-correct-fifo": Policy(code=K.PLEC, forecast=True, demand_only=False, correct=True,
                                 describe="PLEC + correction of the victims only: misses queue behind prefetches"),
     "belady": Policy(code=K.BELADY, describe="Belady MIN: evict the expert needed farthest ahead (offline bound)"),

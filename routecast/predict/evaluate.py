@@ -5,7 +5,8 @@ share text, so a request split lets a token-id table memorise the held-out promp
 records no documents falls back to the request split with a printed note; `--split request` asks for it.
 
 Names: distribution, probability, conditional-token, conditional-position, ffn, lstm, lookahead (PROBE),
-expertflow (ExpertFlow's path predictor), tlp, slp (its baselines); or the path of
+expertflow (ExpertFlow's path predictor), tlp, slp (its baselines), smoe (Speculative MoE's token table +
+device n-gram); or the path of
 a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
 ``predict_eval_main`` and ``predict_fit_main`` read the trace from disk and print.
 """
@@ -41,11 +42,13 @@ from routecast.trace import MoESpec, Trace
 
 PREDICTOR_NAMES = (
     "distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm", "lookahead",
-    "expertflow", "tlp", "slp",
+    "expertflow", "tlp", "slp", "smoe",
 )
 # Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
 NEEDS_ROUTER_INPUTS = ("lookahead",)
 NEURAL = ("ffn", "lstm")
+# Predictors that use the model's input embeddings when the checkpoint is found (smoe: nearest known token).
+NEEDS_EMBEDDINGS = (*NEURAL, "smoe")
 SPLIT_CHOICES = ("document", "request")
 
 
@@ -158,6 +161,10 @@ def make_predictor(
 
         cfg = ExpertFlowConfig(seed=seed, threads=threads, progress=progress)
         return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
+    if name == "smoe":
+        from routecast.predict.smoe import SMoEPredictor
+
+        return SMoEPredictor(spec, embeddings=embeddings, embedding_source=embedding_source)
     if name in ("tlp", "slp"):
         from routecast.predict.locality import SLPPredictor, TLPPredictor
 
@@ -180,7 +187,7 @@ def make_predictor(
 
 
 def _embeddings_for(names: Sequence[str], trace: Trace, model_dir: str | Path | None) -> tuple[np.ndarray | None, str]:
-    if not any(n in NEURAL for n in names):
+    if not any(n in NEEDS_EMBEDDINGS for n in names):
         return None, ""
     d = resolve_model_dir(model_dir, trace.provenance)
     return (None, "learned") if d is None else (load_input_embeddings(d), str(d))

@@ -37,6 +37,7 @@ def _registry() -> dict[str, type[Predictor]]:
     from routecast.predict.locality import SLPPredictor, TLPPredictor  # noqa: F401  (register themselves)
     from routecast.predict.lookahead import LookaheadPredictor  # noqa: F401  (registers itself)
     from routecast.predict.neural import NeuralPredictor
+    from routecast.predict.smoe import SMoEPredictor  # noqa: F401  (registers itself)
 
     for cls in (DistributionPredictor, ProbabilityPredictor, ConditionalPredictor, NeuralPredictor):
         _REGISTRY.setdefault(cls.__name__, cls)

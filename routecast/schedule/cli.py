@@ -44,3 +44,4 @@ def run_rebatch(trace: Trace, *, predictor: str = "conditional-token", model: st
                    "activated_total": int(ae.sum()), "batches": int(len(ae))}
     return {"settings": {"predictor": predictor, "split": used, "test_tokens": test.num_tokens, "min_tokens": min_tokens},
             "arms": arms}
+

@@ -38,8 +38,9 @@ def test_replay_table_json_and_gap(small, tmp_path, capsys):
 
 def test_bad_input_is_one_line_exit_2(small, tmp_path, capsys):
     d = write_trace(small, tmp_path / "t")
-    for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"),
-                       (["--policies", "lru,arc"], "arc"), (["--predictor", "nosuch"], "--predictor")):
+    for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"), (["--budget", "150%"], "1..24"),
+                       (["--budget", "nan"], "--budget"), (["--policies", "lru,arc"], "arc"), (["--policies", ","], "--policies"),
+                       (["--predictor", "nosuch"], "--predictor"), (["--hardware", "nosuch"], "hardware")):
         assert main(["cache", "replay", str(d), "--quiet", "--out", str(tmp_path / "x.json"), *args]) == 2
         err = capsys.readouterr().err.strip()
         assert want in err and len(err.splitlines()) == 1, err

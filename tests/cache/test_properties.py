@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from functools import cache
 
@@ -161,3 +162,24 @@ def test_lru_equals_a_plain_python_lru(args, frac):
     budget = max(1, int(round(frac * L * E)))
     r = run_policy(acc, "lru", ReplayConfig(budget=budget, hardware=HW), expert_bytes=1 << 20)
     assert r["demand_loads"] == _python_lru(acc, budget)
+
+
+@settings(max_examples=40, deadline=None)
+@given(args=trace_args, frac=st.floats(0.05, 1.0))
+def test_per_layer_lru_equals_one_plain_python_lru_per_layer(args, frac):
+    """lru-layer runs on the kernel's recency lists, one per layer pool: it must equal L independent LRUs
+    with the budget split as replay._pools splits it (the first budget % L layers get one slot more)."""
+    seed, L, E, k, steps, per_step = args
+    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
+    acc = build_accesses(tr)
+    budget = max(L, int(round(frac * L * E)))
+    r = run_policy(acc, "lru-layer", ReplayConfig(budget=budget, hardware=HW), expert_bytes=1 << 20)
+    want = 0
+    for layer in range(L):
+        # the layer's accesses: every L-th access of the step-major order, re-based into one CSR
+        offs = [(acc.req_off[a], acc.req_off[a + 1]) for a in range(layer, acc.num_accesses, L)]
+        keys = np.concatenate([acc.req_key[lo:hi] for lo, hi in offs]) if offs else np.zeros(0, np.int64)
+        off = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in offs])]).astype(np.int64)
+        sub = dataclasses.replace(acc, L=1, req_off=off, req_key=keys)
+        want += _python_lru(sub, budget // L + (1 if layer < budget % L else 0))
+    assert r["demand_loads"] == want

@@ -1,0 +1,1 @@
+"""Real execution: offloaded inference (offload/) and expert parallelism on torch.distributed (ep/)."""

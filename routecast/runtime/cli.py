@@ -1,0 +1,142 @@
+"""`routecast run`: greedy generation, all-resident or offloaded (--offload), with the run's figures.
+
+    routecast run --model builtin-fine --offload --budget 50% --prefetch lookahead --prompts corpus:val:8
+
+prints tokens/s, hit ratio, bytes loaded, stall share, the slow tier's read mode (o_direct / fadvise) and
+the prefetcher's counters; --out writes them as JSON. --write-profile measures the slow tier's read
+bandwidth and writes a hardware profile (a base profile with h2d_gbps = the measured figure) that
+`routecast cache replay --hardware PROFILE` prices misses with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from routecast.common.errors import ConfigError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="generate with the model, optionally with experts offloaded to disk (--offload)")
+    p.add_argument("--model", default="builtin-fine", help="builtin, builtin-fine or a Hugging Face MoE model folder")
+    p.add_argument("--prompts", default="corpus:val:8", help="JSONL prompts file or corpus:SPLIT[:N] (default corpus:val:8)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per request (default 32)")
+    p.add_argument("--offload", action="store_true", help="keep at most --budget experts in memory, the rest on disk")
+    p.add_argument("--budget", default="50%", help="fast-tier expert slots: '50%%' of all L*E, a count '96', or bytes '12MB'")
+    p.add_argument("--prefetch", default="none", help="predictor driving prefetch: none, lookahead, expertflow or ffn")
+    p.add_argument("--predictor", default=None, help="a saved predictor folder (`routecast predict fit`) for --prefetch")
+    p.add_argument("--fit-trace", default=None, help="fit the --prefetch predictor on this trace of the model instead")
+    p.add_argument("--per-layer", action="store_true", help="split the slots evenly per layer (default one pool)")
+    p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
+    p.add_argument("--loader-threads", type=int, default=2, help="background reader threads (default 2)")
+    p.add_argument("--write-profile", default=None, help="measure the disk tier and write a hardware profile TOML here")
+    p.add_argument("--hardware", default=None, help="base profile for --write-profile (e.g. out/hardware/calibrated-cpu.toml)")
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed for fitting a predictor (default 0)")
+    p.set_defaults(fn=cmd_run)
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from routecast.runtime.offload.engine import PREFETCHERS
+
+    if a.prefetch not in PREFETCHERS:
+        raise ConfigError(f"--prefetch is {a.prefetch!r}; expected one of {', '.join(PREFETCHERS)}.")
+    if a.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens is {a.max_new_tokens}; expected at least 1.")
+    if a.threads < 1 or a.loader_threads < 1:
+        raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads}; expected at least 1 each.")
+    if not a.offload and (a.prefetch != "none" or a.write_profile):
+        raise ConfigError("--prefetch and --write-profile act on offloaded experts; expected --offload with them.")
+    if a.write_profile and not a.hardware:
+        raise ConfigError("--write-profile needs --hardware BASE.toml (e.g. from `routecast calibrate`) to take the compute figures from.")
+    from routecast.common.outputs import check_out_file
+
+    for flag, path in (("--out", a.out), ("--write-profile", a.write_profile)):
+        if path:
+            check_out_file(path, flag)
+    res = run_main(a)
+    print(format_figures(res))
+    if a.out:
+        from routecast.common.outputs import write_atomic
+
+        write_atomic(a.out, json.dumps({k: v for k, v in res.items() if k not in ("tokens", "log", "pred_sets")},
+                                       indent=1, default=float), "--out")
+        print(f"wrote {a.out}")
+    return 0
+
+
+def run_main(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from routecast.cache.replay import parse_budget
+    from routecast.runtime.offload.run import encode_prompts, make_predictor, run_config
+    from routecast.trace.capture_arch import spec_from_model
+    from routecast.trace.capture_inputs import load_model, load_prompts
+
+    torch.set_num_threads(a.threads)
+    model, tok = load_model(a.model)
+    spec = spec_from_model(model)
+    requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
+    if not a.offload:
+        return run_config(a.model, requests, budget=None, progress=True, threads=a.threads)
+    budget = parse_budget(a.budget, spec.num_layers * spec.num_experts, spec.expert_bytes)
+    pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
+                          threads=a.threads)
+    del model
+    kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads)
+    res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
+                     progress=True, threads=a.threads)
+    if a.write_profile:
+        res["profile"] = write_profile(a.model, a.write_profile, a.hardware, direct=not a.no_direct)
+    return res
+
+
+def write_profile(model_name: str, out: str | Path, base: str | Path, *, direct: bool = True, reads: int = 64) -> dict[str, Any]:
+    """Measure the model's disk tier (expert-sized O_DIRECT / fadvise reads) and write `base` with h2d_gbps set to
+    it (name 'offload-cpu-disk') at `out`. -> the measurement."""
+    from routecast.common.outputs import write_atomic
+    from routecast.runtime.offload.engine import OffloadConfig, OffloadedModel
+    from routecast.runtime.offload.run import _builtin_dir
+    from routecast.runtime.offload.tier import measure_bandwidth
+    from routecast.sim.hardware import load_hardware
+    from routecast.trace.capture_inputs import load_model
+
+    hw = load_hardware(base)
+    model, _ = load_model(model_name)
+    path = Path(model_name) if Path(model_name).is_dir() else _builtin_dir(model_name)
+    off = OffloadedModel(model, path, OffloadConfig(budget=1, direct=direct, verify=False))
+    try:
+        m = measure_bandwidth(off.tier, reads=reads)
+    finally:
+        off.close()
+    prof = dataclasses.replace(hw, name="offload-cpu-disk", h2d_bandwidth=m["bandwidth_Bps"],
+                               description=f"{hw.description}; slow tier: {model_name} experts on disk ({m['mode']})")
+    note = (f"measured: {m['expert_bytes']} B expert / median {m['median_read_s'] * 1e6:.0f} us per {m['mode']} read "
+            f"of {reads} random experts of {model_name} (routecast run --write-profile)")
+    write_atomic(out, prof.to_toml({"interconnect.h2d_gbps": note}), "--write-profile")
+    m["path"] = str(out)
+    return m
+
+
+def format_figures(r: dict[str, Any]) -> str:
+    """The run's figures as a few lines of text."""
+    lines = [f"{r['config']}: {r['new_tokens']} new tokens ({r['prompt_tokens']} prompt tokens) in {r['wall_s']:.2f} s "
+             f"= {r['tokens_per_s']:.2f} tokens/s"]
+    if r["config"] != "all-resident":
+        lines.append(f"budget {r['budget']} of {r['experts_total']} experts; hit ratio {r['hit_ratio']:.3f} "
+                     f"(hits {r['hits']}, late prefetches {r['late']}, misses {r['misses']}); "
+                     f"bytes loaded {r['bytes_read'] / 1e6:.1f} MB in {r['reads']} {r['tier_mode']} reads; "
+                     f"stall share {r['stall_share']:.1%}")
+        if r["config"] != "none":
+            lines.append(f"prefetch: issued {r['prefetch_issued']}, loaded {r['prefetch_loaded']}, useful "
+                         f"{r['prefetch_useful']}, cancelled {r['prefetch_cancelled']}, dropped {r['prefetch_dropped']}, "
+                         f"mispredicted evicted first {r['mispredicted']}; predictor {r['predict_s']:.2f} s")
+    if "profile" in r:
+        p = r["profile"]
+        lines.append(f"slow tier ({p['mode']}): {p['bandwidth_Bps'] / 1e9:.3f} GB/s per expert read "
+                     f"(median {p['median_read_s'] * 1e6:.0f} us for {p['expert_bytes']} B); wrote {p['path']}")
+    return "\n".join(lines)

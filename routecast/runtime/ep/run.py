@@ -1,0 +1,101 @@
+"""`routecast ep run`: replay trace steps through the real MoE layers on G torchrun ranks under each plan, check
+outputs and bytes, compare time with the link profile, and print one row per plan.
+
+Legend: G ranks, T replayed steps, R repeats.
+
+Each plan gets its own torchrun launch on the same steps (same routing, same tokens per rank), into
+OUT/<plan>/ (plans.npz, config.json, rank<r>.json, rank<r>.pt); OUT/summary.json holds every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+from routecast.common.outputs import check_out_dir, names_matcher, write_atomic
+from routecast.place.slots import METHODS
+from routecast.runtime.ep.launch import launch, prepare, select_steps, torchrun_command
+from routecast.runtime.ep.results import check_bytes, check_outputs, collect, summarize
+from routecast.runtime.ep.worker import step_rows, token_ranks
+from routecast.sim.a2a import LinkProfile, load_link
+
+OWNED = names_matcher(["summary.json", *METHODS])
+
+
+def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans: list[str], steps: int = 8,
+              first_step: int = 0, min_tokens: int = 0, repeats: int = 3, link: str | LinkProfile | None = None,
+              check: bool = True, timeout_s: float = 20.0, threads: int = 1, redundant_per_rank: int = 1,
+              overwrite: bool = False, token_ranks_path: str | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Every plan in `plans` on the same replayed steps -> {'settings', 'plans': {name: summary}}."""
+    from routecast.trace.io import read_trace
+
+    bad = [p for p in plans if p not in METHODS]
+    if bad or not plans:
+        raise ConfigError(f"--plans {','.join(plans) or '(none)'}: {bad[0] if bad else 'empty'} is not a plan; "
+                          f"expected a comma-separated subset of {', '.join(METHODS)}.")
+    if repeats < 1 or timeout_s <= 0:
+        raise ConfigError(f"--repeats {repeats} and --timeout {timeout_s}; expected repeats >= 1 and a timeout > 0 s.")
+    out = check_out_dir(out, "--out", overwrite=overwrite, owned=OWNED)
+    prof = load_link(link) if isinstance(link, (str, Path)) else link
+    if prof is not None and prof.ranks != nproc:
+        raise ConfigError(f"--link {prof.name} was measured on {prof.ranks} ranks; expected one for --nproc {nproc}.")
+    trace = read_trace(trace_dir, verify=False)
+    if trace.hidden_TLH is None:
+        raise ConfigError(f"--trace {trace_dir} has no hidden_TLH; expected a capture made with --hidden.")
+    ids = select_steps(trace, first_step, steps, min_tokens)
+    rows_of = step_rows(np.asarray(trace.tokens["step"]), ids)
+    tok = np.load(token_ranks_path) if token_ranks_path else None
+    src_of = [tok[r] if tok is not None else token_ranks(r.size, nproc) for r in rows_of]
+    res: dict[str, Any] = {"settings": {
+        "model": model, "trace": str(trace_dir), "nproc": nproc, "steps": ids, "tokens": int(sum(r.size for r in rows_of)),
+        "repeats": repeats, "link": None if prof is None else prof.name, "backend": "gloo",
+        "torchrun": " ".join(torchrun_command(nproc, out / "PLAN" / "config.json"))}, "plans": {}}
+    for name in plans:
+        d = out / name
+        cfg, pl, pos = prepare(trace, model=model, trace_dir=trace_dir, out=d, method=name, nproc=nproc, steps=ids,
+                               repeats=repeats, save_outputs=check, timeout_s=timeout_s, threads=threads,
+                               redundant_per_rank=redundant_per_rank, token_ranks_path=token_ranks_path)
+        t0 = time.monotonic()
+        launch(cfg, nproc)
+        ranks = collect(d, nproc)
+        s = summarize(ranks, prof)
+        s["wall_s"] = time.monotonic() - t0
+        s["bytes"] = check_bytes(trace, rows_of, pl, pos, ranks, src_of)
+        if check:
+            s["outputs"] = check_outputs(model, trace, rows_of, d, nproc)
+        res["plans"][name] = s
+        if not quiet:
+            print(format_row(name, s), flush=True)
+    write_atomic(out / "summary.json", json.dumps(res, indent=1), "--out")
+    return res
+
+
+HEADER = ("plan", "max/mean items", "IR", "a2a MB", "a2a ms median/min", "pred ms", "err median/min",
+          "cell ratio p10/p50", "compute ms", "moved MB", "held MB/rank", "bytes==sim", "allclose (max err), router match")
+
+
+def format_row(name: str, s: dict[str, Any]) -> str:
+    pred = s.get("a2a_pred_s")
+    out = s.get("outputs", {})
+    cells = (name, f"{s['max_items_per_rank']:.0f}/{s['mean_items_per_rank']:.0f}", f"{s['ir_items']:.3f}",
+             f"{s['a2a_bytes'] / 1e6:.2f}", f"{s['a2a_s'] * 1e3:.1f}/{s['a2a_min_s'] * 1e3:.1f}",
+             "-" if pred is None else f"{pred * 1e3:.1f}",
+             "-" if pred is None else f"{s['a2a_rel_err']:+.0%}/{s['a2a_min_rel_err']:+.0%}",
+             "-" if pred is None else "{:.2f}/{:.2f}".format(*s["a2a_cell_ratio_p10_p50_p90"][:2]),
+             f"{s['compute_s'] * 1e3:.1f}",
+             f"{s['weight_bytes_moved'] / 1e6:.2f}", f"{max(s['held_bytes_per_rank']) / 1e6:.1f}",
+             str(s["bytes"]["equal"]),
+             "-" if not out else f"{out['allclose']} ({out['max_abs_err']:.1e})"
+             + ("" if out.get("router_match") is None else f", router {out['router_match']:.0%}"))
+    return " | ".join(cells)
+
+
+def format_table(res: dict[str, Any]) -> str:
+    lines = [" | ".join(HEADER), " | ".join("---" for _ in HEADER)]
+    lines += [format_row(n, s) for n, s in res["plans"].items()]
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""Generation runs: all-resident or offloaded, greedy, one request at a time, with the figures of a run.
+
+``generate_all`` is the loop both configurations share (so their tokens compare one to one);
+``run_config`` builds a fresh model + store for one (budget, prefetch) configuration, runs the prompts
+and returns tokens/s, hit ratio, bytes read, stall share and the access log for the replay.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from routecast.common.errors import ConfigError
+from routecast.runtime.offload.engine import PREFETCHERS, OffloadConfig, OffloadedModel
+
+SWITCH_S = 0.0005  # GIL switch interval while loader threads run
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[dict[str, Any]], max_new_tokens: int | None) -> list[tuple[list[int], int]]:
+    """Prompt records -> (token ids, new-token budget) per request (the record's budget unless max_new_tokens)."""
+    out = []
+    for r in prompts:
+        ids = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ConfigError(f"--prompts: request {r.get('request', len(out))} has an empty prompt; expected text.")
+        out.append((list(ids), int(max_new_tokens if max_new_tokens is not None else r.get("max_new_tokens", 32))))
+    return out
+
+
+def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[list[int], int]], *,
+                 offloaded: OffloadedModel | None = None, progress: bool = False, desc: str = "generate") -> dict[str, Any]:
+    """Greedy generation of every request, one at a time -> {'tokens': [[new ids]...], 'wall_s', 'new_tokens',
+    'prompt_tokens'}. Wall time covers prefill and decode of all requests (tokenisation excluded)."""
+    from tqdm.auto import tqdm
+
+    from routecast.trace.capture import _generation_setup
+
+    gc, _pad, _eos = _generation_setup(model, tokenizer)
+    outs, new, prompt = [], 0, 0
+    switch = sys.getswitchinterval()
+    if offloaded is not None:  # loader threads hand the GIL back sooner (default 5 ms stalls the forward)
+        sys.setswitchinterval(SWITCH_S)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for ids, budget in tqdm(requests, desc=desc, disable=not progress, unit="request"):
+            if offloaded is not None:
+                offloaded.new_request()
+            x = torch.tensor([ids], dtype=torch.long)
+            gc.max_new_tokens = budget
+            seq = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gc)
+            got = seq[0, len(ids):].tolist()
+            outs.append(got)
+            new += len(got)
+            prompt += len(ids)
+    wall = time.perf_counter() - t0
+    sys.setswitchinterval(switch)
+    return {"tokens": outs, "wall_s": wall, "new_tokens": new, "prompt_tokens": prompt}
+
+
+def make_predictor(name: str, model: torch.nn.Module, model_dir: str | Path, *, predictor_dir: str | Path | None = None,
+                   fit_trace: str | Path | None = None, seed: int = 0, threads: int = 1) -> Any:
+    """The forecaster behind --prefetch: None for 'none'; a saved predictor (predictor_dir), one fitted on
+    fit_trace, or for 'lookahead' without either PROBE's untrained frozen-gate prior cloned from the model."""
+    if name not in PREFETCHERS:
+        raise ConfigError(f"--prefetch is {name!r}; expected one of {', '.join(PREFETCHERS)}.")
+    if name == "none":
+        return None
+    from routecast.trace.capture_arch import spec_from_model
+
+    spec = spec_from_model(model)
+    if predictor_dir is not None:
+        from routecast.predict.store import is_predictor_dir, load_predictor
+
+        if not is_predictor_dir(predictor_dir):
+            raise ConfigError(f"--predictor {predictor_dir}: not a folder written by `routecast predict fit`.")
+        pred = load_predictor(predictor_dir)
+        if pred.name != name:
+            raise ConfigError(f"--predictor {predictor_dir} holds a {pred.name!r} predictor; --prefetch asks for {name!r}.")
+    elif fit_trace is not None:
+        from routecast.predict.evaluate import NEEDS_ROUTER_INPUTS, fit_or_load
+        from routecast.trace.io import read_trace
+
+        routers = name in NEEDS_ROUTER_INPUTS
+        trace = read_trace(fit_trace, load_hidden=routers, load_logits=routers)
+        pred = fit_or_load(name, trace, model=str(model_dir), seed=seed, threads=threads, quiet=True)
+    elif name == "lookahead":
+        from routecast.predict.lookahead import LookaheadPredictor
+
+        pred = LookaheadPredictor.from_model(model, spec)
+    else:
+        raise ConfigError(f"--prefetch {name} needs a fitted predictor; pass --predictor DIR (from `routecast "
+                          "predict fit`) or --fit-trace TRACE (a capture of this model to fit it on).")
+    if (pred.spec.num_layers, pred.spec.num_experts) != (spec.num_layers, spec.num_experts):
+        raise ConfigError(f"--prefetch {name}: the predictor was built for L={pred.spec.num_layers}, "
+                          f"E={pred.spec.num_experts}; the model has L={spec.num_layers}, E={spec.num_experts}.")
+    pred.reset()
+    return pred
+
+
+def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int, E: int, num_tokens: int):
+    """The runtime's access log (layer, experts, tokens per expert) -> replay.Accesses (the same accesses the
+    runtime served, in its order: every forward step is L accesses in layer order)."""
+    from routecast.cache import kernel as K
+    from routecast.cache.replay import Accesses
+
+    if len(log) % L:
+        raise ConfigError(f"the access log holds {len(log)} accesses, not a whole number of {L}-layer steps.")
+    keys = [lay * E + ex for lay, ex, _ in log]
+    counts = [c for _, _, c in log]
+    req_off = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(np.int64)
+    req_key = np.concatenate(keys).astype(np.int64) if keys else np.zeros(0, np.int64)
+    acc = np.repeat(np.arange(len(keys)), np.diff(req_off))
+    nxt = np.full(len(req_key), K.NEVER)
+    order = np.lexsort((acc, req_key))
+    same = req_key[order][1:] == req_key[order][:-1]
+    nxt[order[:-1][same]] = acc[order][1:][same]
+    steps = len(log) // L
+    return Accesses(L=L, E=E, req_off=req_off, req_key=req_key,
+                    req_tokens=np.concatenate(counts).astype(np.int64) if counts else np.zeros(0, np.int64),
+                    req_next=nxt, step_ids=np.arange(steps), num_tokens=num_tokens)
+
+
+def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
+               prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
+               progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
+    `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back."""
+    from routecast.trace.capture_inputs import load_model
+
+    torch.set_num_threads(threads)
+    model, tok = loaded if loaded is not None else load_model(str(model_dir))
+    if loaded is not None:
+        cfg_kw = {**(cfg_kw or {}), "keep_weights": True}
+    path = Path(model_dir) if Path(str(model_dir)).is_dir() else _builtin_dir(str(model_dir))
+    if budget is None:
+        res = generate_all(model, tok, requests, progress=progress, desc="all-resident")
+        res.update(config="all-resident", tokens_per_s=res["new_tokens"] / res["wall_s"], hit_ratio=1.0,
+                   bytes_read=0, stall_s=0.0, stall_share=0.0)
+        return res
+    if predictor is not None:
+        predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
+    off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
+    try:
+        res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}")
+    finally:
+        off.close()
+    fig = off.figures()
+    res.update(fig)
+    res.update(config=prefetch, tokens_per_s=res["new_tokens"] / res["wall_s"], stall_share=fig["stall_s"] / res["wall_s"],
+               log=off.log, pred_sets=np.array(off.pred_sets) if off.pred_sets else None, L=off.L, E=off.E)
+    return res
+
+
+def _builtin_dir(name: str) -> Path:
+    from routecast.models.builtin import check_checkpoint
+
+    return Path(check_checkpoint(name))

@@ -1,0 +1,260 @@
+"""Token-expert co-clustering for speculative MoE (s-MoE §3.4, Appendix B): plans, and what they save on a trace.
+
+Legend: T token-positions, L MoE layers, E experts, K top-k, U distinct token ids of the profile, G EP ranks.
+A plan holds, per layer, the group (rank) of every expert (expert_group_LE: the s-EG expert pre-grouping) and
+the rank every profiled token id is shuffled to (token_group_LU, s-TS's token-to-device table T with confidence
+Tp). The affinity each method partitions is W_UE per layer: how often token id u was routed to expert e in the
+profile (the paper's a_j Cp,jk up to the constant K).
+
+Scoring a plan on a trace (evaluate_plan): a token-position at layer l is placed on its id's rank; ids the plan
+never saw stay on their home rank, as do all tokens of plain EP ("none"). Home rank: the step's tokens split
+into G contiguous slices in trace order (what the TP reduce-scatter leaves each rank). Metrics:
+- LAR, local activation rate: share of routed (token, expert) assignments whose expert is on the token's rank;
+- expert-load imbalance: max / mean over ranks of the routed assignments each rank's experts process (per layer,
+  over the whole trace);
+- token-load imbalance: max / mean tokens a rank hosts per step, token-weighted over steps;
+- a2a bytes per layer (dispatch; the combine returns the same): remote assignments x hidden x act_bytes (no
+  deduplication, DeepSpeed-MoE) and distinct remote ranks per token x hidden x act_bytes (deduplicated).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from tqdm.auto import tqdm
+
+from routecast.common.errors import ConfigError
+from routecast.schedule import baselines
+from routecast.schedule.ceo import CEOConfig, ceo_cocluster
+from routecast.trace import Trace
+
+METHODS = ("smoe", "metis", "kmeans", "hypergraph", "random", "sts", "none")
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoclusterPlan:
+    """expert_group_LE int32 (L, E); token_keys_U int64 (U,) sorted token ids; token_group_LU int32 (L, U);
+    token_conf_LU float32 (L, U) (Tp: the confidence of the token's rank; 1 for methods without one);
+    fit_s: seconds per layer; ep = G; beta: the token-load bound the tokens were assigned under."""
+
+    method: str
+    ep: int
+    expert_group_LE: np.ndarray
+    token_keys_U: np.ndarray
+    token_group_LU: np.ndarray
+    token_conf_LU: np.ndarray
+    beta: float = 1.1
+    fit_s: tuple[float, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def expert_permutation_LE(self) -> np.ndarray:
+        """(L, E) int64: new expert slot j holds old expert perm[l, j]; experts of rank g fill slots g*E/G..."""
+        return np.argsort(self.expert_group_LE, axis=1, kind="stable")
+
+    def token_ranks(self, token_id_T: np.ndarray, home_T: np.ndarray, layer: int) -> np.ndarray:
+        """(T,) rank of each token at `layer`: its id's table entry, or home_T where the plan never saw it."""
+        q = np.asarray(token_id_T, np.int64)
+        keys = self.token_keys_U
+        if keys.size == 0:
+            return np.asarray(home_T, np.int64)
+        pos = np.minimum(np.searchsorted(keys, q), keys.size - 1)
+        hit = keys[pos] == q
+        return np.where(hit, self.token_group_LU[layer, pos], home_T).astype(np.int64)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "version": PLAN_VERSION, "method": self.method, "ep": self.ep, "beta": self.beta,
+            "fit_s": list(self.fit_s), "meta": self.meta,
+            "expert_group_LE": self.expert_group_LE.tolist(), "token_keys_U": self.token_keys_U.tolist(),
+            "token_group_LU": self.token_group_LU.tolist(),
+            "token_conf_LU": np.round(self.token_conf_LU.astype(np.float64), 5).tolist(),
+        })
+
+
+def read_plan(path: str | Path) -> CoclusterPlan:
+    """A plan file written by `routecast schedule cocluster`, checked: ConfigError naming the field otherwise."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--plan {p}: no such file; expected a plan written by `routecast schedule cocluster`.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--plan {p}: not a readable JSON plan ({e}); expected a `routecast schedule cocluster` plan.") from None
+    if not isinstance(d, dict) or d.get("version") != PLAN_VERSION:
+        raise ConfigError(f"--plan {p}: version {d.get('version') if isinstance(d, dict) else None!r}; expected {PLAN_VERSION}.")
+    try:
+        ep = int(d["ep"])
+        eg = np.asarray(d["expert_group_LE"], np.int64)
+        keys = np.asarray(d["token_keys_U"], np.int64).reshape(-1)
+        tg = np.asarray(d["token_group_LU"], np.int64).reshape(eg.shape[0], keys.size)
+        tc = np.asarray(d["token_conf_LU"], np.float64).reshape(tg.shape)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--plan {p}: field {e} is missing or malformed; expected a `routecast schedule cocluster` plan.") from None
+    L, E = eg.shape if eg.ndim == 2 else (0, 0)
+    if eg.ndim != 2 or ep < 1 or E % ep:
+        raise ConfigError(f"--plan {p}: expert_group_LE has shape {eg.shape} for ep {ep}; expected (L, E) with E divisible by ep.")
+    if eg.min() < 0 or eg.max() >= ep or np.any(np.stack([np.bincount(r, minlength=ep) for r in eg]) != E // ep):
+        raise ConfigError(f"--plan {p}: expert_group_LE does not put exactly {E // ep} experts on each of {ep} ranks per layer.")
+    if keys.size and (np.any(np.diff(keys) <= 0) or tg.min() < 0 or tg.max() >= ep or not np.isfinite(tc).all()):
+        raise ConfigError(f"--plan {p}: token tables are unsorted or hold a rank outside 0..{ep - 1}; expected a valid plan.")
+    return CoclusterPlan(method=str(d.get("method", "")), ep=ep, expert_group_LE=eg.astype(np.int32),
+                         token_keys_U=keys, token_group_LU=tg.astype(np.int32), token_conf_LU=tc.astype(np.float32),
+                         beta=float(d.get("beta", 1.1)), fit_s=tuple(d.get("fit_s", ())), meta=dict(d.get("meta", {})))
+
+
+# ------------------------------------------------------------------------------------------ affinity
+def affinity(trace: Trace, rows: np.ndarray | None = None) -> tuple[np.ndarray, list[sp.csr_matrix]]:
+    """(token_keys_U sorted int64, per layer W_UE csr float64): routed-slot counts of token id u to expert e."""
+    s = trace.spec
+    tid = np.asarray(trace.token_id, np.int64)
+    m = np.ones(trace.num_tokens, bool) if rows is None else np.asarray(rows, bool)
+    keys, inv = np.unique(tid[m], return_inverse=True)
+    U, E = keys.size, s.num_experts
+    ex = np.asarray(trace.experts_TLK[m], np.int64)  # (T', L, K)
+    out = []
+    for layer in range(s.num_layers):
+        e_TK = ex[:, layer]
+        ok = e_TK >= 0
+        r = np.broadcast_to(inv[:, None], e_TK.shape)[ok]
+        out.append(sp.csr_matrix((np.ones(r.size), (r, e_TK[ok])), shape=(U, E)))
+    return keys, out
+
+
+def topk_sets(experts_TK: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct routed sets of one layer: (sets_NK sorted int64, how often each occurred (N,))."""
+    srt = np.sort(np.asarray(experts_TK, np.int64), axis=1)
+    return np.unique(srt, axis=0, return_counts=True)
+
+
+def cocluster(trace: Trace, ep: int, method: str = "smoe", *, rows: np.ndarray | None = None,
+              config: CEOConfig | None = None, progress: bool = False, respect_groups: bool = False) -> CoclusterPlan:
+    """Fit a plan of `method` on the rows of trace in the bool (T,) mask `rows` (None = all), layer by layer.
+
+    respect_groups: for grouped routers (spec.n_group > 1) place whole router groups (the units are the groups,
+    their affinity the sum of their experts'), so the permuted checkpoint routes exactly as before (permute.py).
+    """
+    if method not in METHODS:
+        raise ConfigError(f"--method is {method!r}; expected one of {', '.join(METHODS)}.")
+    s = trace.spec
+    if type(ep) is not int or ep < 1 or s.num_experts % ep:
+        raise ConfigError(f"--ep is {ep!r}; expected a positive divisor of the trace's {s.num_experts} experts.")
+    cfg = config or CEOConfig()
+    keys, W_L = affinity(trace, rows)
+    L, E, U = s.num_layers, s.num_experts, keys.size
+    unit_E = np.arange(E)  # the unit each expert is placed with: itself, or its router group
+    if respect_groups and s.n_group > 1:
+        if s.n_group % ep:
+            raise ConfigError(f"--respect-groups: the router's {s.n_group} expert groups cannot be split evenly over "
+                              f"--ep {ep} ranks; expected an ep that divides {s.n_group}.")
+        unit_E = np.arange(E) // (E // s.n_group)
+        agg = sp.csr_matrix((np.ones(E), (np.arange(E), unit_E)), shape=(E, s.n_group))
+        W_L = [sp.csr_matrix(W @ agg) for W in W_L]
+    n_units = int(unit_E.max()) + 1
+    eg = np.zeros((L, E), np.int32)
+    tg = np.zeros((L, U), np.int32)
+    tc = np.ones((L, U), np.float32)
+    fit_s, hist = [], []
+    ex = None if method != "hypergraph" else np.asarray(
+        trace.experts_TLK if rows is None else trace.experts_TLK[np.asarray(rows, bool)]).astype(np.int64)
+    if ex is not None and n_units != E:  # the hyperedges run over groups: a token's distinct groups
+        ex = np.where(ex >= 0, unit_E[np.maximum(ex, 0)], -1)
+        srt = np.sort(ex, axis=-1)
+        dup = np.concatenate([np.zeros(srt.shape[:-1] + (1,), bool), srt[..., 1:] == srt[..., :-1]], axis=-1)
+        ex = np.where(dup, -1, srt)
+    ug = np.zeros((L, n_units), np.int32)
+    for layer in tqdm(range(L), desc=f"cocluster {method}", disable=not progress, leave=False):
+        W = W_L[layer]
+        t0 = time.perf_counter()
+        if method == "smoe":
+            ug[layer], tg[layer], conf, h = ceo_cocluster(W, ep, cfg)
+            tc[layer] = conf
+            hist.append(h)
+        elif method == "metis":
+            ug[layer], tg[layer] = baselines.metis_groups(W, ep, cfg.beta, cfg.seed)
+        elif method == "kmeans":
+            ug[layer], tg[layer] = baselines.kmeans_groups(W, ep, cfg.beta, cfg.seed)
+        elif method == "hypergraph":
+            sets, n = topk_sets(ex[:, layer])
+            ug[layer], tg[layer] = baselines.hypergraph_groups(W, sets, n, ep, cfg.beta, cfg.seed)
+        elif method == "random":
+            ug[layer], tg[layer] = baselines.random_groups(W, ep, cfg.beta, cfg.seed + layer)
+        elif method == "sts":
+            ug[layer], tg[layer] = baselines.sts_groups(W, ep, cfg.beta)
+        else:
+            ug[layer] = baselines.contiguous_experts(n_units, ep)
+        eg[layer] = ug[layer][unit_E]
+        fit_s.append(time.perf_counter() - t0)
+    if method == "none":  # plain EP: no token table, every token stays home
+        keys, tg, tc = keys[:0], tg[:, :0], tc[:, :0]
+    meta: dict[str, Any] = {"profile_tokens": int(trace.num_tokens if rows is None else np.sum(rows)), "distinct_tokens": U,
+                            "respect_groups": bool(n_units != E)}
+    if method == "smoe":
+        meta.update(n_steps=cfg.n_steps, samples=cfg.samples, rho=cfg.rho, smoothing=cfg.smoothing,
+                    token_sampling=cfg.token_sampling, seed=cfg.seed, best_lar_per_step=[h[-1] for h in hist])
+    return CoclusterPlan(method=method, ep=ep, expert_group_LE=eg, token_keys_U=keys, token_group_LU=tg,
+                         token_conf_LU=tc, beta=cfg.beta, fit_s=tuple(fit_s), meta=meta)
+
+
+# ------------------------------------------------------------------------------------------ scoring
+def home_ranks(step_T: np.ndarray, G: int) -> np.ndarray:
+    """(T,) int64 home rank: each step's tokens, in trace order, split into G contiguous slices."""
+    step = np.asarray(step_T)
+    order = np.argsort(step, kind="stable")
+    _, start, count = np.unique(step[order], return_index=True, return_counts=True)
+    rank_in_step = np.empty(step.size, np.int64)
+    rank_in_step[order] = np.arange(step.size) - np.repeat(start, count)
+    size = np.repeat(count, count)
+    out = np.empty(step.size, np.int64)
+    out[order] = rank_in_step[order] * G // size
+    return out
+
+
+def evaluate_plan(plan: CoclusterPlan, trace: Trace, *, rows: np.ndarray | None = None,
+                  act_bytes: int = 2) -> dict[str, Any]:
+    """LAR, imbalances and a2a bytes of `plan` on the rows of trace (see the module docstring); per layer + mean."""
+    s = trace.spec
+    if plan.expert_group_LE.shape != (s.num_layers, s.num_experts):
+        raise ConfigError(f"plan has expert groups of shape {plan.expert_group_LE.shape}; expected the trace's "
+                          f"({s.num_layers}, {s.num_experts}).")
+    sel = trace if rows is None else trace.select(np.asarray(rows, bool))
+    G, H = plan.ep, s.hidden_size
+    home = home_ranks(sel.step, G)
+    ex = np.asarray(sel.experts_TLK, np.int64)
+    step_idx = np.unique(sel.step, return_inverse=True)[1]
+    out: dict[str, list[float]] = {k: [] for k in ("lar", "expert_imbalance", "token_imbalance", "remote_assignments",
+                                                   "a2a_bytes", "a2a_bytes_dedup", "a2a_max_rank_bytes", "seen_share")}
+    seen = np.isin(np.asarray(sel.token_id, np.int64), plan.token_keys_U)
+    for layer in range(s.num_layers):
+        rank_T = plan.token_ranks(sel.token_id, home, layer)
+        e_TK = ex[:, layer]
+        ok = e_TK >= 0
+        grp_TK = plan.expert_group_LE[layer][np.where(ok, e_TK, 0)]
+        local = (grp_TK == rank_T[:, None]) & ok
+        remote = ok & ~local
+        n_ok = max(int(ok.sum()), 1)
+        out["lar"].append(float(local.sum() / n_ok))
+        load_G = np.bincount(grp_TK[ok], minlength=G)
+        out["expert_imbalance"].append(float(load_G.max() / max(load_G.mean(), 1e-12)))
+        per = np.bincount(step_idx * G + rank_T, minlength=(step_idx.max() + 1) * G).reshape(-1, G)
+        out["token_imbalance"].append(float(per.max(axis=1).sum() * G / max(per.sum(), 1)))
+        out["remote_assignments"].append(float(remote.sum()))
+        out["a2a_bytes"].append(float(remote.sum() * H * act_bytes))
+        # Deduplicated: one copy per distinct remote rank of a token.
+        rg = np.where(remote, grp_TK, -1)
+        srt = np.sort(rg, axis=1)
+        distinct = ((srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] >= 0)).sum(axis=1) + (srt[:, 0] >= 0)
+        out["a2a_bytes_dedup"].append(float(distinct.sum() * H * act_bytes))
+        recv_G = np.bincount(grp_TK[remote], minlength=G)
+        out["a2a_max_rank_bytes"].append(float(recv_G.max() * H * act_bytes))
+        out["seen_share"].append(float(seen.mean()) if plan.token_keys_U.size else 0.0)
+    res: dict[str, Any] = {k: float(np.mean(v)) for k, v in out.items()}
+    res["per_layer"] = out
+    res["tokens"] = sel.num_tokens
+    return res

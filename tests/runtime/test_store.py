@@ -1,0 +1,142 @@
+"""The expert store on an in-memory tier: budget never exceeded (hypothesis), every computed slot holds the right
+expert, real-time correction, and the shared LRU policy object equal to the replay kernel's LRU."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from routecast.cache.policy import replay_demand
+from routecast.cache.replay import ReplayConfig, build_accesses, run_policy
+from routecast.common.errors import ConfigError
+from routecast.runtime.offload.store import ExpertStore, StoreConfig
+from routecast.sim.hardware import load_hardware
+from tests.cache.test_properties import tiny_trace
+
+
+class MemTier:
+    """Expert k's tensors are filled with the value k; `gate` (an Event) can hold every read back."""
+
+    def __init__(self, L: int, E: int, gate: threading.Event | None = None) -> None:
+        self.layout = SimpleNamespace(num_layers=L, num_experts=E, expert_bytes=8 * 4,
+                                      params={"w": ((2, 4), torch.float32)})
+        self.gate = gate
+        self.reads: list[int] = []
+
+    def read_into(self, key: int, dests: dict[str, torch.Tensor]) -> int:
+        if self.gate is not None:
+            assert self.gate.wait(5)
+        dests["w"].fill_(float(key))
+        self.reads.append(key)
+        return 32
+
+
+def run_accesses(store: ExpertStore, L: int, E: int, accesses: list[tuple[int, list[int]]]) -> None:
+    for layer, experts in accesses:
+        seen: list[int] = []
+
+        def compute(exps: np.ndarray, slots: np.ndarray, layer: int = layer, seen: list[int] = seen) -> None:
+            for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
+                assert torch.all(store.pools["w"][s] == layer * E + e)  # the slot holds this expert's weights
+                seen.append(e)
+
+        store.access(layer, experts, compute)
+        assert sorted(seen) == experts  # each expert computed exactly once
+        store.check()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 12), st.booleans(), st.integers(0, 2**31 - 1), st.booleans())
+def test_budget_never_exceeded_under_random_routing_and_prefetch(budget: int, per_layer: bool, seed: int, pf: bool) -> None:
+    L, E = 3, 6
+    if per_layer and budget < L:
+        budget = L
+    rng = np.random.default_rng(seed)
+    store = ExpertStore(MemTier(L, E), StoreConfig(budget=budget, per_layer=per_layer, check=True, loader_threads=2))
+    total = 0
+    try:
+        for _step in range(6):
+            if pf:  # a random forecast of every layer, as a request-horizon predictor gives
+                store.prefetch(list(range(L)), [lay * E + np.flatnonzero(rng.random(E) < 0.4) for lay in range(L)])
+            acc = [(lay, sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist())) for lay in range(L)]
+            run_accesses(store, L, E, acc)
+            total += sum(len(x) for _, x in acc)
+            store.end_step()
+        st_ = store.stats
+        assert st_["max_occupied"] <= budget
+        assert st_["hits"] + st_["late"] + st_["misses"] == total
+    finally:
+        store.close()
+
+
+def test_counts_add_up_and_budget_bad_values() -> None:
+    store = ExpertStore(MemTier(2, 4), StoreConfig(budget=3, check=True))
+    try:
+        run_accesses(store, 2, 4, [(0, [0, 1, 2]), (1, [0, 3]), (0, [1, 2])])
+        s = store.stats
+        assert s["hits"] + s["late"] + s["misses"] == 7 and s["max_occupied"] == 3
+    finally:
+        store.close()
+    with pytest.raises(ConfigError, match="at least 1"):
+        StoreConfig(budget=0)
+    with pytest.raises(ConfigError, match="at most 8"):
+        ExpertStore(MemTier(2, 4), StoreConfig(budget=9))
+
+
+def test_correction_cancels_wrong_queued_prefetches_and_evicts_mispredicted_first() -> None:
+    L, E = 2, 8
+    gate = threading.Event()
+    tier = MemTier(L, E, gate)
+    store = ExpertStore(tier, StoreConfig(budget=4, loader_threads=1, check=True))
+    try:
+        # layer 1 forecast {1, 2, 3, 4}; the single reader is held, so three stay queued behind the first
+        store.prefetch([1], [np.array([E + 1, E + 2, E + 3, E + 4])], current_layer=0)
+        done = threading.Thread(target=run_accesses, args=(store, L, E, [(1, [2, 5])]))
+        done.start()
+        gate.set()
+        done.join(5)
+        s = store.stats
+        # true routing {2, 5}: the queued wrong ones (3, 4, and 1 if not yet started) are cancelled, 5 is a demand miss
+        assert s["prefetch_cancelled"] >= 2
+        assert s["misses"] >= 1
+        assert E + 3 not in tier.reads and E + 4 not in tier.reads
+        # a resident mispredicted expert goes first: E+1 (if it was read) is the first victim of the next miss
+        if E + 1 in store.resident_keys():
+            run_accesses(store, L, E, [(0, [0, 1, 2])])
+            assert E + 1 not in store.resident_keys()
+    finally:
+        store.close()
+
+
+def test_mispredicted_resident_is_evicted_before_lru() -> None:
+    L, E = 2, 4
+    store = ExpertStore(MemTier(L, E), StoreConfig(budget=3, check=True))
+    try:
+        run_accesses(store, L, E, [(0, [0]), (1, [1])])  # resident: 0, E+1 (LRU order)
+        store.prefetch([1], [np.array([E + 2])], current_layer=0)
+        for _ in range(200):
+            if E + 2 in store.resident_keys():
+                break
+            threading.Event().wait(0.01)
+        run_accesses(store, L, E, [(1, [1])])  # forecast E+2 unused: mispredicted
+        run_accesses(store, L, E, [(0, [3])])  # needs a slot: E+2 goes, not the least recent key 0
+        res = set(store.resident_keys().tolist())
+        assert E + 2 not in res and 0 in res
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("seed,budget", [(0, 3), (1, 7), (2, 12)])
+def test_policy_object_equals_the_replay_kernels_lru(seed: int, budget: int) -> None:
+    trace = tiny_trace(seed, L=3, E=8, k=2, steps=40, per_step=3)
+    acc = build_accesses(trace)
+    hits, misses = replay_demand(acc.req_off, acc.req_key, budget)
+    row = run_policy(acc, "lru", ReplayConfig(budget=budget, hardware=load_hardware("h100-sxm")), expert_bytes=1 << 20)
+    assert misses == row["demand_loads"]
+    assert hits == round(row["hit_ratio"] * len(acc.req_key))
