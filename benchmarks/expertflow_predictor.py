@@ -4,13 +4,16 @@ Claim checked (issue 11): the path predictor beats TLP and SLP by at least 30 po
 (ExpertFlow eq. 7) at batch 8 / 16 / 32 on the built-in trace (ExpertFlow Table 1: 73-87% vs 3-36%).
 
 Method (routecast.predict.batch_eval): every predictor is fitted once on 80% of the trace's source
-documents (seed 0; by request when the trace records none) and run causally on the held-out requests: per-step metrics (means over layers) as in `predict eval`, then
-batch-level accuracy at fixed batch sizes (held-out tokens in step order cut into batches of B; TLP
-predicts the previous batch's set). The lookahead (layer horizon) needs a trace captured with --hidden --logits and
-the model's routers (--model builtin); it is left out otherwise. µs/token is this machine's CPU time under
-whatever else runs on it.
+documents (seed 0; by request when the trace records none), plus --train-extra (a capture of the same model
+on the corpus's train split, documents disjoint from the test: checked), and run causally on the held-out
+requests: per-step metrics (means over layers) as in `predict eval`, then eq. 7 over decode batches of B
+held-out requests (a batch's true path: the OR of its B tokens' experts at one decode index; predicted: the
+OR of each predictor's per-token top-K; TLP predicts each token's previous token, i.e. the batch's previous
+step). The lookahead (layer horizon) needs a trace captured with --hidden --logits and the model's routers
+(--model builtin); it is left out otherwise, and fits on the trace's own training documents only.
+µs/token is this machine's CPU time under whatever else runs on it.
 
-Run: python benchmarks/expertflow_predictor.py --trace DIR [--model builtin] [--predictors a,b,...]
+Run: python benchmarks/expertflow_predictor.py --trace DIR [--train-extra DIR] [--model builtin] [--predictors a,b,...]
 Writes out/bench/expertflow_predictor.json; ends with one line per predictor:
 `PREDICTOR: batch acc 8 / 16 / 32 = X / Y / Z` and one line per baseline `expertflow - BASE at 8/16/32: +P / +Q / +R points`.
 """
@@ -39,6 +42,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="checkpoint for ffn embeddings and the lookahead (e.g. builtin)")
     ap.add_argument("--predictors", default="distribution,conditional-token,ffn,lookahead,tlp,slp,expertflow",
                     help="comma-separated predictor names")
+    ap.add_argument("--train-extra", default=None, help="another capture of the model on disjoint documents to train on")
+    ap.add_argument("--epochs", type=int, default=None, help="training epochs of the neural predictors (default: preset)")
     ap.add_argument("--out", default="out/bench/expertflow_predictor.json", help="JSON output")
     a = ap.parse_args()
     import torch
@@ -51,12 +56,16 @@ def main() -> None:
     if "lookahead" in names and (trace.hidden_TLH is None or a.model is None):
         names.remove("lookahead")
         print("lookahead left out: it needs a trace with router inputs (--hidden --logits) and --model")
-    rows = batch_accuracy_rows(trace, names, SIZES, model_dir=a.model)
-    head = ["predictor", "horizon", "top-k acc", "recall@2k", "step batch acc", "µs/token", *[f"B={b}" for b in SIZES]]
+    extra = None if a.train_extra is None else read_trace(a.train_extra)
+    rows = batch_accuracy_rows(trace, names, SIZES, model_dir=a.model, extra_train=extra, epochs=a.epochs)
+    print(f"held-out: {rows[0]['test_requests']} requests (20% of the documents); eq. 7 over decode batches of B "
+          f"requests (8 seeded groupings); load average {os.getloadavg()[0]:.1f}")
+    head = ["predictor", "horizon", "train tokens", "fit s", "top-k acc", "recall@2k", "step batch acc", "µs/token",
+            *[f"B={b}" for b in SIZES]]
     print("  ".join(f"{h:>14}" if i else f"{h:<20}" for i, h in enumerate(head)))
     for r in rows:
-        cells = [r["predictor"], r["horizon"], f"{r['top_k_accuracy']:.3f}", f"{r['recall_at_2k']:.3f}",
-                 f"{r['batch_level_accuracy']:.3f}", f"{r['us_per_token']:.1f}", *[f"{r[f'batch_{b}']:.3f}" for b in SIZES]]
+        cells = [r["predictor"], r["horizon"], str(r["train_tokens"]), f"{r['fit_s']:.0f}", f"{r['top_k_accuracy']:.3f}",
+                 f"{r['recall_at_2k']:.3f}", f"{r['batch_level_accuracy']:.3f}", f"{r['us_per_token']:.1f}", *[f"{r[f'batch_{b}']:.3f}" for b in SIZES]]
         print("  ".join(f"{c:>14}" if i else f"{c:<20}" for i, c in enumerate(cells)))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"machine": machine_info(), "rows": json.loads(rows_to_json(rows))}, indent=1))
@@ -70,6 +79,9 @@ def main() -> None:
                 d = [100 * (by["expertflow"][f"batch_{b}"] - by[base][f"batch_{b}"]) for b in SIZES]
                 print(f"expertflow - {base} at 8/16/32: " + " / ".join("n/a" if math.isnan(x) else f"{x:+.1f}" for x in d)
                       + " points")
+    if "tlp" in by:  # eq. 7 is at most 1: no predictor can beat TLP by more than this
+        room = [100 * (1 - by["tlp"][f"batch_{b}"]) for b in SIZES]
+        print("room above TLP at 8/16/32 (100 - TLP): " + " / ".join(f"{x:+.1f}" for x in room) + " points")
 
 
 if __name__ == "__main__":

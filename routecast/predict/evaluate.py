@@ -87,6 +87,40 @@ def heldout_rows(trace: Trace, split: str, train_fraction: float, seed: int) -> 
     return train, test, used
 
 
+def _document_names(trace: Trace) -> set[str]:
+    names = list(trace.provenance.get("documents") or [])
+    ids = np.unique(trace.tokens["document"])
+    return {str(names[i]) for i in ids.tolist() if 0 <= i < len(names)}
+
+
+def with_extra_training(train: Trace, extra: Trace, test: Trace) -> Trace:
+    """train + extra (another capture of the same model, e.g. of the corpus's train split) as one training
+    trace: extra's request ids and steps are shifted past train's so no two requests merge. Refuses an extra
+    trace of another geometry or task list, or one that shares a source document with the held-out test."""
+    s, x = train.spec, extra.spec
+    if (s.num_layers, s.num_experts, s.top_k) != (x.num_layers, x.num_experts, x.top_k):
+        raise ConfigError(f"--train-extra: its trace has L={x.num_layers}, E={x.num_experts}, K={x.top_k}; expected "
+                          f"the evaluated trace's L={s.num_layers}, E={s.num_experts}, K={s.top_k}.")
+    if extra.task_names != train.task_names:
+        raise ConfigError(f"--train-extra: its tasks are {list(extra.task_names)}; expected the evaluated trace's "
+                          f"{list(train.task_names)}.")
+    shared = _document_names(extra) & _document_names(test)
+    if shared:
+        raise ConfigError(f"--train-extra: it holds {len(shared)} source document(s) of the held-out requests (e.g. "
+                          f"{sorted(shared)[0]!r}); expected documents disjoint from the test (e.g. corpus:train).")
+    tok = dict(extra.tokens)
+    tok["request"] = tok["request"] + (int(train.tokens["request"].max()) + 1 if train.num_tokens else 0)
+    tok["step"] = tok["step"] + (int(train.tokens["step"].max()) + 1 if train.num_tokens else 0)
+    tok["document"] = np.full_like(tok["document"], -1)  # ids number another document list
+    shifted = Trace(spec=train.spec, tokens=tok, experts_TLK=extra.experts_TLK, weights_TLK=extra.weights_TLK,
+                    task_names=train.task_names, source_names=train.source_names)
+    if train.hidden_TLH is not None or train.logits_TLE is not None:  # concat keeps a tensor only if all have it
+        train = Trace(spec=train.spec, tokens=train.tokens, experts_TLK=train.experts_TLK,
+                      weights_TLK=train.weights_TLK, task_names=train.task_names, source_names=train.source_names,
+                      provenance=dict(train.provenance))
+    return Trace.concat([train, shifted])
+
+
 def parse_names(names: str | Sequence[str]) -> list[str]:
     """'a,b' or ['a', 'b'] -> checked list; each a known name or a saved predictor directory."""
     items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
@@ -125,7 +159,7 @@ def make_predictor(
 
         from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
 
-        cfg = ExpertFlowConfig(seed=seed, threads=threads)
+        cfg = ExpertFlowConfig(seed=seed, threads=threads, progress=progress)
         return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
     if name == "smoe":
         from routecast.predict.smoe import SMoEPredictor
@@ -175,10 +209,12 @@ def _nanmean(v: list[float]) -> float:
 def evaluate(
     trace: Trace, predictor_names: str | Sequence[str], *, model_dir: str | Path | None = None,
     train_fraction: float = 0.8, seed: int = 0, progress: bool = True, threads: int = 1, epochs: int | None = None,
-    split: str = "document",
+    split: str = "document", extra_train: Trace | None = None,
 ) -> list[dict[str, Any]]:
     """Fit each predictor on train_fraction of the documents (split="request": of the requests) and score it
     causally on the requests of the others; a saved predictor fitted on this trace must come from the same split.
+    extra_train: another capture of the model on other documents, added to every predictor's training data
+    (with_extra_training) except the lookahead's (it needs router inputs, which such captures may lack).
 
     model_dir: checkpoint for the neural predictors' embeddings (a directory, "builtin", "none", or None =
     from the trace's provenance, else learned embeddings). Returns one row per predictor: the mean over
@@ -191,6 +227,7 @@ def evaluate(
     train, test, used = heldout_rows(trace, split, train_fraction, seed)
     fitted_on = {"trace": trace_fingerprint(trace), "split": used, "train_fraction": train_fraction, "seed": seed}
     emb, emb_source = _embeddings_for(names, trace, model_dir)
+    both = None if extra_train is None else with_extra_training(trace.select(train), extra_train, trace.select(test))
     rows = []
     with torch_threads(threads):
         for name in names:
@@ -199,8 +236,13 @@ def evaluate(
                 pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                                       threads=threads, progress=progress, epochs=epochs,
                                       model_path=_router_model(name, trace, model_dir))
-                pred.fit_rows(trace, train)
-                fitted = pred.fit_note or f"{int(train.sum())} tokens ({train_fraction:.0%} of {used}s)"
+                if both is not None and name not in NEEDS_ROUTER_INPUTS:
+                    pred.fit_rows(both, np.ones(both.num_tokens, bool))
+                    fitted = pred.fit_note or (f"{int(train.sum())} tokens ({train_fraction:.0%} of {used}s) + "
+                                               f"{extra_train.num_tokens} of --train-extra")
+                else:
+                    pred.fit_rows(trace, train)
+                    fitted = pred.fit_note or f"{int(train.sum())} tokens ({train_fraction:.0%} of {used}s)"
             else:
                 pred = load_predictor(name)
                 ps, ts = pred.spec, trace.spec
@@ -339,21 +381,23 @@ def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, thread
 def predict_eval_main(
     trace_path: str | Path, predictors: str, *, model: str | None = None, as_json: bool = False,
     train_fraction: float = 0.8, seed: int = 0, threads: int = 1, epochs: int | None = None, quiet: bool = False,
-    split: str = "document",
+    split: str = "document", train_extra: str | Path | None = None,
 ) -> int:
     """`routecast predict eval TRACE --predictors A,B [--split document|request] [--model DIR|builtin|none]
-    [--json]`: prints the table (with the split it used), returns 0."""
+    [--train-extra DIR] [--json]`: prints the table (with the split it used), returns 0."""
     from routecast.trace.io import read_trace
 
     routers = any(n.strip() in NEEDS_ROUTER_INPUTS for n in predictors.split(","))
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
+    extra = None if train_extra is None else read_trace(train_extra)
     rows = evaluate(trace, predictors, model_dir=model, train_fraction=train_fraction, seed=seed,
-                    progress=not quiet, threads=threads, epochs=epochs, split=split)
+                    progress=not quiet, threads=threads, epochs=epochs, split=split, extra_train=extra)
     if as_json:
         print(rows_to_json(rows))
     else:
         print(f"held-out split by {rows[0]['split']}: fitted on {train_fraction:.0%} of the {rows[0]['split']}s "
-              f"(seed {seed}), scored on the rest")
+              f"(seed {seed}){'' if extra is None else f' plus {extra.num_tokens} tokens of {train_extra}'}, "
+              "scored on the rest")
         print(format_table(rows))
     return 0
 

@@ -8,10 +8,14 @@ token's whole routing path in one pass. Trained with binary cross-entropy on the
 (ExpertFlow eq. 3); the predicted experts of a token at a layer are its K largest logits.
 
 Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); here d_model 64, d_ff 256, 2 encoder and
-1 decoder layers, learned absolute positions instead of T5's relative bias (small enough to train in a
-few minutes on one CPU thread); AdamW with the paper's weight decay 0.01 and cosine schedule, but batches
-of 8 requests at lr 2e-3 instead of 16 at 1e-3 (twice the optimizer steps for the same compute: 30 epochs
-of 16 at 1e-3 reached top-k accuracy 0.565 on the built-in trace, under-trained).
+1 decoder layers (at 2+1 layers the paper's sizes cost 5x these multiply-adds per token; a fit on a
+227 k-token capture takes minutes of one CPU thread), learned absolute positions instead of T5's relative bias; AdamW with the
+paper's weight decay 0.01 and cosine schedule, but batches of 8 requests at lr 2e-3 instead of 16 at 1e-3
+(twice the optimizer steps for the same compute: 30 epochs of 16 at 1e-3 reached top-k accuracy 0.565 on
+the built-in trace, under-trained). Epochs by default: 3 M token passes over the training tokens, clamped
+to 8..30 (30 on a 16 k-token split of one trace; 12 with a 227 k-token capture of the corpus's train split
+added, ~16 s of one idle CPU thread per epoch on the fine-grained model). More data is what helps most:
+see the README's predictor table (benchmarks/expertflow_predictor.py --train-extra).
 
 Horizon `request`: a step's forecast uses the step's token ids and positions plus the token ids of the
 request's earlier steps (revealed by observe); never any routing.
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast, multi_hot
@@ -46,16 +51,19 @@ class ExpertFlowConfig:
     enc_layers: int = 2
     dec_layers: int = 1
     max_len: int = 512
-    epochs: int = 30
+    epochs: int | None = None  # None: token_passes / training tokens, clamped to 8..30
+    token_passes: int = 3_000_000
     batch_size: int = 8
     lr: float = 2e-3
     weight_decay: float = 0.01
     seed: int = 0
     threads: int = 1
+    progress: bool = False  # a tqdm bar over epochs (loss in the postfix)
 
     def __post_init__(self) -> None:
-        for f in ("d_model", "d_ff", "heads", "enc_layers", "dec_layers", "max_len", "epochs", "batch_size", "threads"):
-            if getattr(self, f) < 1:
+        for f in ("d_model", "d_ff", "heads", "enc_layers", "dec_layers", "max_len", "epochs", "batch_size", "threads",
+                  "token_passes"):
+            if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ConfigError(f"ExpertFlowConfig.{f} is {getattr(self, f)}; expected a positive integer.")
         if self.d_model % self.heads:
             raise ConfigError(f"ExpertFlowConfig.d_model {self.d_model} is not divisible by heads {self.heads}.")
@@ -142,9 +150,11 @@ class ExpertFlowPredictor(Predictor):
                 net = _Net(cfg, self._vocab, self.spec.num_layers, self.spec.num_experts)
             opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             n_batches = math.ceil(len(seqs) / cfg.batch_size)
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs * n_batches)
+            epochs = cfg.epochs or min(30, max(8, round(cfg.token_passes / trace.num_tokens)))
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * n_batches)
             net.train()
-            for _ in range(cfg.epochs):
+            bar = tqdm(range(epochs), desc="expertflow fit", unit="epoch", disable=not cfg.progress)
+            for _ in bar:
                 perm = torch.randperm(len(seqs), generator=g).numpy()
                 total = 0.0
                 for b in range(n_batches):
@@ -163,6 +173,7 @@ class ExpertFlowPredictor(Predictor):
                     sched.step()
                     total += float(loss.detach())
                 self.fit_log.append(total / n_batches)
+                bar.set_postfix(loss=f"{self.fit_log[-1]:.4f}")
             net.eval()
         finally:
             torch.set_num_threads(prev)

@@ -1,9 +1,12 @@
 """ExpertFlow's two baselines (§5.2, Table 1): temporal- and spatial-locality prediction.
 
 Legend: T tokens of the step, L MoE layers, E experts, K top-k.
-- TLP (temporal locality, request horizon): the experts the previous step used are used again. Forecast:
-  distribution-only, each layer's share of the previous step's routed slots (uniform before any step), so
-  its batch set is the previous batch's most used experts (Forecast.batch_active_LE).
+- TLP (temporal locality, request horizon): "experts activated in recent MoE computations are likely to be
+  used again". A token's forecast is the true experts of its request's most recent token whose routing an
+  earlier step revealed (for a decode token: the previous token of its sequence), so a decode batch's
+  predicted set is exactly the set the same batch activated at its previous step, ExpertFlow's TLP. A
+  token of a request with nothing revealed yet (its prefill) gets the previous step's share of routed
+  slots per layer (uniform before any step). Nothing of the current step is used.
 - SLP (spatial locality, Lina; layer horizon): tokens that chose expert i at layer l-1 choose similar
   experts at l. Forecast for token t at layer l: the mean over its true layer-(l-1) experts of the fitted
   transition rows P(e_l | e_{l-1}) (counts + 1 smoothing); layer 0 uses layer 0's fitted distribution.
@@ -16,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from routecast.common.errors import ConfigError
-from routecast.predict.forecast import Forecast
+from routecast.predict.forecast import Forecast, multi_hot
 from routecast.predict.frequency import slot_counts_LE
 from routecast.predict.harness import LAYER, REQUEST, Predictor, StepRouting, StepView
 from routecast.predict.store import register
@@ -25,27 +28,49 @@ from routecast.trace import MoESpec, Trace
 
 @register
 class TLPPredictor(Predictor):
-    """Temporal-locality prediction: the previous step's expert usage (see the module docstring)."""
+    """Temporal-locality prediction: each request's most recent revealed token (see the module docstring)."""
 
     name: ClassVar[str] = "tlp"
     horizon: ClassVar[str] = REQUEST
 
     def __init__(self, spec: MoESpec) -> None:
         super().__init__(spec)
-        self._prev: np.ndarray | None = None
+        self._prev: np.ndarray | None = None  # (L, E) the previous step's share of routed slots
+        self._last: dict[int, tuple[int, np.ndarray]] = {}  # request -> (position, experts (L, K)) of its newest token
 
     def reset(self) -> None:
         self._prev = None
+        self._last.clear()
 
     def predict(self, view: StepView) -> Forecast:
+        """(T, L, E) scores, rows summing to 1: the request's last revealed experts, ties broken by the previous step."""
         L, E = self.spec.num_layers, self.spec.num_experts
         dist = np.full((L, E), 1.0 / E) if self._prev is None else self._prev
-        return Forecast(top_k=self.spec.top_k, dist_LE=dist.copy())
+        scores = np.broadcast_to(1e-3 * dist, (view.num_tokens, L, E)).copy()
+        if self._last:
+            req = view.request.astype(np.int64)
+            uniq, inv = np.unique(req, return_inverse=True)
+            known = np.array([int(r) in self._last for r in uniq.tolist()])
+            if known.any():
+                ids = np.stack([self._last[int(r)][1] if k else np.full((L, self.spec.top_k), -1, np.int16)
+                                for r, k in zip(uniq.tolist(), known.tolist(), strict=True)])  # (R, L, K)
+                hot = multi_hot(ids, E)  # (R, L, E)
+                scores += hot[inv].astype(np.float64)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return Forecast(top_k=self.spec.top_k, scores_TLE=scores)
 
     def observe(self, routing: StepRouting) -> None:
         c = slot_counts_LE(routing.experts_TLK, self.spec.num_experts).astype(np.float64)
         tot = c.sum(axis=-1, keepdims=True)
         self._prev = np.where(tot > 0, c / np.maximum(tot, 1.0), 1.0 / self.spec.num_experts)
+        # each request's newest token in this step: the last row of its run after sorting by (request, position)
+        order = np.lexsort((routing.position, routing.request))
+        req = routing.request[order]
+        last = order[np.r_[req[1:] != req[:-1], True]]
+        for i in last.tolist():
+            r, pos = int(routing.request[i]), int(routing.position[i])
+            if r not in self._last or self._last[r][0] <= pos:
+                self._last[r] = (pos, np.array(routing.experts_TLK[i], np.int16))
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return {}, {}

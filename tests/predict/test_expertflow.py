@@ -4,15 +4,17 @@ batch-level accuracy at fixed batch sizes."""
 import numpy as np
 import pytest
 
-from routecast.predict.batch_eval import batch_accuracy_at, batch_accuracy_rows
-from routecast.predict.evaluate import PREDICTOR_NAMES
+from routecast.common.errors import ConfigError
+from routecast.predict.batch_eval import batch_accuracy_rows, decode_batch_accuracy, decode_rows_RD
+from routecast.predict.evaluate import PREDICTOR_NAMES, with_extra_training
 from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
 from routecast.predict.forecast import multi_hot
 from routecast.predict.frequency import ProbabilityPredictor
 from routecast.predict.harness import check_no_leak, run_harness
 from routecast.predict.locality import SLPPredictor, TLPPredictor
 from routecast.predict.store import load_predictor, save_predictor
-from routecast.trace import MoESpec, Trace, make_columns
+from routecast.trace import DECODE, MoESpec, Trace, make_columns
+from tests.predict.conftest import build_routed_trace
 
 
 def _acc(pred, test):
@@ -76,21 +78,76 @@ def test_slp_is_exact_on_a_layer_chain_and_tlp_repeats_the_previous_step():
     assert all(fc.batch_active_LE(1)[:, 2].all() for _, fc in res.forecasts[1:])
 
 
-def test_batch_accuracy_at_fixed_sizes():
+def test_decode_batches_group_b_requests_per_decode_index(routed_trace):
+    tr = routed_trace(num_requests=12, prompt_len=3, decode_len=4, seed=2)
+    rows = decode_rows_RD(tr)
+    assert rows.shape == (12, 4) and (tr.tokens["phase"][rows] == DECODE).all()
+    assert (np.diff(tr.tokens["position"][rows], axis=1) == 1).all()
+    true = multi_hot(tr.experts_TLK, tr.spec.num_experts)
+    assert decode_batch_accuracy(true, true, rows, 4) == 1.0
+    assert decode_batch_accuracy(np.zeros_like(true), true, rows, 4) == 0.0
+    assert np.isnan(decode_batch_accuracy(true, true, rows, 13))  # fewer requests than B
+    # predicting one request's token for the whole batch recovers about a third of a 4-request batch's set
+    one = np.zeros_like(true)
+    one[rows[0]] = true[rows[0]]
+    assert 0.0 < decode_batch_accuracy(one, true, rows, 4, perms=1) < 0.75
+
+
+def test_tlp_predicts_each_requests_previous_token():
+    """Requests whose every token routes to one fixed set per request: TLP is exact on decode tokens."""
+    base = build_routed_trace(num_requests=10, prompt_len=4, decode_len=5, num_layers=2, num_experts=8, top_k=2)
     rng = np.random.default_rng(0)
-    true = rng.random((50, 2, 8)) < 0.2
-    assert batch_accuracy_at(true, true, 8) == 1.0
-    assert batch_accuracy_at(np.zeros_like(true), true, 8) == 0.0
-    const = np.zeros((64, 2, 8), bool)
-    const[:, :, 3] = True
-    assert batch_accuracy_at(None, const, 16) == 1.0  # TLP: the previous batch's set
+    table = np.argsort(rng.random((10, 2, 8)), axis=-1)[..., :2].astype(np.int16)
+    tr = Trace(spec=base.spec, tokens=base.tokens, experts_TLK=table[base.tokens["request"]],
+               weights_TLK=base.weights_TLK, task_names=base.task_names)
+    res = run_harness(TLPPredictor(tr.spec), tr, collect=True)
+    pred = np.zeros((tr.num_tokens, 2, 8), bool)
+    for (_, fc), (_, idx) in zip(res.forecasts, tr.batches(), strict=True):
+        pred[idx] = multi_hot(fc.token_topk(len(idx)), 8)
+    dec = tr.tokens["phase"] == DECODE
+    true = multi_hot(tr.experts_TLK, 8)
+    assert (pred[dec] == true[dec]).all()
+    assert decode_batch_accuracy(pred, true, decode_rows_RD(tr), 5) == 1.0
+
+
+def test_extra_training_shifts_requests_and_refuses_test_documents(routed_trace):
+    tr = routed_trace(num_requests=6, prompt_len=3, decode_len=2)
+    train, test = tr.select(tr.tokens["request"] < 4), tr.select(tr.tokens["request"] >= 4)
+    both = with_extra_training(train, tr, test)
+    assert both.num_tokens == train.num_tokens + tr.num_tokens
+    assert len(np.unique(both.tokens["request"])) == 4 + 6
+    docs = {"documents": ["d0", "d1"]}
+
+    def with_docs(t, doc):
+        cols = dict(t.tokens)
+        cols["document"] = np.full(t.num_tokens, doc)
+        return Trace(spec=t.spec, tokens=cols, experts_TLK=t.experts_TLK, weights_TLK=t.weights_TLK,
+                     task_names=t.task_names, provenance=docs)
+
+    with pytest.raises(ConfigError, match="source document"):
+        with_extra_training(train, with_docs(tr, 1), with_docs(test, 1))
+    assert with_extra_training(train, with_docs(tr, 0), with_docs(test, 1)).num_tokens == both.num_tokens
+    other = routed_trace(num_requests=6, prompt_len=3, decode_len=2, num_experts=6)
+    with pytest.raises(ConfigError, match="E=6"):
+        with_extra_training(train, other, test)
 
 
 def test_batch_accuracy_rows_name_every_size(split):
     train, test = split
     tr = Trace.concat([train, test])
-    rows = batch_accuracy_rows(tr, ["tlp", "conditional-token"], sizes=(4, 8))
+    rows = batch_accuracy_rows(tr, ["tlp", "conditional-token"], sizes=(2, 4))
     assert [r["predictor"] for r in rows] == ["tlp", "conditional-token"]
-    assert rows[1]["batch_8"] > rows[0]["batch_8"]
+    assert rows[1]["batch_4"] > rows[0]["batch_4"] and rows[0]["test_requests"] == 8
     assert {"expertflow", "tlp", "slp"} <= set(PREDICTOR_NAMES)
     assert multi_hot(np.array([[1, -1]]), 3).tolist() == [[False, True, False]]
+
+
+def test_evaluate_adds_the_extra_training_trace(routed_trace):
+    from routecast.predict.evaluate import evaluate
+
+    tr = routed_trace(num_requests=20, prompt_len=4, decode_len=3, seed=7)
+    other = routed_trace(num_requests=30, prompt_len=4, decode_len=3, seed=8)  # another token -> expert table
+    plain = evaluate(tr, ["conditional-token"], progress=False, split="request")[0]
+    more = evaluate(tr, ["conditional-token"], progress=False, split="request", extra_train=other)[0]
+    assert "+ 210 of --train-extra" in more["fitted"] and "--train-extra" not in plain["fitted"]
+    assert plain["top_k_accuracy"] == 1.0 > more["top_k_accuracy"]  # the extra routing was learned too
