@@ -34,6 +34,8 @@ NAME = "shuffle"  # the plan's name in `ep run --plans` and the output folder
 def load_shuffle(path: str | Path, trace: Any, nproc: int) -> tuple[CoclusterPlan, SlotPlan, np.ndarray]:
     """(cocluster plan, its SlotPlan, token_rank_NL int64) for `trace` on `nproc` ranks; ConfigError if the plan
     is for another EP size or trace geometry, or moves experts between router groups."""
+    if not Path(path).is_file():
+        raise ConfigError(f"--shuffle-plan {path}: no such file; expected a plan written by `routecast schedule cocluster`.")
     plan = read_plan(path)
     s = trace.spec
     if plan.ep != nproc:
