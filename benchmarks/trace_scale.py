@@ -1,4 +1,4 @@
-"""Traces larger than memory: synth, stats, predict eval and place compare on a ~30 GB DeepSeek-V3 trace.
+"""Traces larger than memory: synth, stats, predict eval, place compare and cache replay on a ~30 GB DeepSeek-V3 trace.
 
 Each command runs in its own child process through the real CLI (`routecast ...`), and the child reports
 its own peak resident set (resource.getrusage(RUSAGE_SELF).ru_maxrss: anonymous and file-backed pages,
@@ -18,7 +18,8 @@ each copy's request ids, steps and arrival times shifted past the previous copy'
 like the others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
 
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
-       [--stages synth,tile,stats,eval,compare] [--tile N] [--keep] [--out out/bench/trace_scale.json]
+       [--stages synth,tile,stats,eval,compare,replay] [--tile N] [--keep] [--out out/bench/trace_scale.json]
+       [--merge OTHER.json ...]   (--stages "" --merge ...: only print the merged table of earlier runs)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
-STAGES = ("synth", "tile", "stats", "eval", "compare")
+STAGES = ("synth", "tile", "stats", "eval", "compare", "replay")
 
 
 def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
@@ -45,6 +46,7 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
                     "--out", str(scratch / f"compare-{trace.name}")],
+        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu", "--json"],
     }
 
 
@@ -94,10 +96,13 @@ def _num_tokens(trace: Path) -> int:
 
 def run(stage: str, argv: list[str]) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    load0 = os.getloadavg()[0]
     p = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"{stage} failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["load"] = [load0, os.getloadavg()[0]]  # 1-minute load average before and after: the machine is shared
+    return r
 
 
 def main() -> None:
@@ -111,6 +116,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the traces (to run later stages separately)")
     ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the size N times smaller")
     ap.add_argument("--out", default="out/bench/trace_scale.json", help="JSON output (merged with an existing one)")
+    ap.add_argument("--merge", nargs="*", default=[], help="JSON outputs of other runs (run in parallel) to merge in")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
 
@@ -121,6 +127,8 @@ def main() -> None:
     res = json.loads(out.read_text()) if out.is_file() else {}
     res["machine"] = machine_info()
     rows = res.setdefault("rows", {})
+    for other in a.merge:
+        rows.update(json.loads(Path(other).read_text()).get("rows", {}))
     for gb in a.gb:
         tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
         trace = scratch / f"dsv3-{gb:g}gb"
@@ -137,8 +145,9 @@ def main() -> None:
             r["gb"] = sum(f.stat().st_size for f in trace.iterdir()) / 1e9 if trace.is_dir() else gb
             rows[f"{st}@{gb:g}"] = r
             r["tokens"] = _num_tokens(trace) if (trace / "trace.json").is_file() else tokens
-            print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s, "
-                  f"peak RSS {r['peak_rss_gb']:.2f} GB", flush=True)
+            print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s "
+                  f"({r['cpu_seconds']:.0f} s CPU), peak RSS {r['peak_rss_gb']:.2f} GB, load {r['load'][0]:.1f}-"
+                  f"{r['load'][1]:.1f}", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(res, indent=1))
     # The whole table so far (this run and earlier ones merged from the JSON), then linearity per command.
@@ -148,12 +157,15 @@ def main() -> None:
             r = rows.get(f"{st}@{gb:g}")
             if r:
                 cpu = f" ({r['cpu_seconds']:.0f} s CPU)" if "cpu_seconds" in r else ""
+                cpu += f", load {r['load'][0]:.1f}-{r['load'][1]:.1f}" if "load" in r else ""
                 print(f"{st.upper()}: {r['gb']:.1f} GB in {r['seconds']:.0f} s{cpu}, peak RSS {r['peak_rss_gb']:.2f} GB")
     for st in STAGES:
         have = [gb for gb in sizes if f"{st}@{gb:g}" in rows]
         for lo, hi in zip(have, have[1:], strict=False):
             r0, r1 = rows[f"{st}@{lo:g}"], rows[f"{st}@{hi:g}"]
-            print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x for size ratio {r1['gb'] / r0['gb']:.1f}x "
+            cpu = (f", CPU ratio {r1['cpu_seconds'] / r0['cpu_seconds']:.1f}x"
+                   if r0.get("cpu_seconds") and r1.get("cpu_seconds") else "")
+            print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x{cpu} for size ratio {r1['gb'] / r0['gb']:.1f}x "
                   f"({lo:g} -> {hi:g} GB); peak RSS {r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
     if any(k.startswith("tile@") for k in rows):
         print("tile: the largest trace is copies of the smallest synthesised one (--tile), not a synthesis")

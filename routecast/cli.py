@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=("builtin", "builtin-fine"), default="builtin",
                    help="built-in model to capture (default builtin: Mixtral, 8 experts; builtin-fine: DeepSeek-V3, 64)")
     p.add_argument("--requests", type=int, default=None,
-                   help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 64 synthetic)")
+                   help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 16 synthetic)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     _add_overwrite(p, "the demo's trace, report, summary and figures")
     _add_threads(p)
@@ -533,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedule)
     cocluster_cli.add_permute_parser(sub)
 
+    from routecast.cache.emoe_cli import add_parser as add_emoe_parser  # light: argparse only
+
+    add_emoe_parser(sub)
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
 
     from routecast.runtime.cli import add_parser as add_run_parser

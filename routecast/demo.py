@@ -25,7 +25,13 @@ from routecast.trace.trace import Trace
 
 # Requests captured when --requests is not given, per built-in model.
 DEFAULT_REQUESTS = {"builtin": 80, "builtin-fine": 48}
+# Requests generated for --synthetic when --requests is not given: 16 DeepSeek-V3 requests are ~43k tokens in
+# ~2,200 steps (64 were 133k tokens in 4,141 steps and ~4 CPU-minutes, mostly the MoE-GPS predictors' fits).
+DEFAULT_SYNTHETIC_REQUESTS = 16
 SectionFn = Callable[[Trace, Path], tuple[Section, dict[str, Any]]]
+# Steps the PROBE section compares: a synthetic DeepSeek-V3 demo trace has ~4,000 small decode steps, each
+# planned per layer (58) per arm; the first 512 keep the section under a minute of CPU (the text says so).
+DEMO_PROBE_STEPS = 512
 
 
 def _capture_builtin(trace_dir: Path, requests: int, seed: int, max_new_tokens: int | None,
@@ -66,7 +72,8 @@ def _synthetic(trace_dir: Path, preset: str, requests: int, seed: int) -> dict[s
     t0 = time.perf_counter()
     synth_to_disk(preset, partial, requests=requests, seed=seed)
     _swap(partial, trace_dir)
-    return {"source": f"synthetic preset {preset}", "requests": requests, "generate_s": time.perf_counter() - t0}
+    return {"source": f"synthetic preset {preset} ({requests} requests, --requests to change)", "requests": requests,
+            "generate_s": time.perf_counter() - t0}
 
 
 def section_stats(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
@@ -106,7 +113,13 @@ def section_moegps(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
 def section_probe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     from routecast.report.placement import section_probe as run
 
-    return run(trace, str(out), ep=_default_ep(trace.spec.num_experts))
+    return run(trace, str(out), ep=_default_ep(trace.spec.num_experts), max_steps=DEMO_PROBE_STEPS)
+
+
+def section_emoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.emoe import section_emoe as run
+
+    return run(trace, out)
 
 
 def section_smoe(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
@@ -137,6 +150,7 @@ SECTIONS: list[tuple[str, SectionFn]] = [
     ("stats", section_stats),
     ("moegps", section_moegps),
     ("probe", section_probe),
+    ("emoe", section_emoe),
     ("smoe", section_smoe),
     ("expertflow", section_expertflow),
     ("offload", section_offload),
@@ -170,7 +184,7 @@ def run_demo(
         raise os_error(e, "--out", out) from None
     t_start = time.perf_counter()
     if synthetic:
-        origin = _synthetic(trace_dir, synthetic, requests or 64, seed)
+        origin = _synthetic(trace_dir, synthetic, requests or DEFAULT_SYNTHETIC_REQUESTS, seed)
     else:
         # builtin-fine's forward costs ~1.7x the built-in model's: fewer requests keep the run time alike.
         origin = _capture_builtin(trace_dir, requests or DEFAULT_REQUESTS[model], seed, max_new_tokens, model)

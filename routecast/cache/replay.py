@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,11 @@ from routecast.cache import kernel as K
 from routecast.common.errors import ConfigError
 from routecast.sim.hardware import Hardware
 from routecast.trace import Trace
+from routecast.trace.stats_kernels import add_group_counts
+
+# Rows per window when the accesses are built: a window of small decode steps (16 tokens each) holds
+# 1,024 steps x L x E int32 counts, 61 MB at DeepSeek-V3 geometry.
+ACCESS_ROWS = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,16 +115,39 @@ class Accesses:
         return len(self.req_off) - 1
 
 
-def build_accesses(trace: Trace) -> Accesses:
-    """Per (step, layer) the distinct experts and their token counts, in step then layer order (vectorised)."""
+def step_windows(trace: Trace, rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The trace in windows of whole steps, in step order -> yields (step value (n,), experts_nLK int16 (n, L, K)).
+
+    Trace.step_chunks: about `rows` rows at a time (default CHUNK_ROWS), one shard of a lazy trace mapped at a
+    time; a trace whose steps are not sorted comes as one window.
+    """
+    for _, ch in trace.step_chunks(rows):
+        yield np.asarray(ch.tokens["step"]), np.asarray(ch.experts_TLK)
+
+
+def build_accesses(trace: Trace, rows: int | None = ACCESS_ROWS) -> Accesses:
+    """Per (step, layer) the distinct experts and their token counts, in step then layer order.
+
+    The routing is read window by window (step_windows, `rows` rows at a time) and counted per (step, layer,
+    expert) by a compiled kernel: only the distinct entries are kept, never (T, L, K) index arrays; a window
+    holds (steps in it, L, E) int32 counts.
+    """
     s = trace.spec
     L, E = s.num_layers, s.num_experts
-    step_ids, sidx = np.unique(trace.step, return_inverse=True)
+    steps, uniq_parts, count_parts = [], [], []
+    s0 = 0
+    for step, ids in step_windows(trace, rows):
+        step_ids, sidx = np.unique(step, return_inverse=True)
+        c = add_group_counts(ids, sidx, np.zeros((step_ids.size, L, E), np.int32))  # tokens per (step, layer, expert)
+        flat = np.flatnonzero(c)  # increasing: step, then layer, then expert order
+        steps.append(step_ids)
+        uniq_parts.append(flat + s0 * L * E)
+        count_parts.append(c.ravel()[flat])
+        s0 += step_ids.size
+    step_ids = np.concatenate(steps) if steps else np.zeros(0, np.int64)
+    uniq = np.concatenate(uniq_parts) if uniq_parts else np.zeros(0, np.int64)
+    counts = np.concatenate(count_parts) if count_parts else np.zeros(0, np.int64)
     A = len(step_ids) * L
-    ids = trace.experts_TLK
-    t_i, l_i, k_i = np.nonzero(ids >= 0)
-    code = (sidx[t_i].astype(np.int64) * L + l_i) * E + ids[t_i, l_i, k_i].astype(np.int64)
-    uniq, counts = np.unique(code, return_counts=True)
     acc = uniq // E
     key = (acc % L) * E + uniq % E
     req_off = np.searchsorted(acc, np.arange(A + 1)).astype(np.int64)

@@ -48,6 +48,11 @@ weight a method moves is charged through the cost model's transfer term, max_g m
               local) from one of its previous holders (the one with the fewest sends so far); all of them
               in the rebalance step, each layer's behind that layer's window, as PROBE's.
 Bytes moved count expert copies received over the network (x W).
+
+Memory: compare_methods reads, forecasts, plans and prices `window_steps` steps at a time (compare_stream.py:
+a Trace is streamed step by step, EPLB is replayed from cumulative-load snapshots), so it holds one window's
+(W, L, G, E) assignments and the per-step (T, L) results, not (T, L, G, E) arrays; the result is identical
+for any window size.
 """
 
 from __future__ import annotations
@@ -60,41 +65,25 @@ from typing import Any
 import numpy as np
 
 from routecast.common.errors import ConfigError
+from routecast.place.compare_stream import (
+    WINDOW_STEPS,
+    EplbReplay,
+    TransitionForecaster,
+    assignment,
+    eplb_transfers,  # noqa: F401  (re-exported: part of this module's API)
+    iter_steps,
+    step_meta,
+    step_windows,
+)
 from routecast.place.duplication import sharded_placement
 from routecast.place.eplb import EPLBDeployment
 from routecast.place.probe import load_lower_bound, plan_layers, planner_costs, replica_budget, spread_sources
 from routecast.sim.cost import LayerCost, Workload, attention_time, layer_cost, probe_options
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
-from routecast.trace.stats_kernels import add_group_counts, add_transitions
 from routecast.trace.trace import NO_DOCUMENTS_NOTE, Trace
 
 METHODS = ("static", "eplb_once", "eplb_window", "probe_oracle", "probe_pred")
-
-
-def _step_meta(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Token columns only -> (tokens_T int64, prefill_share_T float64) per step in increasing step order."""
-    _, step_idx = np.unique(trace.tokens["step"], return_inverse=True)
-    T = int(step_idx.max()) + 1 if step_idx.size else 0
-    tokens = np.bincount(step_idx, minlength=T)
-    pre = np.bincount(step_idx, weights=(trace.tokens["phase"] == 0).astype(np.float64), minlength=T)
-    return tokens, pre / np.maximum(tokens, 1)
-
-
-def iter_steps(trace: Trace, chunk_rows: int | None = None):
-    """Stream a trace step by step in increasing step order -> yields (experts_nLK of the step, loads_LE int64).
-
-    Reads one window of whole steps at a time (Trace.step_chunks), so memory is bounded by chunk_rows
-    (None = Trace's default).
-    """
-    s = trace.spec
-    L, E = s.num_layers, s.num_experts
-    for _, ch in trace.step_chunks(chunk_rows):
-        for _, idx in ch.batches():
-            ids = np.asarray(ch.experts_TLK[idx])
-            loads = np.zeros((L, E), np.int64)
-            add_group_counts(ids, np.zeros(len(idx), np.int64), loads[None])
-            yield ids, loads
 
 
 def step_loads(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -104,44 +93,11 @@ def step_loads(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     tokens in phase 0 (prefill). The (T, L, E) result is whole: compare_methods streams instead.
     """
     s = trace.spec
-    tokens, pre = _step_meta(trace)
+    tokens, pre = step_meta(trace)
     loads = np.zeros((tokens.size, s.num_layers, s.num_experts), np.int64)
     for t, (_, lo) in enumerate(iter_steps(trace)):
         loads[t] = lo
     return loads, tokens, pre
-
-
-class TransitionForecaster:
-    """The causal layer-ahead forecast of the module docstring, one step at a time.
-
-    forecast(loads_LE, tokens) -> (L, E) float64 counts for this step from statistics of earlier steps and
-    this step's routing of the previous layer; learn(experts_nLK, loads_LE) then adds this step. State:
-    decayed (L-1, E, E) transition counts and decayed layer-0 counts.
-    """
-
-    def __init__(self, L: int, E: int, K: int, decay: float) -> None:
-        if not 0.0 <= decay < 1.0:
-            raise ConfigError(f"decay is {decay}; expected a value in [0, 1).")
-        self.L, self.E, self.K, self.decay = L, E, K, decay
-        self.trans = np.zeros((max(L - 1, 0), E, E))  # decayed counts of (e at l-1, e' at l) pairs
-        self.first = np.zeros(E)  # decayed layer-0 counts
-
-    def forecast(self, loads_LE: np.ndarray, tokens: int) -> np.ndarray:
-        L, E = self.L, self.E
-        out = np.empty((L, E))
-        tot = self.first.sum()
-        out[0] = (self.first / tot if tot > 0 else np.full(E, 1.0 / E)) * tokens * self.K
-        if L > 1:
-            rows = self.trans.sum(axis=2, keepdims=True)
-            R = np.where(rows > 0, self.trans / np.where(rows > 0, rows, 1.0), 1.0 / E)  # P(e_l | e_{l-1})
-            out[1:] = np.einsum("le,lef->lf", loads_LE[:-1].astype(np.float64), R)
-        return out
-
-    def learn(self, experts_nLK: np.ndarray, loads_LE: np.ndarray) -> None:
-        self.trans *= self.decay
-        self.first = self.first * self.decay + loads_LE[0]
-        if self.L > 1 and len(experts_nLK):
-            add_transitions(experts_nLK, self.trans)
 
 
 def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
@@ -151,7 +107,7 @@ def transition_forecast(trace: Trace, *, decay: float = 0.8) -> np.ndarray:
     """
     s = trace.spec
     fc = TransitionForecaster(s.num_layers, s.num_experts, s.top_k, decay)
-    tokens, _ = _step_meta(trace)
+    tokens, _ = step_meta(trace)
     pred = np.empty((tokens.size, s.num_layers, s.num_experts))
     for t, (ids, loads) in enumerate(iter_steps(trace)):
         pred[t] = fc.forecast(loads, int(tokens[t]))
@@ -306,69 +262,6 @@ def step_work(trace: Trace) -> Workload:
     return Workload(batch=batch, seq_len=np.maximum(tokens / batch, 1.0), context_len=np.maximum(ctx, 0.0))
 
 
-def _assignment(loads_TLE: np.ndarray, share_LEG: np.ndarray) -> np.ndarray:
-    """(T, L, E) loads split by (L, E, G) shares -> (T, L, G, E) tokens per rank."""
-    return np.einsum("tle,leg->tlge", loads_TLE.astype(np.float64), share_LEG)
-
-
-def _eplb_shares(phy2log_LS: np.ndarray, E: int, G: int) -> np.ndarray:
-    """(L, S) EPLB placement -> (L, E, G) share of each expert's tokens per rank (even over replicas)."""
-    L, S = phy2log_LS.shape
-    gpu = np.arange(S) // (S // G)
-    cnt = np.zeros((L, E, G))
-    np.add.at(cnt, (np.repeat(np.arange(L), S), phy2log_LS.reshape(-1), np.tile(gpu, L)), 1.0)
-    return cnt / np.maximum(cnt.sum(axis=2, keepdims=True), 1.0)
-
-
-def eplb_transfers(old_LS: np.ndarray, new_LS: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
-    """Expert copies each rank receives and sends when an EPLB placement changes -> (in_LG, out_LG) int64.
-
-    old_LS / new_LS: (L, S) logical expert of every physical slot, S // G consecutive slots per rank. A rank
-    receives every expert it hosts in new and did not host in old (one copy, however many slots it fills);
-    each is sent by one old holder of that expert, the one that has sent the fewest so far (ties: lowest rank).
-    """
-    L, S = old_LS.shape
-    E = int(max(old_LS.max(), new_LS.max())) + 1
-    gpu = np.tile(np.arange(S) // (S // G), L)
-    lay = np.repeat(np.arange(L), S)
-    had, has = np.zeros((L, E, G), bool), np.zeros((L, E, G), bool)
-    had[lay, old_LS.reshape(-1), gpu] = True
-    has[lay, new_LS.reshape(-1), gpu] = True
-    recv = has & ~had
-    n_in = recv.sum(axis=1).astype(np.int64)
-    n_out = np.zeros((L, G), np.int64)
-    for lay_i, e, _ in np.argwhere(recv):  # sequential: each choice depends on the sends chosen before it
-        holders = np.flatnonzero(had[lay_i, e])
-        n_out[lay_i, holders[np.argmin(n_out[lay_i, holders])]] += 1
-    return n_in, n_out
-
-
-def _eplb_counts(loads: np.ndarray, dep: EPLBDeployment, expert_bytes: float) -> tuple[np.ndarray, ...]:
-    """Replay an EPLB deployment -> (counts_TLGE, transfers_TLG, bytes_T, planner_s_T).
-
-    transfers: max(copies received, copies sent) per rank and layer at each rebalance step (PROBE eq. 6);
-    bytes: copies received over the network x expert_bytes.
-    """
-    T, L, E = loads.shape
-    G = dep.num_gpus
-    bounds = [0, *dep.rebalance_steps(T), T]
-    counts = np.empty((T, L, G, E))
-    xfer, bytes_T, plan_s = np.zeros((T, L, G)), np.zeros(T), np.zeros(T)
-    old = None
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        c0 = time.thread_time()
-        stats = loads[max(0, a - dep.window_steps):a].sum(axis=0) if a else np.ones((L, E))
-        p = dep.place(stats)
-        plan_s[a] = time.thread_time() - c0 if a else 0.0
-        if old is not None:
-            n_in, n_out = eplb_transfers(old, p, G)
-            xfer[a] = np.maximum(n_in, n_out)
-            bytes_T[a] = float(n_in.sum()) * expert_bytes
-        old = p
-        counts[a:b] = _assignment(loads[a:b], _eplb_shares(p, E, G))
-    return counts, xfer, bytes_T, plan_s
-
-
 def _windows(attn_T: np.ndarray, ffn_TLG: np.ndarray) -> np.ndarray:
     """Hiding window of every (step, layer, rank) -> (T, L, G) seconds: attention of layer l plus rank g's
     expert compute of layer l-1 (layer 0: attention only)."""
@@ -433,7 +326,8 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
                     window: int | None = None, eplb_redundant: int = 2, window_transfers: int | None = None,
                     k_max: int = 16, max_redundant: int = 3,
                     decay: float = 0.8, link: str = "nvlink", eplb_groups: int = 1,
-                    eplb_nodes: int = 1) -> dict[str, Any]:
+                    eplb_nodes: int = 1, window_steps: int = WINDOW_STEPS,
+                    keep_loads: bool | None = None) -> dict[str, Any]:
     """Every method of the module docstring on T steps -> dict of per-step arrays and settings.
 
     loads: a Trace, or (T, L, E) int per-step expert counts (then `predicted` (T, L, E) is required: no
@@ -445,37 +339,44 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     packed onto nodes first, as DeepSeek's EPLB does for grouped routers; 1, 1 = global). window_transfers: None (default) = PROBE's budget is each rank's
     computed hiding window (module docstring); N = a fixed N expert transfers per rank per layer. link:
     "nvlink" or "pcie", the EP ranks' link (all-to-all and weight transfers).
-    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "exposed_s_TL", "bytes_T", "planner_s_T",
-    "load_TLG"}}, "ir_bound_TL", "loads_TLE", "tokens_T", "prefill_share_T", "settings"}; seconds, bytes, tokens.
+    Steps are read, forecast, planned and priced `window_steps` at a time (a Trace is streamed), so memory
+    holds one window's (W, L, G, E) assignments and per-step (T, L) results; keep_loads: also return the
+    (T, L, E) loads and the per-rank (T, L, G) loads and windows (None = when they take under 256 MB).
+    Returns {"methods": {name: {"ir_TL", "skew_TL", "moe_s_TL", "exposed_s_TL", "bytes_T", "planner_s_T"
+    [, "load_TLG", "window_s_TLG"]}}, "ir_bound_TL", "loads_TLE" (or None), "tokens_T", "prefill_share_T",
+    "settings"}; seconds, bytes, tokens.
     """
+    arms = None if predicted is None else predicted if isinstance(predicted, dict) else {"probe_pred": predicted}
     if isinstance(loads, Trace):
-        trace = loads
-        loads, tokens, pre = step_loads(trace)
-        work = step_work(trace)
-        if predicted is None:
-            predicted = transition_forecast(trace, decay=decay)
+        src, s = loads, loads.spec
+        tokens, pre = step_meta(src)
+        T, L, E = tokens.size, s.num_layers, s.num_experts
+        if T == 0:
+            raise ConfigError("the trace has no tokens; expected at least one step to compare placements on.")
+        work = step_work(src)
     else:
-        loads = np.asarray(loads)
-        if loads.ndim != 3 or not np.issubdtype(loads.dtype, np.integer) or (loads < 0).any():
-            raise ConfigError(f"loads has shape {loads.shape} and dtype {loads.dtype}; expected (T, L, E) counts >= 0.")
-        if predicted is None:
+        src = np.asarray(loads)
+        if src.ndim != 3 or not np.issubdtype(src.dtype, np.integer) or (src < 0).any():
+            raise ConfigError(f"loads has shape {src.shape} and dtype {src.dtype}; expected (T, L, E) counts >= 0.")
+        if arms is None:
             raise ConfigError("predicted is None with a loads array; expected (T, L, E) forecast counts or a Trace.")
-        tokens = np.maximum(loads.sum(axis=2).max(axis=1) // max(model.top_k, 1), 1)
-        pre = np.zeros(loads.shape[0])
+        T, L, E = src.shape
+        tokens = np.maximum(src.sum(axis=2).max(axis=1) // max(model.top_k, 1), 1)
+        pre = np.zeros(T)
         work = Workload(batch=tokens.astype(np.float64), seq_len=1, context_len=0)
-    T, L, E = loads.shape
-    arms = predicted if isinstance(predicted, dict) else {"probe_pred": predicted}
-    preds = {k: np.asarray(v) for k, v in arms.items()}  # integer forecasts are planned in whole tokens
-    preds = {k: v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64) for k, v in preds.items()}
-    for k, v in preds.items():
-        if v.shape != loads.shape or k in METHODS[:4]:
-            raise ConfigError(f"predicted[{k!r}] has shape {v.shape}; expected {loads.shape} like the loads "
+    preds = None if arms is None else {k: np.asarray(v) for k, v in arms.items()}
+    for k, v in (preds or {}).items():  # integer forecasts are planned in whole tokens
+        preds[k] = v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64)
+        if v.shape != (T, L, E) or k in METHODS[:4]:
+            raise ConfigError(f"predicted[{k!r}] has shape {v.shape}; expected {(T, L, E)} like the loads "
                               f"and a name other than {METHODS[:4]}.")
     if E != model.num_experts or ep < 2 or E % ep:
         raise ConfigError(f"{E} experts at ep={ep} with model {model.name} ({model.num_experts} experts); "
                           "expected matching expert counts and ep >= 2 dividing them.")
     if window_transfers is not None and window_transfers < 0:
         raise ConfigError(f"window_transfers is {window_transfers}; expected None (computed windows) or >= 0.")
+    if type(window_steps) is not int or window_steps < 1:
+        raise ConfigError(f"window_steps is {window_steps!r}; expected a positive number of steps.")
     interval = interval or max(1, T // 5)
     window = window or max(1, interval // 3)
     P0 = sharded_placement(E, ep)
@@ -483,55 +384,71 @@ def compare_methods(loads: np.ndarray | Trace, *, ep: int, hw: Hardware, model: 
     fixed = None if window_transfers is None else window_transfers * costs.transfer_s
     eb = float(model.expert_bytes())
     attn = attention_time(model, hw, work, probe_options(), ep, T)[0]
-    work_TL = Workload(**{f: np.repeat(np.broadcast_to(getattr(work, f), (T,)), L)
-                          for f in ("batch", "seq_len", "context_len")})
-
-    runs: dict[str, tuple[np.ndarray, ...]] = {}
-    static = _assignment(loads, np.broadcast_to(P0.astype(np.float64), (L, E, ep)))
-    cost = _price(static.reshape(T * L, ep, E), work_TL, model, hw, link)
-    ffn = cost.ffn_CG.reshape(T, L, ep)
-    runs["static"] = (static, (cost.dispatch + cost.ffn + cost.combine).reshape(T, L), np.zeros((T, L)),
-                      _windows(attn, ffn), ffn, np.zeros(T), np.zeros(T))
-    for name, every, stats in (("eplb_once", None, interval), ("eplb_window", interval, window)):
-        dep = EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=stats, rebalance_every=every,
-                             num_groups=eplb_groups, num_nodes=eplb_nodes)
-        counts, xfer, bytes_T, plan_s = _eplb_counts(loads, dep, eb)
-        flat = counts.reshape(T * L, ep, E)
-        ffn = _price(flat, work_TL, model, hw, link).ffn_CG.reshape(T, L, ep)  # a layer's compute ignores its transfers
-        win = _windows(attn, ffn)
-        cost = _price(flat, work_TL, model, hw, link, xfer.reshape(T * L, ep) * eb, win.reshape(T * L, ep))
-        runs[name] = (counts, (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(T, L),
-                      cost.transfer_exposed.reshape(T, L), win, ffn, bytes_T, plan_s)
-    args = (fixed, k_max, max_redundant, attn, work, model, hw, link)
-    runs["probe_oracle"] = _probe_run(loads, loads, P0, costs, *args)
-    for k, v in preds.items():
-        runs[k] = _probe_run(loads, v, P0, costs, *args)
-
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for name, (counts, moe_s, exposed, win, ffn, bytes_T, plan_s) in runs.items():
-        rank_load = counts.sum(axis=3)
-        mean = rank_load.mean(axis=2)
-        out[name] = {
-            "ir_TL": np.where(mean > 0, rank_load.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0),
-            "skew_TL": ffn.max(axis=2) / ffn.mean(axis=2), "moe_s_TL": moe_s, "exposed_s_TL": exposed,
-            "window_s_TLG": win, "bytes_T": bytes_T, "planner_s_T": plan_s, "load_TLG": rank_load,
-        }
-    # the bound holds for any plan within the replica budget of the oracle's own windows
-    oracle_win = out["probe_oracle"]["window_s_TLG"].reshape(T * L, ep)
-    budget = replica_budget(costs, oracle_win if fixed is None else fixed, ep, k_max=k_max,
-                            max_redundant=max_redundant)
-    mean_load = loads.sum(axis=2) / ep
-    bound = load_lower_bound(loads.reshape(T * L, E), P0, new_replicas=budget).reshape(T, L)
-    ir_bound = np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0)
-    return {"methods": out, "ir_bound_TL": ir_bound, "loads_TLE": loads, "tokens_T": tokens, "prefill_share_T": pre,
+    work_T = {f: np.broadcast_to(getattr(work, f), (T,)) for f in ("batch", "seq_len", "context_len")}
+    n_runs = 4 + (1 if preds is None else len(preds))
+    keep = keep_loads if keep_loads is not None else T * L * (E + 2 * ep * n_runs) * 8 < 256e6
+    home = np.broadcast_to(P0.astype(np.float64), (L, E, ep))
+    replays = {name: EplbReplay(EPLBDeployment(num_gpus=ep, redundant_per_gpu=eplb_redundant, window_steps=stats,
+                                               rebalance_every=every, num_groups=eplb_groups, num_nodes=eplb_nodes),
+                                T, L, E, eb)
+               for name, every, stats in (("eplb_once", None, interval), ("eplb_window", interval, window))}
+    parts: dict[str, dict[str, list[np.ndarray]]] = {}
+    bound_parts, load_parts, win_sum = [], [], 0.0
+    for t0, lw, pw in step_windows(src, window_steps, decay, preds):
+        W = lw.shape[0]
+        sl = slice(t0, t0 + W)
+        work_w = Workload(**{f: v[sl] for f, v in work_T.items()})
+        work_wl = Workload(**{f: np.repeat(v[sl], L) for f, v in work_T.items()})
+        runs: dict[str, tuple[np.ndarray, ...]] = {}
+        static = assignment(lw, home)
+        cost = _price(static.reshape(W * L, ep, E), work_wl, model, hw, link)
+        ffn = cost.ffn_CG.reshape(W, L, ep)
+        runs["static"] = (static, (cost.dispatch + cost.ffn + cost.combine).reshape(W, L), np.zeros((W, L)),
+                          _windows(attn[sl], ffn), ffn, np.zeros(W), np.zeros(W))
+        for name, rep in replays.items():
+            counts, xfer, bytes_W, plan_s = rep.window(lw, t0)
+            flat = counts.reshape(W * L, ep, E)
+            ffn = _price(flat, work_wl, model, hw, link).ffn_CG.reshape(W, L, ep)  # compute ignores transfers
+            win = _windows(attn[sl], ffn)
+            cost = _price(flat, work_wl, model, hw, link, xfer.reshape(W * L, ep) * eb, win.reshape(W * L, ep))
+            runs[name] = (counts, (cost.dispatch + cost.ffn + cost.combine + cost.transfer_exposed).reshape(W, L),
+                          cost.transfer_exposed.reshape(W, L), win, ffn, bytes_W, plan_s)
+        args = (fixed, k_max, max_redundant, attn[sl], work_w, model, hw, link)
+        runs["probe_oracle"] = _probe_run(lw, lw, P0, costs, *args)
+        for k, v in pw.items():
+            runs[k] = _probe_run(lw, v, P0, costs, *args)
+        for name, (counts, moe_s, exposed, win, ffn, bytes_W, plan_s) in runs.items():
+            rank_load = counts.sum(axis=3)
+            mean = rank_load.mean(axis=2)
+            part = {"ir_TL": np.where(mean > 0, rank_load.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0),
+                    "skew_TL": ffn.max(axis=2) / ffn.mean(axis=2), "moe_s_TL": moe_s, "exposed_s_TL": exposed,
+                    "bytes_T": bytes_W, "planner_s_T": plan_s}
+            if keep:
+                part.update(window_s_TLG=win, load_TLG=rank_load)
+            for key, val in part.items():
+                parts.setdefault(name, {}).setdefault(key, []).append(val)
+        # the bound holds for any plan within the replica budget of the oracle's own windows
+        oracle_win = runs["probe_oracle"][3]
+        win_sum += float(oracle_win.sum())
+        budget = replica_budget(costs, oracle_win.reshape(W * L, ep) if fixed is None else fixed, ep, k_max=k_max,
+                                max_redundant=max_redundant)
+        mean_load = lw.sum(axis=2) / ep
+        bound = load_lower_bound(lw.reshape(W * L, E), P0, new_replicas=budget).reshape(W, L)
+        bound_parts.append(np.where(mean_load > 0, bound / np.where(mean_load > 0, mean_load, 1.0), 1.0))
+        if keep:
+            load_parts.append(lw)
+    out = {name: {k: np.concatenate(v) for k, v in d.items()} for name, d in parts.items()}
+    return {"methods": out, "ir_bound_TL": np.concatenate(bound_parts),
+            "loads_TLE": np.concatenate(load_parts) if keep else None, "tokens_T": tokens, "prefill_share_T": pre,
             "settings": {"ep": ep, "hardware": hw.name, "link": link, "model": model.name, "steps": T, "layers": L,
                          "experts": E, "eplb_interval": interval, "eplb_window": window,
                          "eplb_redundant_per_rank": eplb_redundant, "eplb_groups": eplb_groups,
                          "eplb_nodes": eplb_nodes,
                          "probe_hide_window": "computed" if fixed is None else f"{window_transfers} transfers",
-                         "probe_mean_window_s": float(out["probe_oracle"]["window_s_TLG"].mean()),
+                         "probe_mean_window_s": win_sum / (T * L * ep),
                          "expert_transfer_s": costs.transfer_s, "probe_window_transfers": window_transfers,
-                         "k_max": k_max, "max_redundant": max_redundant, "forecast_decay": decay}}
+                         "k_max": k_max, "max_redundant": max_redundant, "forecast_decay": decay,
+                         "window_steps": window_steps}}
 
 
 def summarize(res: dict[str, Any], *, shift_step: int = -1, model_layers: int | None = None) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ records no documents falls back to the request split with a printed note; `--spl
 
 Names: distribution, probability, conditional-token, conditional-position, ffn, lstm, lookahead (PROBE),
 expertflow (ExpertFlow's path predictor), tlp, slp (its baselines), smoe (Speculative MoE's token table +
-device n-gram); or the path of
+device n-gram), emoe / emoe-l (eMoE-A / eMoE-L, invoked every prompt; predict/emoe.py); or the path of
 a directory written by save_predictor / fit_and_save (loaded, not refitted). The CLI handlers
 ``predict_eval_main`` and ``predict_fit_main`` read the trace from disk and print.
 """
@@ -42,7 +42,7 @@ from routecast.trace import MoESpec, Trace
 
 PREDICTOR_NAMES = (
     "distribution", "probability", "conditional-token", "conditional-position", "ffn", "lstm", "lookahead",
-    "expertflow", "tlp", "slp", "smoe",
+    "expertflow", "tlp", "slp", "smoe", "emoe", "emoe-l",
 )
 # Predictors that read the router inputs (hidden_TLH) and router logits of a trace.
 NEEDS_ROUTER_INPUTS = ("lookahead",)
@@ -131,6 +131,10 @@ def make_predictor(
         from routecast.predict.smoe import SMoEPredictor
 
         return SMoEPredictor(spec, embeddings=embeddings, embedding_source=embedding_source)
+    if name in ("emoe", "emoe-l"):
+        from routecast.predict.emoe import make_emoe
+
+        return make_emoe(name, spec, seed=seed, threads=threads, epochs=epochs)
     if name in ("tlp", "slp"):
         from routecast.predict.locality import SLPPredictor, TLPPredictor
 

@@ -32,6 +32,7 @@ def register(cls: type[Predictor]) -> type[Predictor]:
 
 
 def _registry() -> dict[str, type[Predictor]]:
+    from routecast.predict.emoe import EmoePredictor  # noqa: F401  (registers itself and eMoE-L)
     from routecast.predict.expertflow import ExpertFlowPredictor  # noqa: F401  (registers itself)
     from routecast.predict.frequency import ConditionalPredictor, DistributionPredictor, ProbabilityPredictor
     from routecast.predict.locality import SLPPredictor, TLPPredictor  # noqa: F401  (register themselves)

@@ -39,12 +39,13 @@ def plot_throughput(res: dict[str, Any], png: str, *, shift_step: int = -1, titl
 
 
 def section_probe(trace: Trace, out_dir: str, *, ep: int = 8, hw: Hardware | None = None,
-                  model: ModelProfile | None = None, shift_step: int = -1) -> tuple[Section, dict[str, Any]]:
+                  model: ModelProfile | None = None, shift_step: int = -1,
+                  max_steps: int | None = None) -> tuple[Section, dict[str, Any]]:
     """Demo-report section: compare_methods on `trace` -> (Section, summary dict).
 
     hw defaults to h100-sxm; model to the sim profile with the trace's expert count (mixtral-8x7b for 8,
-    deepseek-v2-lite for 64).
-    Writes probe_vs_eplb.png into out_dir.
+    deepseek-v2-lite for 64). max_steps: compare only the trace's first max_steps steps (None = all; the
+    section text says when it cuts). Writes probe_vs_eplb.png into out_dir.
     """
     hw = hw or load_hardware("h100-sxm")
     if model is None:
@@ -53,6 +54,11 @@ def section_probe(trace: Trace, out_dir: str, *, ep: int = 8, hw: Hardware | Non
         if name is None:
             raise ConfigError(f"trace has {trace.spec.num_experts} experts; pass a model profile with that many.")
         model = load_model(name)
+    steps = np.unique(trace.tokens["step"])
+    cut = ""
+    if max_steps is not None and steps.size > max_steps:
+        trace = trace.select(trace.tokens["step"] <= steps[max_steps - 1])
+        cut = f" Only the first {max_steps} of the trace's {steps.size} steps are compared (a demo setting, for time)."
     res = compare_methods(trace, ep=ep, hw=hw, model=model)
     rows = summarize(res, shift_step=shift_step)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -65,7 +71,7 @@ def section_probe(trace: Trace, out_dir: str, *, ep: int = 8, hw: Hardware | Non
         "part of its expert-weight transfers (PROBE's replicas every step, EPLB's rebalances) that its hiding "
         "window (the rank's expert compute of the previous layer plus this layer's attention) cannot hide. "
         "probe_pred plans on a causal layer-ahead forecast (this step's previous-layer routing through past "
-        "steps' inter-layer transitions); probe_oracle on the actual loads."))
+        "steps' inter-layer transitions); probe_oracle on the actual loads." + cut))
     sec.parts.append(table(rows))
     sec.parts.append(figure(png, "Simulated throughput over steps (MoE layers only)."))
     return sec, {"rows": rows, "settings": res["settings"]}

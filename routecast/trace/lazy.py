@@ -7,8 +7,10 @@ scan's resident memory is bounded by the largest shard, not by the trace, and so
 (a cap below the trace's size is enough: tests/trace/test_lazy.py reads under RLIMIT_AS).
 
 Each shard is checked the first time it is mapped: its CRC-32 against trace.json (when recorded and
-verify=True) and the value checks of Trace.validate (expert id range, finite weights, ...), so a corrupt
-shard raises a TraceError naming its file when a scan reaches it. Slices inside one shard are views;
+verify=True) and otherwise the value checks of Trace.validate (expert id range, finite weights, ...): bytes
+whose CRC matches are the ones TraceWriter committed after validating them, and a mismatch runs the value
+checks first (their message is more precise). A corrupt shard raises a TraceError naming its file when a
+scan reaches it. Slices inside one shard are views;
 slices across shards and index gathers are copies of only the rows asked for. Anything else (np.asarray,
 arithmetic, reductions) materialises the whole tensor: it works for traces that fit in memory, counts in
 MATERIALISED (tests assert the streaming commands never do it) and fails loudly under a memory cap.

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save as save_bytes
 
 from routecast.common.errors import TraceError
 from routecast.common.outputs import fix_mode
@@ -39,6 +38,7 @@ _ROUTING = ("experts_TLK", "weights_TLK", "logits_TLE", "hidden_TLH")
 _MAX_HEADER = 100 << 20  # a real header is a few KB; a larger length field means corruption
 _ST_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
               "F16": "float16", "F32": "float32", "F64": "float64"}
+_NP_TO_ST = {v: k for k, v in _ST_DTYPES.items()}
 _HIDDEN_DTYPES = ("float16", "float32")
 
 
@@ -269,13 +269,40 @@ def _load_shard(file: Path, spec: MoESpec | None, *, rows: int | None = None, nb
 
 def _write_shard(file: Path, spec: MoESpec, task_names: tuple[str, ...], source_names: tuple[str, ...],
                  arrays: dict[str, np.ndarray]) -> int:
-    """Write one shard durably; returns the CRC-32 of its bytes (recorded in trace.json, checked on read)."""
+    """Write one shard durably; returns the CRC-32 of its bytes (recorded in trace.json, checked on read).
+
+    The safetensors layout (8-byte header length, JSON header padded to 8 bytes, tensors back to back) is
+    written tensor by tensor from the arrays themselves, widest dtype first so every tensor stays aligned,
+    and the CRC is taken over the same buffers as they are written: no serialised copy of the shard.
+    """
     meta = {"format": "routecast-trace-shard", "schema_version": str(SCHEMA_VERSION),
             "spec": json.dumps(spec.to_dict()), "task_names": json.dumps(list(task_names)),
             "source_names": json.dumps(list(source_names))}
-    data = save_bytes({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=meta)
-    _atomic_write(file, data)
-    return zlib.crc32(data)
+    arrs = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    order = sorted(arrs, key=lambda k: (-arrs[k].dtype.itemsize, k))
+    header: dict[str, Any] = {}
+    off = 0
+    for k in order:
+        a = arrs[k]
+        header[k] = {"dtype": _NP_TO_ST[a.dtype.name], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    header["__metadata__"] = meta
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    head = len(h).to_bytes(8, "little") + h
+    crc = zlib.crc32(head)
+
+    def write(tmp: Path) -> None:
+        nonlocal crc
+        with open(tmp, "wb") as f:
+            f.write(head)
+            for k in order:
+                buf = memoryview(arrs[k].reshape(-1).view(np.uint8))
+                crc = zlib.crc32(buf, crc)
+                f.write(buf)
+
+    _atomic_write(file, write)
+    return crc
 
 
 # ---------------------------------------------------------------- trace.json and tokens.parquet

@@ -69,7 +69,7 @@ import numpy as np
 from routecast.common.errors import ConfigError
 from routecast.trace.spec import MoESpec
 from routecast.trace.synth_batching import schedule
-from routecast.trace.synth_sampling import _CandidatePool, _gumbel, _rowtake, _topk_sorted
+from routecast.trace.synth_kernel import route_layer
 from routecast.trace.trace import Trace, make_columns
 
 _PER_TASK = ("task_mix", "task_sharpness", "prompt_len", "output_len", "shift_task_mix")
@@ -341,7 +341,7 @@ class _Contexts:
         q = (np.arange(C)[:, None] + np.arange(B)[None, :] / B).ravel()
         guide = np.searchsorted((cdf + np.arange(C)[:, None]).ravel(), q, side="right")
         guide = np.minimum(guide - np.repeat(np.arange(C) * E, B), E - 1)
-        return {"logp": logp.ravel().astype(np.float32), "p_CG": p.reshape(C, cfg.n_group, -1).sum(axis=2),
+        return {"logp": logp.ravel().astype(np.float32), "p": p.ravel(), "p_CG": p.reshape(C, cfg.n_group, -1).sum(axis=2),
                 "cdf": cdf.ravel(), "guide": guide, "B": B}
 
 
@@ -367,39 +367,28 @@ def route_blocks(cfg: SynthConfig, cols, rng_pop, rng_drift, rng: np.random.Gene
 
     Memory is O(rows x L x K) plus the per-token columns: a token's layers depend only on its own earlier
     layers, so blocks of tokens are independent given the shared tables (popularity, drift, successors).
-    Inside a block layers go one by one over cache-sized sub-chunks as before; the draws depend on `rows`.
+    Inside a block layers go one by one, each routed row by row by the compiled kernel (synth_kernel.py);
+    the draws depend on `rows`.
     """
-    T, L, E, K = cols["request"].shape[0], cfg.num_layers, cfg.num_experts, cfg.top_k
+    T, L, K = cols["request"].shape[0], cfg.num_layers, cfg.top_k
     ctx = _Contexts(cfg, cols, rng_pop, rng_drift)
     succ = _successors(cfg, rng_pop)
-    chunk = max(1024, (1 << 23) // E)
-    n_max = min(chunk, max(min(rows, T), 1))
-    # Scratch (n_max, E) maps, flat: `owner` dedupes bonus entries, `stamp` marks experts already taken
-    # (equal to the current tag); a fresh tag per (layer, chunk) avoids clearing them.
-    scratch = {"owner": np.empty(n_max * E, dtype=np.int16), "stamp": np.zeros(n_max * E, dtype=np.int32), "tag": 0,
-               "tok_pref": None}
     for b0 in range(0, T, rows):
         b1 = min(T, b0 + rows)
         n = b1 - b0
         bcols = {k: v[b0:b1] for k, v in cols.items()}
         sub, c_blk = np.unique(ctx.ctx_T[b0:b1], return_inverse=True)  # contexts present in this block
+        c_blk = c_blk.astype(np.int64)
         experts = np.zeros((n, L, K), dtype=np.int16)
         weights = np.zeros((n, L, K), dtype=np.float32)
+        tok_pref = None
         for l in range(L):
-            tables = ctx.layer(l, sub)
             # Token paths: a token id's preferred experts at layer 0 are a hash of the id; at each next layer
             # they are the primary successors of the previous ones, so a token id routes along fixed paths.
             if cfg.token_strength > 0:
-                scratch["tok_pref"] = (_token_start(cfg, bcols["token_id"], salts[0]) if l == 0
-                                       else succ[l][scratch["tok_pref"], 0])
-            for lo in range(0, n, chunk):
-                hi = min(n, lo + chunk)
-                scratch["tag"] += 1
-                ids, vals = _route_rows(cfg, l, lo, hi, bcols, c_blk[lo:hi], tables, succ, experts, rng, salts,
-                                        scratch)
-                experts[lo:hi, l] = ids
-                w = np.exp(vals - vals[:, :1])
-                weights[lo:hi, l] = w / w.sum(axis=1, keepdims=True)
+                tok_pref = _token_start(cfg, bcols["token_id"], salts[0]) if l == 0 else succ[l][tok_pref, 0]
+            bonus = _bonus_sources(cfg, l, bcols, succ, experts, salts, tok_pref)
+            route_layer(rng, c_blk, bonus, ctx.layer(l, sub), cfg.topk_group, experts[:, l], weights[:, l])
         yield b0, experts, weights
 
 
@@ -432,98 +421,23 @@ def _token_start(cfg: SynthConfig, token_id: np.ndarray, salt: np.uint32) -> np.
     return groups[:, np.arange(m) % tg] * gs + within
 
 
-def _bonus_entries(cfg, l, lo, hi, cols, succ, experts, salts, tok_pref) -> tuple[np.ndarray, np.ndarray]:
-    """(n, M) expert ids and log-odds bonuses from token id, request and previous-layer experts."""
-    n, E, K, L = hi - lo, cfg.num_experts, cfg.top_k, cfg.num_layers
-    ids_parts, bon_parts = [np.zeros((n, 0), np.int64)], [np.zeros((n, 0), np.float32)]
+def _bonus_sources(cfg, l, cols, succ, experts, salts, tok_pref) -> dict[str, np.ndarray]:
+    """The bonus experts of layer l for the kernel: tok (n, mt) and req (n, mr) int64 preferred experts of
+    each token id and request, prev (n, K) int16 the previous layer's experts with their successors succ
+    (E, ml) int64, and the log-odds bonus profiles bon_tok (mt,), bon_req (mr,), bon_lay (ml,) float64
+    (a source that is off has width 0)."""
+    n, E, L = cols["request"].shape[0], cfg.num_experts, cfg.num_layers
+    none, zero = np.zeros((n, 0), np.int64), np.zeros(0)
+    out = {"tok": none, "bon_tok": zero, "req": none, "bon_req": zero, "prev": np.zeros((n, 0), np.int16),
+           "succ": np.zeros((E, 0), np.int64), "bon_lay": zero}
     tok_s = cfg.token_strength * (1.0 - cfg.token_depth_decay * l / max(L - 1, 1))
     if tok_s > 0:
-        ids_parts.append(tok_pref[lo:hi])
-        bon_parts.append(np.broadcast_to(tok_s * _profile(cfg.token_fanout), (n, cfg.token_fanout)))
+        out.update(tok=np.ascontiguousarray(tok_pref, np.int64), bon_tok=tok_s * _profile(cfg.token_fanout))
     if cfg.request_strength > 0:
         m = cfg.request_fanout
-        ids_parts.append(_hash_experts(salts[1], cols["request"][lo:hi], l, L, m, E))
-        bon_parts.append(np.broadcast_to(cfg.request_strength * _profile(m), (n, m)))
+        out.update(req=_hash_experts(salts[1], cols["request"], l, L, m, E),
+                   bon_req=cfg.request_strength * _profile(m))
     if cfg.layer_strength > 0 and l > 0:
-        m = cfg.layer_fanout
-        ids_parts.append(succ[l][experts[lo:hi, l - 1].astype(np.int64)].reshape(n, K * m))
-        bon_parts.append(np.broadcast_to(np.tile(cfg.layer_strength * _profile(m), K), (n, K * m)))
-    return np.concatenate(ids_parts, axis=1), np.concatenate(bon_parts, axis=1).astype(np.float32)
-
-
-def _route_rows(cfg, l, lo, hi, cols, c, tb, succ, experts, rng, salts, scratch):
-    """Route tokens lo:hi at layer l. Returns ids (n, K) int64 and perturbed scores (n, K), descending.
-
-    Flat (row * E + expert) indices with np.take / item assignment are used throughout: they are several
-    times faster than 2-D fancy indexing on the same data. Scores are float32, masses float64.
-    """
-    n, E, K = hi - lo, cfg.num_experts, cfg.top_k
-    G, gs = cfg.n_group, cfg.num_experts // cfg.n_group
-    owner, stamp, tag = scratch["owner"], scratch["stamp"], scratch["tag"]
-    ids, bon = _bonus_entries(cfg, l, lo, hi, cols, succ, experts, salts, scratch["tok_pref"])
-    M = ids.shape[1]
-    r = np.arange(n)
-    flat = r[:, None] * E + ids
-    col = np.broadcast_to(np.arange(M, dtype=np.int16), (n, M))
-    owner[flat] = col  # one column wins each (row, expert); the others are duplicates of it
-    own = owner[flat]
-    first = own == col
-    if not first.all():
-        bon = bon.copy()
-        dr, dc = np.nonzero(~first)
-        np.add.at(bon, (dr, own[dr, dc].astype(np.int64)), bon[dr, dc])
-    a_u = np.take(tb["logp"], c[:, None] * E + ids)
-    if G > 1:
-        # Groups: Gumbel-top-topk_group over each group's total exp-score mass (bonuses included).
-        au64 = a_u.astype(np.float64)
-        adj = np.where(first, np.exp(np.minimum(au64 + bon, 700.0)) - np.exp(au64), 0.0)
-        gm = tb["p_CG"][c] + np.bincount((r[:, None] * G + ids // gs).ravel(), weights=adj.ravel(),
-                                         minlength=n * G).reshape(n, G)
-        gsc = np.log(np.maximum(gm, 1e-30)) + _gumbel(rng, (n, G))
-        chosen = np.zeros(n * G, bool)
-        chosen[(r[:, None] * G + np.argpartition(-gsc, cfg.topk_group - 1, axis=1)[:, : cfg.topk_group])] = True
-        valid = first & np.take(chosen, r[:, None] * G + ids // gs)
-        z = (tb["p_CG"][c] * chosen.reshape(n, G)).sum(axis=1)
-        n_allowed = cfg.topk_group * gs
-    else:
-        valid, chosen, n_allowed, z = first, None, E, np.ones(n)
-    x_u = np.where(valid, a_u + bon + _gumbel(rng, a_u.shape), np.float32(-np.inf))
-    if M < K:  # pad so that the bonus top-K always has K (possibly -inf) entries
-        x_u, ids = np.pad(x_u, ((0, 0), (0, K - M)), constant_values=-np.inf), np.pad(ids, ((0, 0), (0, K - M)))
-    u_val, u_col = _topk_sorted(x_u, K)
-    u_ids = _rowtake(ids, u_col)
-    stamp[flat] = tag
-    # Complement (experts outside the bonus set): top-down Gumbel process. Its i-th largest value enters
-    # the top-K iff it beats the (K - i)-th best bonus value; stop drawing as soon as one does not.
-    z = np.maximum(z - np.where(valid, np.exp(a_u, dtype=np.float64), 0.0).sum(axis=1), 0.0)
-    avail = n_allowed - valid.sum(axis=1)
-    v_val = np.full((n, K), -np.inf, np.float32)
-    v_ids = np.zeros((n, K), np.int64)
-    taken = np.zeros(n, np.int64)
-    active = avail > 0
-    prev = np.full(n, np.inf, np.float32)
-    pool = _CandidatePool(cfg, rng, c, tb, chosen, width=K + 4 if G == 1 else 2 * K + 4)
-    for i in range(K):
-        with np.errstate(divide="ignore"):
-            v = -np.logaddexp(-prev, -(np.log(z).astype(np.float32) + _gumbel(rng, (n,))))
-        # Where the bonus set cannot fill slot K - i the complement must, even if its mass rounded to 0.
-        short = u_val[:, K - 1 - i] == -np.inf
-        v = np.where(short, np.maximum(v, np.float32(-1e30)), v)
-        active &= ((v > u_val[:, K - 1 - i]) | short) & (avail > i)
-        rows = np.nonzero(active)[0]
-        if rows.size == 0:
-            break
-        e = pool.next_free(rows, z[rows], stamp, tag)
-        stamp[rows * E + e] = tag
-        z[rows] = np.maximum(z[rows] - np.exp(np.take(tb["logp"], c[rows] * E + e)), 0.0)
-        v_val[:, i] = np.where(active, v, -np.inf)
-        v_ids[rows, i] = e
-        prev = np.where(active, v, prev)
-        taken[rows] = i + 1
-    # The final top-K is the K - j best bonus entries plus the j complement entries that entered.
-    from_u = np.arange(K)[None, :] < (K - taken)[:, None]
-    shift = np.clip(np.arange(K)[None, :] - (K - taken)[:, None], 0, K - 1)
-    val = np.where(from_u, u_val, _rowtake(v_val, shift))
-    eid = np.where(from_u, u_ids, _rowtake(v_ids, shift))
-    o = np.argsort(-val, axis=1, kind="stable")
-    return _rowtake(eid, o), _rowtake(val, o)
+        out.update(prev=np.ascontiguousarray(experts[:, l - 1]), succ=np.ascontiguousarray(succ[l], np.int64),
+                   bon_lay=cfg.layer_strength * _profile(cfg.layer_fanout))
+    return out

@@ -488,6 +488,6 @@ def synth_to_disk(preset: str, out: str | Path, *, tokens: int | None = None, re
     with TraceWriter(out, cfg.spec(), task_names=cfg.task_names, source_names=("synthetic",),
                      provenance=provenance, shard_tokens=shard_tokens, overwrite=overwrite) as w:
         for b0, ex, wt in route_blocks(cfg, cols, *rngs, rows=shard_tokens):
-            w.append({k: v[b0:b0 + len(ex)] for k, v in cols.items()}, ex, wt)
+            w.append({k: v[b0:b0 + len(ex)] for k, v in cols.items()}, ex, wt, copy=False)  # fresh per block
             w.flush()
     return Path(out)

@@ -32,7 +32,7 @@ def trace():
     cfg = SynthConfig(num_layers=3, num_experts=8, top_k=2, num_tokens=40 * 96, token_budget=96, max_running=96,
                       prompt_len=(8.0,), output_len=(60.0,), popularity_alpha=1.5, layer_strength=2.0,
                       layer_fanout=1, token_strength=1.0, drift_sigma=0.3, drift_window=4, shift_step=20,
-                      shift_strength=0.8, seed=3)
+                      shift_strength=0.8, seed=6)
     return generate(cfg)
 
 
@@ -262,3 +262,43 @@ def test_compare_lookahead_plans_both_arms_on_the_held_out_steps(hidden_trace):
     assert rows["probe_oracle"]["moe_us_before"] <= rows["static"]["moe_us_before"] * (1 + 1e-9)
     with pytest.raises(ConfigError, match="other than"):
         compare_methods(loads, ep=4, hw=HW, model=MODEL, predicted={"static": loads})
+
+
+# ---------------------------------------------------------------------- windows of steps bound the memory
+def test_windows_of_steps_give_the_unwindowed_results(trace):
+    # one window holding every step is the unwindowed computation; windows of 1 and 3 steps cut through EPLB's
+    # rebalances and statistics windows (interval 7, window 5) and must not change a single number
+    whole = compare_methods(trace, ep=4, hw=FAST, model=MODEL, interval=7, window=5, window_steps=10_000)
+    for w in (1, 3):
+        part = compare_methods(trace, ep=4, hw=FAST, model=MODEL, interval=7, window=5, window_steps=w)
+        for name, m in whole["methods"].items():
+            for key, v in m.items():
+                if key != "planner_s_T":  # measured CPU time
+                    np.testing.assert_array_equal(part["methods"][name][key], v, err_msg=f"{w} {name} {key}")
+        np.testing.assert_array_equal(part["ir_bound_TL"], whole["ir_bound_TL"])
+    with pytest.raises(ConfigError, match="window_steps"):
+        compare_methods(trace, ep=4, hw=FAST, model=MODEL, window_steps=0)
+
+
+def test_memory_is_bounded_by_the_window_not_the_steps():
+    import tracemalloc
+
+    def peak(tokens):
+        cfg = SynthConfig(num_layers=4, num_experts=64, top_k=2, num_tokens=tokens, token_budget=64, max_running=64,
+                          prompt_len=(8.0,), output_len=(60.0,), popularity_alpha=1.2, seed=1)
+        tr = generate(cfg)
+        loads = step_loads(tr)[0]
+        tracemalloc.start()
+        res = compare_methods(loads, ep=8, hw=HW, model=dataclasses.replace(MODEL, num_experts=64),
+                              predicted=loads, window_steps=4, keep_loads=False)
+        p = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert res["loads_TLE"] is None and "load_TLG" not in res["methods"]["static"]
+        return p, loads.shape[0]
+
+    peak(10 * 64)  # compiles the planner first: compilation is no part of either measurement
+    (p1, t1), (p2, t2) = peak(40 * 64), peak(160 * 64)
+    assert t2 >= 3 * t1
+    # whole-trace (T, L, G, E) float64 assignments grow 4 x 64 x 8 x 8 B a step each (five methods); what grows
+    # here is the per-step (T, L) results only
+    assert (p2 - p1) / (t2 - t1) < 4 * 64 * 8 * 8 / 4, (p1, p2, t1, t2)

@@ -26,3 +26,13 @@ def test_section_and_plot_write_the_figure_and_the_summary_table(tmp_path):
     png = plot_throughput(res, str(tmp_path / "sub" / "t.png"), shift_step=3, title="t")
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_section_compares_only_the_first_max_steps_and_says_so(tmp_path):
+    trace = _trace()
+    n = np.unique(trace.tokens["step"]).size
+    sec, info = section_probe(trace, str(tmp_path), ep=4, max_steps=5)
+    assert info["settings"]["steps"] == 5 < n
+    assert any("first 5 of the trace" in p and f"{n} steps are compared" in p for p in sec.parts)
+    _, whole = section_probe(trace, str(tmp_path), ep=4, max_steps=n)
+    assert whole["settings"]["steps"] == n

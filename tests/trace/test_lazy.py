@@ -135,6 +135,21 @@ def test_bit_flip_in_routing_data_is_caught_by_the_checksum(on_disk):
         read_trace(d, mmap=False)
 
 
+def test_an_out_of_range_id_is_named_with_or_without_the_checksum(on_disk):
+    # A matching CRC skips the value checks (the writer validated those bytes); a changed id breaks the CRC,
+    # so the value checks run first and name the id; with verify=False they run on every shard.
+    _, d = on_disk
+    f = d / "routing-00002.safetensors"
+    raw = bytearray(f.read_bytes())
+    start = int.from_bytes(raw[:8], "little") + 8  # safetensors: header length, JSON header, tensors
+    a = start + json.loads(raw[8:start])["experts_TLK"]["data_offsets"][0]
+    raw[a:a + 2] = (999).to_bytes(2, "little", signed=True)  # the first expert id of the shard
+    f.write_bytes(bytes(raw))
+    for verify in (True, False):
+        with pytest.raises(TraceError, match=r"routing-00002\.safetensors.*expert id 999"):
+            verify_trace(read_trace(d, verify=verify))
+
+
 def test_synth_writes_shard_by_shard(tmp_path):
     from routecast.trace.synth_presets import synth_to_disk
 
