@@ -9,9 +9,12 @@ the calibrated link profile (routecast/sim/links/gloo-cpu-ep<G>.toml: alpha + V 
 weight bytes moved by re-plans, and the output check against the single-process model (fp32 allclose).
 Two workloads: 'prefill' (the first prefill steps, ~1,200-1,700 tokens each) and 'decode' (16-token steps).
 Times on this shared 2-core machine are noisy (4 ranks on 2 cores share them): quote the ratios.
+--shuffle-plan 'DIR/plan-ep{ep}.json' adds Speculative MoE's token shuffle (plans from `routecast schedule cocluster
+--ep G --respect-groups`, {ep} replaced by G): its measured LAR and bytes against static EP's and against schedule's
+prediction on the same rows.
 
   PYTHONPATH=. python benchmarks/ep_runtime.py [--ep 2,4] [--plans static,eplb,probe] [--repeats 3]
-      [--prefill-steps 4] [--decode-steps 12] [--out out/bench/ep_runtime]
+      [--prefill-steps 4] [--decode-steps 12] [--shuffle-plan PATTERN] [--out out/bench/ep_runtime]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from routecast.common.machine import machine_info  # noqa: E402
-from routecast.runtime.ep.run import format_table, run_plans  # noqa: E402
+from routecast.runtime.ep.run import format_table, run_plans, shuffle_line  # noqa: E402
 from routecast.sim.a2a import LINK_DIR  # noqa: E402
 
 
@@ -39,6 +42,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="replays of every step; times are medians (default 3)")
     ap.add_argument("--prefill-steps", type=int, default=4, help="prefill steps replayed (default 4)")
     ap.add_argument("--decode-steps", type=int, default=12, help="decode steps replayed (default 12)")
+    ap.add_argument("--shuffle-plan", default=None, help="cocluster plan file per EP size, '{ep}' replaced by G")
     ap.add_argument("--out", default="out/bench/ep_runtime", help="output folder (JSON + per-run files)")
     a = ap.parse_args()
     plans = a.plans.split(",")
@@ -53,13 +57,16 @@ def main() -> int:
                 continue
             load0 = os.getloadavg()[0]
             res = run_plans(model=a.model, trace_dir=a.trace, out=Path(a.out) / f"ep{ep}-{name}", nproc=ep, plans=plans,
-                            repeats=a.repeats, link=link if link.is_file() else None, overwrite=True, quiet=True, **w)
+                            repeats=a.repeats, link=link if link.is_file() else None, overwrite=True, quiet=True,
+                            shuffle_plan=a.shuffle_plan.replace("{ep}", str(ep)) if a.shuffle_plan else None, **w)
             res["settings"]["load_before"] = load0
             res["settings"]["load_after"] = os.getloadavg()[0]
             st = res["settings"]
             print(f"\nEP {ep}, {name}: {len(st['steps'])} steps, {st['tokens']} tokens, {a.repeats} repeats, link "
                   f"{st['link']}, load {load0:.1f} -> {st['load_after']:.1f}")
             print(format_table(res))
+            if "shuffle" in res["plans"]:
+                print(shuffle_line(res))
             base = res["plans"].get("static")
             if base:
                 print("vs static: " + "; ".join(

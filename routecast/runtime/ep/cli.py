@@ -23,7 +23,7 @@ def cmd_ep(a: argparse.Namespace) -> int:
         print(f"alpha {prof.alpha * 1e6:.1f} us, bandwidth {prof.bandwidth / 1e9:.3f} GB/s per direction -> {out}")
         return 0
     from routecast.common.errors import ConfigError
-    from routecast.runtime.ep.run import format_table, run_plans
+    from routecast.runtime.ep.run import format_table, run_plans, shuffle_line
 
     if not a.trace:
         raise ConfigError("--trace is missing; expected a trace folder captured with --hidden (routecast capture).")
@@ -46,7 +46,7 @@ def cmd_ep(a: argparse.Namespace) -> int:
                     plans=[p for p in a.plans.split(",") if p], steps=a.steps, first_step=a.first_step,
                     min_tokens=a.min_tokens, repeats=a.repeats, link=a.link, check=not a.no_check, timeout_s=a.timeout,
                     threads=a.threads, redundant_per_rank=a.redundant, overwrite=a.overwrite,
-                    token_ranks_path=a.token_ranks, quiet=True)
+                    token_ranks_path=a.token_ranks, shuffle_plan=a.shuffle_plan, quiet=True)
     if a.json:
         print(json.dumps(res, indent=1))
         return 0
@@ -54,6 +54,8 @@ def cmd_ep(a: argparse.Namespace) -> int:
     print(f"EP {st['nproc']} (gloo, torchrun): {len(st['steps'])} steps, {st['tokens']} tokens, {st['repeats']} repeats, "
           f"link {st['link']}")
     print(format_table(res))
+    if "shuffle" in res["plans"]:
+        print(shuffle_line(res))
     print(f"ranks started per plan with: {st['torchrun']}")
     return 0
 
@@ -81,6 +83,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                  "predicted all-to-all time (default: none)")
     p.add_argument("--token-ranks", default=None, help="run: .npy with the rank of every trace row (a token shuffle); "
                                                        "default: each step's rows in --nproc contiguous blocks")
+    p.add_argument("--shuffle-plan", default=None,
+                   help="run: plan file from `routecast schedule cocluster --ep NPROC` (use --respect-groups for a "
+                        "grouped router); adds the plan 'shuffle': experts pre-grouped by its permutation, every "
+                        "token on its cluster's rank per layer (Speculative MoE)")
     p.add_argument("--timeout", type=float, default=20.0, help="collective timeout per rank, s (default 20)")
     p.add_argument("--no-check", action="store_true", help="run: skip the comparison with the single-process model")
     p.add_argument("--out", default=None, help="output folder (run, default out/ep) or .toml (calibrate)")

@@ -26,7 +26,7 @@ import numpy as np
 from routecast.common.errors import ConfigError
 from routecast.place.slot_plans import METHODS, eplb_plan, moegps_plan, probe_plans, static_plan
 from routecast.place.slots import SlotPlan
-from routecast.runtime.ep.worker import step_rows, token_ranks
+from routecast.runtime.ep.worker import layer_ranks, step_rows
 
 
 def select_steps(trace: Any, first: int, count: int, min_tokens: int = 0) -> list[int]:
@@ -44,11 +44,10 @@ def _src_loads(trace: Any, rows_of: list[np.ndarray], G: int, tok_rank: np.ndarr
     s = trace.spec
     out = np.zeros((len(rows_of), s.num_layers, G, s.num_experts), np.int64)
     for t, rows in enumerate(rows_of):
-        src = tok_rank[rows] if tok_rank is not None else token_ranks(rows.size, G)
         ids = np.asarray(trace.experts_TLK[rows]).astype(np.int64)  # (n, L, K)
         n, L, K = ids.shape
         lay = np.broadcast_to(np.arange(L)[None, :, None], ids.shape)
-        g = np.broadcast_to(src[:, None, None], ids.shape)
+        g = np.broadcast_to(layer_ranks(tok_rank, rows, G, L)[:, :, None], ids.shape)
         ok = ids >= 0
         np.add.at(out[t], (lay[ok], g[ok], ids[ok]), 1)
     return out
@@ -125,14 +124,19 @@ def spawn_direct(nproc: int, config: Path) -> list[subprocess.Popen]:
 def prepare(trace: Any, *, model: str, trace_dir: str, out: Path, method: str, nproc: int, steps: list[int],
             repeats: int = 1, sync: bool = True, save_outputs: bool = True, timeout_s: float = 20.0,
             threads: int = 1, backend: str = "gloo", redundant_per_rank: int = 1,
-            token_ranks_path: str | None = None, kill: dict | None = None) -> tuple[Path, list[SlotPlan], np.ndarray]:
-    """Plans + config for one run in `out` -> (config path, plans, plan_of_step)."""
+            token_ranks_path: str | None = None, kill: dict | None = None, slot_plan: SlotPlan | None = None
+            ) -> tuple[Path, list[SlotPlan], np.ndarray]:
+    """Plans + config for one run in `out` -> (config path, plans, plan_of_step); slot_plan: a ready plan used
+    for every step instead of building `method`'s (the token shuffle's pre-grouped experts, shuffle.py)."""
     if nproc < 1 or trace.spec.num_experts % nproc:
         raise ConfigError(f"--nproc {nproc}: expected a positive divisor of the {trace.spec.num_experts} experts.")
     tok_rank = np.load(token_ranks_path) if token_ranks_path else None
     rows_of = step_rows(np.asarray(trace.tokens["step"]), steps)
     src = _src_loads(trace, rows_of, nproc, tok_rank)
-    plans, pos = build_plans(trace, method, nproc, src, redundant_per_rank=redundant_per_rank)
+    if slot_plan is not None:
+        plans, pos = [slot_plan], np.zeros(len(steps), np.int64)
+    else:
+        plans, pos = build_plans(trace, method, nproc, src, redundant_per_rank=redundant_per_rank)
     out.mkdir(parents=True, exist_ok=True)
     save_plans(out / "plans.npz", plans, pos)
     cfg = {"model": model, "trace": trace_dir, "steps": steps, "plans": str(out / "plans.npz"), "out": str(out),

@@ -87,13 +87,18 @@ def predicted_bytes(plan: SlotPlan, lay: int, ids_nK: np.ndarray, src_n: np.ndar
 
 def check_bytes(trace: Any, rows_of: list[np.ndarray], plans: list[SlotPlan], plan_of_step: np.ndarray,
                 ranks: list[dict[str, Any]], src_of: list[np.ndarray]) -> dict[str, Any]:
-    """Measured dispatch bytes of every rank, (step, layer) and repeat == sim's prediction? -> counts + totals."""
+    """Measured dispatch bytes of every rank, (step, layer) and repeat == sim's prediction? -> counts + totals, and
+    the measured local activation rate lar (share of routed items processed on their token's rank, repeat 0).
+
+    src_of: per step, the (n, L) rank of each row at each layer (worker.layer_ranks)."""
     H = trace.spec.hidden_size
     pred: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    items = 0
     for i, rows in enumerate(rows_of):
         ids = np.asarray(trace.experts_TLK[rows]).astype(np.int64)
+        items += int((ids >= 0).sum())
         for lay in range(trace.spec.num_layers):
-            pred[(i, lay)] = predicted_bytes(plans[int(plan_of_step[i])], lay, ids[:, lay], src_of[i], H * 4)
+            pred[(i, lay)] = predicted_bytes(plans[int(plan_of_step[i])], lay, ids[:, lay], src_of[i][:, lay], H * 4)
     checked = mismatched = 0
     tot_meas = tot_pred = 0
     for rk in ranks:
@@ -107,7 +112,8 @@ def check_bytes(trace: Any, rows_of: list[np.ndarray], plans: list[SlotPlan], pl
                 tot_meas += rec["sent_bytes"]
                 tot_pred += int(sent[r])
     return {"checked": checked, "mismatched": mismatched, "equal": mismatched == 0,
-            "measured_sent_bytes": tot_meas, "predicted_sent_bytes": tot_pred}
+            "measured_sent_bytes": tot_meas, "predicted_sent_bytes": tot_pred,
+            "lar": 1.0 - tot_meas / (H * 4) / max(items, 1)}
 
 
 def summarize(ranks: list[dict[str, Any]], link: LinkProfile | None) -> dict[str, Any]:

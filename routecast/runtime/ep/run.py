@@ -21,23 +21,31 @@ from routecast.common.outputs import check_out_dir, names_matcher, write_atomic
 from routecast.place.slots import METHODS
 from routecast.runtime.ep.launch import launch, prepare, select_steps, torchrun_command
 from routecast.runtime.ep.results import check_bytes, check_outputs, collect, summarize
-from routecast.runtime.ep.worker import step_rows, token_ranks
+from routecast.runtime.ep.shuffle import NAME as SHUFFLE
+from routecast.runtime.ep.shuffle import expected, load_shuffle
+from routecast.runtime.ep.worker import layer_ranks, step_rows
 from routecast.sim.a2a import LinkProfile, load_link
 
-OWNED = names_matcher(["summary.json", *METHODS])
+OWNED = names_matcher(["summary.json", *METHODS, SHUFFLE])
 
 
 def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans: list[str], steps: int = 8,
               first_step: int = 0, min_tokens: int = 0, repeats: int = 3, link: str | LinkProfile | None = None,
               check: bool = True, timeout_s: float = 20.0, threads: int = 1, redundant_per_rank: int = 1,
-              overwrite: bool = False, token_ranks_path: str | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Every plan in `plans` on the same replayed steps -> {'settings', 'plans': {name: summary}}."""
+              overwrite: bool = False, token_ranks_path: str | None = None, shuffle_plan: str | None = None,
+              quiet: bool = False) -> dict[str, Any]:
+    """Every plan in `plans` on the same replayed steps -> {'settings', 'plans': {name: summary}}.
+
+    shuffle_plan: a `schedule cocluster` plan file; adds the plan 'shuffle' (its pre-grouped experts and token
+    shuffle, shuffle.py) to `plans`, with schedule's own predicted LAR and bytes for the replayed rows alongside."""
     from routecast.trace.io import read_trace
 
-    bad = [p for p in plans if p not in METHODS]
+    if shuffle_plan and SHUFFLE not in plans:
+        plans = [*plans, SHUFFLE]
+    bad = [p for p in plans if p not in METHODS and not (p == SHUFFLE and shuffle_plan)]
     if bad or not plans:
         raise ConfigError(f"--plans {','.join(plans) or '(none)'}: {bad[0] if bad else 'empty'} is not a plan; "
-                          f"expected a comma-separated subset of {', '.join(METHODS)}.")
+                          f"expected a comma-separated subset of {', '.join(METHODS)} ({SHUFFLE} with --shuffle-plan).")
     if repeats < 1 or timeout_s <= 0:
         raise ConfigError(f"--repeats {repeats} and --timeout {timeout_s}; expected repeats >= 1 and a timeout > 0 s.")
     out = check_out_dir(out, "--out", overwrite=overwrite, owned=OWNED)
@@ -50,22 +58,32 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
     ids = select_steps(trace, first_step, steps, min_tokens)
     rows_of = step_rows(np.asarray(trace.tokens["step"]), ids)
     tok = np.load(token_ranks_path) if token_ranks_path else None
-    src_of = [tok[r] if tok is not None else token_ranks(r.size, nproc) for r in rows_of]
+    L = trace.spec.num_layers
+    src_of = [layer_ranks(tok, r, nproc, L) for r in rows_of]
+    shuf = load_shuffle(shuffle_plan, trace, nproc) if shuffle_plan else None
     res: dict[str, Any] = {"settings": {
         "model": model, "trace": str(trace_dir), "nproc": nproc, "steps": ids, "tokens": int(sum(r.size for r in rows_of)),
         "repeats": repeats, "link": None if prof is None else prof.name, "backend": "gloo",
         "torchrun": " ".join(torchrun_command(nproc, out / "PLAN" / "config.json"))}, "plans": {}}
     for name in plans:
         d = out / name
+        tok_path, slot_plan, src = token_ranks_path, None, src_of
+        if name == SHUFFLE:
+            d.mkdir(parents=True, exist_ok=True)
+            tok_path, slot_plan = str(d / "token-ranks.npy"), shuf[1]
+            np.save(tok_path, shuf[2])
+            src = [layer_ranks(shuf[2], r, nproc, L) for r in rows_of]
         cfg, pl, pos = prepare(trace, model=model, trace_dir=trace_dir, out=d, method=name, nproc=nproc, steps=ids,
                                repeats=repeats, save_outputs=check, timeout_s=timeout_s, threads=threads,
-                               redundant_per_rank=redundant_per_rank, token_ranks_path=token_ranks_path)
+                               redundant_per_rank=redundant_per_rank, token_ranks_path=tok_path, slot_plan=slot_plan)
         t0 = time.monotonic()
         launch(cfg, nproc)
         ranks = collect(d, nproc)
         s = summarize(ranks, prof)
         s["wall_s"] = time.monotonic() - t0
-        s["bytes"] = check_bytes(trace, rows_of, pl, pos, ranks, src_of)
+        s["bytes"] = check_bytes(trace, rows_of, pl, pos, ranks, src)
+        if name == SHUFFLE:
+            s["schedule_predicted"] = expected(shuf[0], trace, np.concatenate(rows_of))
         if check:
             s["outputs"] = check_outputs(model, trace, rows_of, d, nproc)
         res["plans"][name] = s
@@ -75,7 +93,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
     return res
 
 
-HEADER = ("plan", "max/mean items", "IR", "a2a MB", "a2a ms median/min", "pred ms", "err median/min",
+HEADER = ("plan", "max/mean items", "IR", "LAR", "a2a MB", "a2a ms median/min", "pred ms", "err median/min",
           "cell ratio p10/p50", "compute ms", "moved MB", "held MB/rank", "bytes==sim", "allclose (max err), router match")
 
 
@@ -83,6 +101,7 @@ def format_row(name: str, s: dict[str, Any]) -> str:
     pred = s.get("a2a_pred_s")
     out = s.get("outputs", {})
     cells = (name, f"{s['max_items_per_rank']:.0f}/{s['mean_items_per_rank']:.0f}", f"{s['ir_items']:.3f}",
+             f"{s['bytes']['lar']:.3f}",
              f"{s['a2a_bytes'] / 1e6:.2f}", f"{s['a2a_s'] * 1e3:.1f}/{s['a2a_min_s'] * 1e3:.1f}",
              "-" if pred is None else f"{pred * 1e3:.1f}",
              "-" if pred is None else f"{s['a2a_rel_err']:+.0%}/{s['a2a_min_rel_err']:+.0%}",
@@ -99,3 +118,17 @@ def format_table(res: dict[str, Any]) -> str:
     lines = [" | ".join(HEADER), " | ".join("---" for _ in HEADER)]
     lines += [format_row(n, s) for n, s in res["plans"].items()]
     return "\n".join(lines)
+
+
+def shuffle_line(res: dict[str, Any]) -> str:
+    """One line: the token shuffle's measured LAR and bytes against static EP's and schedule's prediction."""
+    s = res["plans"][SHUFFLE]
+    b, pr = s["bytes"], s["schedule_predicted"]
+    line = (f"shuffle: measured LAR {b['lar']:.3f}, dispatch {b['measured_sent_bytes'] / 1e6:.3f} MB; schedule "
+            f"cocluster predicts LAR {pr['lar']:.3f}, {pr['a2a_sent_bytes'] / 1e6:.3f} MB on the same rows "
+            f"(equal: {pr['a2a_sent_bytes'] == b['measured_sent_bytes']})")
+    base = res["plans"].get("static")
+    if base:
+        line += (f"; vs static LAR {base['bytes']['lar']:.3f}: a2a bytes "
+                 f"x{b['measured_sent_bytes'] / max(base['bytes']['measured_sent_bytes'], 1):.3f}")
+    return line

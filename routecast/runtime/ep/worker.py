@@ -7,8 +7,8 @@ steps (trace step ids to replay, in order), plans (npz: slots_PLS, share_PLS, pl
 num_experts, layer_ids, method), out (folder for rank<r>.json / rank<r>.pt), backend ("gloo" | "nccl"),
 timeout_s (collective and rendezvous timeout), repeats, sync (barrier before each all-to-all so its time is the
 transfer, not the wait for a slower rank), save_outputs, threads, token_ranks (optional .npy: rank of every
-trace row, the hook for a token shuffle such as Speculative MoE's; default: each step's rows in G contiguous
-blocks), kill (optional {"rank", "step", "mode": "kill" | "hang"}: fault injection for the tests).
+trace row (N,), or of every row at every MoE layer (N, L): a token shuffle such as Speculative MoE's, see
+shuffle.py; default: each step's rows in G contiguous blocks), kill (optional {"rank", "step", "mode": "kill" | "hang"}: fault injection for the tests).
 
 Each rank loads the model, copies out the experts its first plan hosts and drops the rest, then replays every
 step: per MoE layer the router inputs (trace hidden_TLH) and routing (experts_TLK, weights_TLK) of its own
@@ -53,6 +53,16 @@ def step_rows(step_col: np.ndarray, steps: list[int]) -> list[np.ndarray]:
 def token_ranks(n: int, world: int) -> np.ndarray:
     """Default token placement: the step's n rows in `world` contiguous blocks (DP attention over sequences)."""
     return (np.arange(n) * world) // max(n, 1)
+
+
+def layer_ranks(tok_rank: np.ndarray | None, rows: np.ndarray, world: int, num_layers: int) -> np.ndarray:
+    """(n, L) rank of each of a step's rows at each MoE layer: from the token-rank table ((N,) or (N, L)) or the
+    default contiguous blocks."""
+    if tok_rank is None:
+        src = token_ranks(rows.size, world)
+    else:
+        src = np.asarray(tok_rank)[rows].astype(np.int64)
+    return np.broadcast_to(src[:, None], (rows.size, num_layers)) if src.ndim == 1 else src
 
 
 def fault(mode: str, out: Path, rank: int) -> None:
@@ -138,11 +148,12 @@ def run(cfg: dict[str, Any]) -> int:
                         weights.append({"rep": rep, "step": i, "bytes_in": b_in, "bytes_out": b_out, "seconds": t,
                                         "moves": int(len(mv))})
                         cur = p
-                    src = tok_rank[rows] if tok_rank is not None else token_ranks(rows.size, world)
-                    mine = rows[src == rank]
+                    src_NL = layer_ranks(tok_rank, rows, world, plans[p].num_layers)
                     ids = np.asarray(trace.experts_TLK[rows]).astype(np.int64)
                     for lay in range(plans[p].num_layers):
                         what = f"step {i} layer {lay}"
+                        src = src_NL[:, lay]
+                        mine = rows[src == rank]
                         x = torch.from_numpy(np.asarray(trace.hidden_TLH[mine, lay], np.float32)).to(dev)
                         w = torch.from_numpy(np.asarray(trace.weights_TLK[mine, lay], np.float32)).to(dev)
                         y, rec = moe_layer(store, plans[p], lay, x, w, Router(ids_NK=ids[:, lay], src_N=src), sync=sync)

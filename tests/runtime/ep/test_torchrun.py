@@ -96,3 +96,21 @@ def test_whole_model_forward_at_ep2(fine_trace, tmp_path):
                     requests=4, tokens=12)
     assert r["allclose"] and r["bytes_equal"] and r["cells_checked"] == 2 * 5
     assert max(r["held_bytes_per_rank"]) < 64 * 5 * 98304
+
+
+def test_ep_run_with_a_shuffle_plan_at_ep2(fine_trace, tmp_path):
+    """`ep run --shuffle-plan` end to end: the plan's experts and token shuffle on torchrun ranks, outputs
+    allclose, bytes == sim == schedule cocluster's own prediction, fewer bytes than static EP."""
+    from routecast.runtime.ep.run import run_plans
+    from routecast.schedule.cocluster import cocluster
+    from routecast.trace.io import read_trace
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(cocluster(read_trace(fine_trace), 2, "smoe").to_json())
+    res = run_plans(model="builtin-fine", trace_dir=fine_trace, out=tmp_path / "ep", nproc=2, plans=["static"],
+                    shuffle_plan=str(plan), steps=3, repeats=1, quiet=True)
+    s, base = res["plans"]["shuffle"], res["plans"]["static"]
+    assert s["outputs"]["allclose"] and s["outputs"]["cells"] == 15 and s["bytes"]["equal"]
+    assert s["schedule_predicted"]["a2a_sent_bytes"] == s["bytes"]["measured_sent_bytes"]
+    assert abs(s["schedule_predicted"]["lar"] - s["bytes"]["lar"]) < 1e-12
+    assert s["bytes"]["lar"] > base["bytes"]["lar"] and s["a2a_bytes"] < base["a2a_bytes"]
