@@ -293,10 +293,8 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     from routecast.schedule.cli import run_rebatch
     from routecast.sim.hardware import load_hardware
     from routecast.trace.io import read_trace
-
     _threads(a.threads)
-    trace = read_trace(a.trace, load_hidden=False, load_logits=False)
-    s = trace.spec
+    s = (trace := read_trace(a.trace, load_hidden=False, load_logits=False)).spec
     eb = a.expert_bytes or s.expert_bytes
     cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
                        hardware=load_hardware(a.hardware), expert_bytes=eb)
@@ -316,8 +314,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(_clean(out), indent=1))
         return 0
-    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at "
-          f"{cfg.budget} slots on {a.hardware}")
+    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at {cfg.budget} slots on {a.hardware}")
     print(f"{'method':<10} {'batches':>8} {'experts/batch':>14} {'eq.5 total':>11} {'hit':>6} {'µs/token':>9}")
     for r in rows:
         print(f"{r['method']:<10} {r['batches']:>8} {r['activated_per_batch']:>14.2f} {r['activated_total']:>11} "
