@@ -30,6 +30,7 @@ SLO before the admission would miss it after (one already late does not block ev
 from __future__ import annotations
 
 import bisect
+from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 SCHEDULERS = ("emoe", "fcfs", "vllm", "fastgen")
 
 
-class Scheduler:
+class Scheduler(ABC):
     """Interface. mixed: admitted prompts share a step with the running decodes; cut_on_arrival: a run of
     decode steps stops at the step boundary after the next arrival so it can be admitted."""
 
@@ -58,16 +59,17 @@ class Scheduler:
         """Request r arrived (st.t is its arrival time)."""
         self.waiting.append(r)
 
+    @abstractmethod
     def admit(self, st: State) -> list[int]:
-        """Requests to admit now (removed from the waiting queue)."""
-        raise NotImplementedError
+        """Requests to admit now (removed from the waiting queue); each scheduler's own rule."""
 
     def price_batch(self, st: State) -> int:
         """Sequences a decode step is priced at (the running ones, or the padded batch)."""
         return int(st.running.size)
 
     def after_step(self, st: State) -> None:
-        """Called after every step's effects are applied."""
+        """Called after every step's effects are applied; the default does nothing."""
+        return None
 
 
 def _fcfs_take(st: State, waiting: deque[int], budget: int, seqs: int) -> list[int]:

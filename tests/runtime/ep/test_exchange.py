@@ -5,7 +5,6 @@ rank killed mid-run makes the other one fail with an error (not hang). One spawn
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -13,6 +12,8 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+
+from tests.runtime.ep.ranks import spawn_ranks
 
 E, H, I_, K, N, G = 8, 16, 12, 2, 40, 2
 
@@ -116,17 +117,9 @@ def _child(rank: int, port: int, out: str, plans: dict) -> None:
 def test_two_ranks_every_plan_and_a_dead_peer(tmp_path):
     from routecast.runtime.ep.launch import free_port
 
-    ctx = mp.get_context("spawn")
     port = free_port()
     plans = _plans(_data()[3], _src())  # planned here: the ranks need no planner (no numba import)
-    procs = [ctx.Process(target=_child, args=(r, port, str(tmp_path), plans)) for r in range(G)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
+    procs, alive = spawn_ranks(_child, lambda r: (r, port, str(tmp_path), plans), G)
     assert not alive, "a rank hung"
     assert procs[0].exitcode == 0 and procs[1].exitcode == -signal.SIGKILL
     total_items = N * K

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing as mp
 from datetime import timedelta
 
 import numpy as np
 import pytest
 
 from routecast.common.errors import ConfigError
+from tests.runtime.ep.ranks import spawn_ranks
 
 G, H, I_ = 2, 16, 12
 
@@ -126,16 +126,8 @@ def test_two_ranks_run_the_shuffle_plan(shuffled, tmp_path):
 
     t, _, path = shuffled
     _, slots, tok_NL = load_shuffle(path, t, G)
-    ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, port, str(tmp_path), t, slots, tok_NL)) for r in range(G)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
+    procs, alive = spawn_ranks(_child, lambda r: (r, port, str(tmp_path), t, slots, tok_NL), G)
     assert not alive and all(p.exitcode == 0 for p in procs)
     for r in range(G):
         d = json.loads((tmp_path / f"rank{r}.json").read_text())
