@@ -197,6 +197,20 @@ class ExpertStore:
         for t in self.threads:
             t.join()
 
+    def preload(self, keys: Sequence[int] | np.ndarray) -> None:
+        """Read `keys` into free slots now, on the calling thread (a warm fast tier before a timed run; keys
+        beyond the free slots are skipped). Not counted as accesses, hits or prefetches."""
+        with self.cond:
+            for k in np.asarray(keys, np.int64).tolist():
+                p = self.pool_of(k)
+                if self.state[k] != ABSENT or not self.free[p]:
+                    continue
+                slot = self.free[p].pop()
+                ev = self._reserve(k, slot)
+                self.tier.read_into(k, {n: t[slot] for n, t in self.pools.items()})
+                self.state[k] = RESIDENT
+                ev.set()
+
     # ------------------------------------------------------------------ prefetch and correction
     def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> None:
         """Queue the forecast experts of `layers` (nearest first: priority = layers ahead of current_layer);
@@ -232,80 +246,79 @@ class ExpertStore:
                 pol.end_step()
 
     # ------------------------------------------------------------------ the access
-    def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    def access(self, layer: int, experts: Sequence[int] | np.ndarray,
+               compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
         """Make `experts` (ascending ids) of `layer` available and call compute(experts_n, slots_n) on ready
-        groups of them (hits first, then loaded misses); every expert is computed exactly once."""
-        keys = [layer * self.E + int(e) for e in experts]
-        todo = list(keys)
+        groups of them (hits first, then loaded misses); every expert is computed exactly once. compute runs
+        with the store's lock held (so its slots cannot be evicted meanwhile): it should only copy them out.
+
+        Vectorised over the layer's experts: one state lookup, one pin update and one touch pass per group."""
+        keys = np.asarray(experts, np.int64) + layer * self.E
+        pol = self.policies[self.pool_of(int(keys[0]))] if len(keys) else None
         with self.cond:
             self.stats["accesses"] += 1
-            self._correct(layer, set(keys))
+            if self.forecast:
+                self._correct(layer, set(keys.tolist()))
+            todo = keys
             first = True
-            while todo:
-                ready, wait, later = [], [], []
-                for k in todo:
-                    st = self.state[k]
-                    if st == RESIDENT:
-                        ready.append(k)
-                        if first:
-                            self.stats["hits"] += 1
-                            if self.prefetched[k]:
-                                self.stats["prefetch_useful"] += 1
-                        self.prefetched[k] = False
-                        self.policies[self.pool_of(k)].touch(k)
-                    elif st == LOADING:
-                        wait.append(k)
-                        if first:
-                            self.stats["late"] += 1
-                            if self.prefetched[k]:
-                                self.stats["prefetch_useful"] += 1
-                        self.prefetched[k] = False
-                        self.policies[self.pool_of(k)].touch(k)
-                    else:
-                        later.append(k)
-                    self.pins[k] += 1
-                for k in later:  # misses: a slot now (demand loads go before every queued prefetch)
-                    if first:
-                        self.stats["misses"] += 1
+            while len(todo):
+                st = self.state[todo]
+                have = todo[st != ABSENT]
+                ready, wait, later = todo[st == RESIDENT], todo[st == LOADING], todo[st == ABSENT]
+                if first:
+                    self.stats["hits"] += len(ready)
+                    self.stats["late"] += len(wait)
+                    self.stats["misses"] += len(later)
+                    self.stats["prefetch_useful"] += int(np.count_nonzero(self.prefetched[have]))
+                self.prefetched[have] = False
+                for k in have.tolist():  # in ascending order, as the replay kernel touches its hits
+                    pol.touch(k)
+                self.pins[todo] += 1
+                waiting = [wait]
+                for k in later.tolist():  # misses: a slot now (demand loads go before every queued prefetch)
                     self.queued.pop(k, None)
                     slot = self._take_slot(k, None)
                     if slot >= 0:
                         self._reserve(k, slot)
                         self._push(_DEMAND, k, slot, wake=False)
-                        wait.append(k)
                     if self.cfg.check:
                         self.check()
-                if later:
+                if len(later):
                     self.cond.notify(len(self.threads))
-                deferred = [k for k in later if self.state[k] == ABSENT]
-                for k in deferred:
-                    self.pins[k] -= 1
+                    loading = later[self.state[later] != ABSENT]
+                    waiting.append(loading)
+                    deferred = later[self.state[later] == ABSENT]
+                    self.pins[deferred] -= 1
+                else:
+                    deferred = later
+                wait = np.sort(np.concatenate(waiting)) if len(waiting) > 1 else wait
                 first = False
-                self.cond.release()
-                try:
-                    if ready:
-                        self._compute(ready, compute)
-                    if wait:
+                if len(ready):
+                    self._compute(ready, compute)
+                    self.pins[ready] -= 1
+                if len(wait):
+                    self.cond.release()
+                    try:
                         t0 = time.perf_counter()
-                        for k in wait:
+                        for k in wait.tolist():
                             self.events[k].wait()
                         self.stats["stall_s"] += time.perf_counter() - t0
+                    finally:
+                        self.cond.acquire()
+                    try:
                         if self.error is not None:
                             raise self.error
-                        self._compute(sorted(wait), compute)
-                finally:
-                    self.cond.acquire()
-                    for k in ready + wait:
-                        self.pins[k] -= 1
-                if deferred and not ready and not wait:  # every slot is loading a prefetch: wait for one
+                        self._compute(wait, compute)
+                    finally:
+                        self.pins[wait] -= 1
+                elif len(deferred) and not len(ready):  # every slot is loading a prefetch: wait for one
                     t0 = time.perf_counter()
                     self.cond.wait(timeout=0.05)
                     self.stats["stall_s"] += time.perf_counter() - t0
                 todo = deferred
 
-    def _compute(self, keys: list[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
-        k = np.asarray(keys, np.int64)
-        compute(k % self.E, self.slot_of[k].copy())
+    def _compute(self, keys: np.ndarray, compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        compute(keys % self.E, self.slot_of[keys])
 
     def resident_keys(self) -> np.ndarray:
         with self.lock:
