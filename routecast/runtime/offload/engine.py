@@ -79,6 +79,19 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def _batch_sets(fc, num_tokens: int) -> np.ndarray:
+    """The experts a forecast expects the step's num_tokens tokens to use: bool (l, E). Token-level: the union
+    over tokens of each token's K highest-scoring experts with a positive score (one partition per row; a tie
+    at the K-th score keeps every tied expert), as Forecast.batch_active_LE up to ties; distributions:
+    Forecast.batch_active_LE."""
+    s = fc.scores_TLE
+    if s is None:
+        return fc.batch_active_LE(num_tokens)
+    K = min(fc.top_k, s.shape[-1])
+    kth = -np.partition(-s, K - 1, axis=-1)[..., K - 1:K]
+    return ((s >= kth) & (s > 0)).any(axis=0)
+
+
 class OffloadedModel:
     """model (decoder-only, top-k routed, fused experts) with its routed experts in an ExpertStore.
 
@@ -216,28 +229,28 @@ class OffloadedModel:
     def _view(self, layer: int | None = None, hidden: np.ndarray | None = None):
         from routecast.predict.harness import StepView
 
-        tok = self._tokens
-        T = tok.shape[0]
-        return StepView(spec=self.spec, step=self.step, request=np.full(T, self.request, np.int64),
-                        position=(self.position + np.arange(T)).astype(np.int32), token_id=tok.astype(np.int32),
-                        phase=np.full(T, PREFILL if self.position == 0 else DECODE, np.int8),
-                        task=np.zeros(T, np.int16), layer=layer, hidden_TlH=hidden)
+        return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
     def _prefetch(self, fc, layers: list[int], current: int) -> None:
-        sets = fc.batch_active_LE(int(self._tokens.shape[0]))
-        keys = [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)]
-        self.store.prefetch(layers, keys, current_layer=current)
-        for i, lay in enumerate(layers):
-            self._pred[lay] = sets[i]
+        sets = _batch_sets(fc, int(self._tokens.shape[0]))
+        self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
+                            current_layer=current)
+        self._pred[layers] = sets
 
     def _step_start(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None or ids.shape[0] != 1:
             raise ConfigError("--offload runs one request at a time; expected input_ids of batch size 1.")
-        self._tokens = ids.reshape(-1).numpy()
+        self._tokens = tok = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
+        if self.predictor is None:
+            return
+        T = tok.shape[0]
+        self._cols = dict(request=np.full(T, self.request, np.int64), position=(self.position + np.arange(T)).astype(np.int32),
+                          token_id=tok.astype(np.int32), phase=np.full(T, PREFILL if self.position == 0 else DECODE, np.int8),
+                          task=np.zeros(T, np.int16))
         self._pred = np.zeros((self.L, self.E), bool)
-        if self.predictor is not None and self.predictor.horizon != "layer":
+        if self.predictor.horizon != "layer":
             t0 = time.perf_counter()
             fc = self.predictor.predict(self._view())
             self._prefetch(fc, list(range(self.L)), -1)
@@ -248,9 +261,9 @@ class OffloadedModel:
             if li + 1 >= self.L:
                 return
             t0 = time.perf_counter()
-            h = args[0].detach().reshape(-1, args[0].shape[-1]).float().numpy()
+            h = args[0].detach().reshape(-1, args[0].shape[-1])
             hid = np.zeros((h.shape[0], li + 1, h.shape[1]), np.float32)
-            hid[:, li] = h  # the lookahead reads only the newest router input (layer li)
+            hid[:, li] = h.numpy()  # the lookahead reads only the newest router input (layer li)
             fc = self.predictor.predict(self._view(li + 1, hid))
             self._prefetch(fc, [li + 1], li)
             self.predict_s += time.perf_counter() - t0
@@ -261,15 +274,16 @@ class OffloadedModel:
         if self.predictor is not None:
             from routecast.predict.harness import StepRouting
 
+            t0 = time.perf_counter()
             T = self._tokens.shape[0]
-            ids = np.stack([(x.reshape(T, -1).numpy() if x is not None else np.full((T, self.K), -1))
-                            for x in self._step_ids], axis=1).astype(np.int16)
-            tok = self._view()
-            self.predictor.observe(StepRouting(spec=self.spec, step=self.step, request=tok.request,
-                                               position=tok.position, token_id=tok.token_id, phase=tok.phase,
-                                               task=tok.task, experts_TLK=ids,
-                                               weights_TLK=np.ones(ids.shape, np.float32) / self.K))
+            ids = np.full((T, self.L, self.K), -1, np.int16)
+            for li, x in enumerate(self._step_ids):
+                if x is not None:
+                    ids[:, li] = x.reshape(T, -1).numpy()
+            self.predictor.observe(StepRouting(spec=self.spec, step=self.step, **self._cols, experts_TLK=ids,
+                                               weights_TLK=np.full(ids.shape, 1.0 / self.K, np.float32)))
             self.pred_sets.append(self._pred)
+            self.predict_s += time.perf_counter() - t0
         self.position += int(self._tokens.shape[0])
         self.step += 1
 

@@ -217,12 +217,13 @@ class ExpertStore:
         they are protected from eviction until their layer's routing arrives or the step ends."""
         with self.cond:
             for layer, keys in zip(layers, keys_by_layer, strict=True):
-                ks = [int(k) for k in keys]
-                self.forecast.setdefault(int(layer), set()).update(ks)
-                self.policies[0 if not self.cfg.per_layer else int(layer)].mark_predicted(ks, lambda k: k // self.E)
-                for k in ks:
-                    if self.state[k] == ABSENT and k not in self.queued:
-                        self.queued[k] = self._push(float(layer - current_layer), k, -1, wake=False)
+                ks = np.asarray(keys, np.int64)
+                self.forecast.setdefault(int(layer), set()).update(ks.tolist())
+                self.policies[0 if not self.cfg.per_layer else int(layer)].mark_predicted_at(ks.tolist(), int(layer))
+                prio = float(layer - current_layer)
+                for k in ks[self.state[ks] == ABSENT].tolist():
+                    if k not in self.queued:
+                        self.queued[k] = self._push(prio, k, -1, wake=False)
                         self.stats["prefetch_issued"] += 1
             if self.jobs:  # one wake-up per forecast, not per expert (each costs a GIL hand-over)
                 self.cond.notify(len(self.threads))
