@@ -8,7 +8,10 @@ and the experts run from the store's slot pools through the model's own experts 
 
 Exactness: as each group of a layer's experts becomes ready in the store (hits at once, misses when
 read), it is copied from its slots into a compact [n, ...] buffer in ascending expert order (n = the
-layer's distinct experts); the model's own experts function (eager, grouped_mm or batched_mm, as its
+layer's distinct experts; one buffer per fused param, kept between layers and grown to the largest n seen,
+filled by index_select under the store's lock, so a hit needs no pin and no allocation; the layer's
+bookkeeping is numpy on its ids: bincount for the distinct experts, a rank table for the remap); the
+model's own experts function (eager, grouped_mm or batched_mm, as its
 config says) then runs once on that buffer with the ids remapped monotonically (expert -> rank), so every
 GEMM row, every reduction and the accumulation order are the model's. Tested: greedy generations are
 token-for-token identical to the all-resident model on both built-in models. The buffer is compute
