@@ -16,16 +16,17 @@ second of wall time, prefill included); every offloaded run's tokens are checked
 Replay vs runtime: the runtime's own access log (every (step, layer)'s distinct experts) is replayed by
 cache/'s kernel under the same policy (lru; plec-correct with the runtime's forecast sets) and budget.
 Cost model: the kernel's timing on a profile = `routecast calibrate --quick` of this machine with h2d_gbps =
-the measured disk tier (expert bytes / median read time), plus measured terms, all fitted on round 1 only and
-compared with the median of rounds 2..N (so no configuration is priced from the runs it is judged on):
-  dense_us    non-expert time per layer: round 1's all-resident wall minus the kernel's expert compute
-  engine_us   the offloaded engine's own time per layer (bookkeeping, compact copy): round 1's resident-path
-              (budget 100%, preloaded) wall minus all-resident's, per access (signed: the compact path can be
-              cheaper than transformers' all-expert grouped_mm)
-  predictor   the configuration's own predictor seconds in round 1 (predict + prefetch sets + observe), serial
-  read_us     compute-thread time per expert read (waking a loader, GIL hand-over, copy): fitted so that round
-              1's on-demand run is priced exactly, applied to the kernel's predicted reads of every configuration
-`model err` = model / measured - 1 with these terms; `kernel err` = the kernel alone with round 1's dense_us.
+the measured disk tier (expert bytes / median read time), plus measured terms, all fitted on the first half of
+the rounds (F = repeats // 2) and compared with the median of the other rounds (so no configuration is priced
+from the runs it is judged on; medians over the fit rounds, as one round on a loaded machine can be 2x off):
+  dense_us    non-expert time per layer: all-resident wall minus the kernel's expert compute
+  engine_us   the offloaded engine's own time per layer (bookkeeping, compact copy): resident-path (budget
+              100%, preloaded) wall minus all-resident's in the same round, per access (signed: the compact
+              path can be cheaper than transformers' all-expert grouped_mm)
+  predictor   the configuration's own predictor seconds (predict + prefetch sets + observe), serial
+  read_us     compute-thread time per expert read (waking a loader, GIL hand-over, copy): fitted so that the
+              on-demand run is priced exactly, applied to the kernel's predicted reads of every configuration
+`model err` = model / measured - 1 with these terms; `kernel err` = the kernel alone with the fitted dense_us.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--prompts", default="corpus:val:8")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--budgets", default="25,50,75", help="percent of all L*E experts")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 2: round 1 fits the cost model)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 2: the first half fits the cost model)")
     ap.add_argument("--ffn", default=None, help="saved ffn predictor folder (routecast predict fit)")
     ap.add_argument("--expertflow", default=None, help="saved expertflow predictor folder")
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
@@ -71,7 +72,7 @@ def main() -> None:
         print_report(json.loads(Path(a.report).read_text()))
         return
     if a.repeats < 2:
-        raise SystemExit("--repeats must be at least 2: round 1 fits the cost model's terms, the rest are priced.")
+        raise SystemExit("--repeats must be at least 2: the first half of the rounds fits the cost model's terms.")
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -125,7 +126,7 @@ def main() -> None:
     rows = []
     for label, budget, pf, _pred in configs:
         rs = runs[label]
-        ev = rs[1:] or rs  # the rounds the model is judged on (round 1 fitted it)
+        ev = rs[model["fit_rounds"]:]  # the rounds the model is judged on (the first ones fitted it)
         tps = [r["tokens_per_s"] for r in rs]
         row = {"config": label, "budget": budget, "prefetch": pf, "tokens_per_s": statistics.median(tps),
                "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
@@ -138,7 +139,7 @@ def main() -> None:
             row.update(hit_ratio=statistics.median(r["hit_ratio"] for r in rs),
                        bytes_read=statistics.median(r["bytes_read"] for r in rs),
                        stall_share=statistics.median(r["stall_share"] for r in rs))
-        row.update(price(model, rs[0], label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw))
+        row.update(price(model, rs, label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw))
         row["model_error"] = row["model_tokens_per_s"] / row["eval_tokens_per_s"] - 1
         row["kernel_error"] = row["kernel_tokens_per_s"] / row["eval_tokens_per_s"] - 1
         rows.append(row)
@@ -165,32 +166,42 @@ def _kernel(r0: dict, budget: int, pf: str, L: int, E: int, num_tokens: int, eb:
 
 
 def fit_terms(runs: dict[str, list[dict]], L: int, E: int, num_tokens: int, eb: int, hw) -> dict[str, float]:
-    """The cost model's measured terms, from round 1 only (see the module docstring)."""
-    ar, rp, od = runs["all-resident"][0], runs["resident-path"][0], runs["on-demand"][0]
-    acc = accesses_from_log(od["log"], L, E, num_tokens)
+    """The cost model's measured terms from the first F = repeats // 2 rounds (see the module docstring)."""
+    F = max(1, len(runs["all-resident"]) // 2)
+    ar, rp, od = (runs[c][:F] for c in ("all-resident", "resident-path", "on-demand"))
+    acc = accesses_from_log(od[0]["log"], L, E, num_tokens)
     comp = compute_seconds(acc, ReplayConfig(budget=1, hardware=hw), eb)
-    dense_us = (ar["wall_s"] - comp.sum()) / acc.num_accesses * 1e6
-    engine_us = (rp["wall_s"] - ar["wall_s"]) / acc.num_accesses * 1e6
-    k = _kernel(od, od["budget"], "none", L, E, num_tokens, eb, hw, dense_us + engine_us)
+    ar_wall = statistics.median(r["wall_s"] for r in ar)
+    dense_us = (ar_wall - comp.sum()) / acc.num_accesses * 1e6
+    engine_us = statistics.median(b["wall_s"] - a["wall_s"] for a, b in zip(ar, rp, strict=True)) / acc.num_accesses * 1e6
+    k = _kernel(od[0], od[0]["budget"], "none", L, E, num_tokens, eb, hw, dense_us + engine_us)
     reads = k["demand_loads"] + k["prefetches"]
-    read_us = (od["wall_s"] - k["sim_s"]) / max(reads, 1) * 1e6
+    read_us = (statistics.median(r["wall_s"] for r in od) - k["sim_s"]) / max(reads, 1) * 1e6
     return {"dense_us": dense_us, "engine_us": engine_us, "read_us": read_us, "accesses": acc.num_accesses,
-            "comp_s": float(comp.sum()),
-            "fitted_on": "round 1: all-resident (dense_us), resident-path (engine_us), on-demand (read_us)"}
+            "comp_s": float(comp.sum()), "fit_rounds": F,
+            "fitted_on": f"rounds 1..{F}: all-resident (dense_us), resident-path (engine_us), on-demand (read_us)"}
 
 
-def price(model: dict, r0: dict, label: str, budget: int | None, pf: str, L: int, E: int, num_tokens: int, eb: int,
-          hw) -> dict:
-    """Model tokens/s of one configuration from round 1's terms (and its round-1 access log and predictor time)."""
+def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, L: int, E: int, num_tokens: int,
+          eb: int, hw) -> dict:
+    """Model tokens/s of one configuration from the fitted terms, its round-1 access log and its predictor
+    seconds (median over the fit rounds)."""
+    r0 = rs[0]
     n_new = r0["new_tokens"]
     if budget is None:  # all-resident: expert compute + dense per layer
-        sim = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]  # = round 1's wall by construction
+        sim = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]  # = the fit rounds' median wall
         return {"replay_hit_ratio": None, "kernel_tokens_per_s": n_new / sim, "model_tokens_per_s": n_new / sim,
                 "model_terms_s": {"kernel_s": sim}}
+    if label == "resident-path":  # preloaded: no reads; (dense + engine) per layer + compute, fitted like all-resident
+        sim = (model["dense_us"] + model["engine_us"]) * 1e-6 * model["accesses"] + model["comp_s"]
+        kern = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]
+        return {"replay_hit_ratio": None, "runtime_hit_ratio_run0": r0["hit_ratio"], "kernel_tokens_per_s": n_new / kern,
+                "model_tokens_per_s": n_new / sim, "model_terms_s": {"kernel_s": sim}}
     k_plain = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"])
     k = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"] + model["engine_us"])
     reads = k["demand_loads"] + k["prefetches"]
-    terms = {"kernel_s": k["sim_s"], "predictor_s": r0.get("predict_s", 0.0), "reads_s": model["read_us"] * 1e-6 * reads}
+    pred_s = statistics.median(r.get("predict_s", 0.0) for r in rs[:model["fit_rounds"]])
+    terms = {"kernel_s": k["sim_s"], "predictor_s": pred_s, "reads_s": model["read_us"] * 1e-6 * reads}
     sim = sum(terms.values())
     return {"replay_hit_ratio": k["hit_ratio"], "runtime_hit_ratio_run0": r0["hit_ratio"],
             "kernel_tokens_per_s": n_new / k_plain["sim_s"], "model_tokens_per_s": n_new / sim, "model_terms_s": terms}
@@ -207,9 +218,9 @@ def print_report(out: dict) -> None:
     print(f"\n{st['model']}, {st['prompts']} x {st['max_new_tokens']} new tokens, one request at a time; median of "
           f"{st['repeats']} interleaved rounds (min-max); load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; "
           f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s")
-    print(f"cost model terms (fitted on round 1): dense {m['dense_us']:.0f} µs per layer, engine {m['engine_us']:+.0f} µs "
-          f"per layer, {m['read_us']:.0f} µs of compute thread per read, each run's own round-1 predictor seconds; "
-          "errors against the median of rounds 2..N")
+    print(f"cost model terms (fitted on rounds 1..{m['fit_rounds']}): dense {m['dense_us']:.0f} µs per layer, engine {m['engine_us']:+.0f} µs "
+          f"per layer, {m['read_us']:.0f} µs of compute thread per read, each configuration's predictor seconds; "
+          f"errors against the median of rounds {m['fit_rounds'] + 1}..{st['repeats']}")
     head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "replay hit", "MB read", "stall",
             "predictor s", "model tok/s", "model err", "kernel err", "identical")
     print(" | ".join(head))
@@ -220,10 +231,10 @@ def print_report(out: dict) -> None:
             "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f}",
             f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['predict_s']:.2f}",
             f"{r['model_tokens_per_s']:.2f}", f"{r['model_error']:+.1%}", f"{r['kernel_error']:+.1%}", str(r["identical"])]))
-    errs = [abs(r["model_error"]) for r in rows if r["budget"] is not None]
-    kerrs = [abs(r["kernel_error"]) for r in rows if r["budget"] is not None]
+    priced = [r for r in rows if r["budget"] is not None and r["config"] != "resident-path"]  # not fitted on
+    errs, kerrs = [abs(r["model_error"]) for r in priced], [abs(r["kernel_error"]) for r in priced]
     if errs:
-        print(f"offloaded configurations: median |model err| {statistics.median(errs):.1%} (max {max(errs):.1%}); "
+        print(f"offloaded configurations other than the fitted ones: median |model err| {statistics.median(errs):.1%} (max {max(errs):.1%}); "
               f"kernel alone {statistics.median(kerrs):.1%} (max {max(kerrs):.1%})")
     print("\nlast round's counters: wall s | predictor s | stall s | reads | s inside reads (summed over threads) | "
           "prefetches issued / loaded / useful / cancelled / dropped")
