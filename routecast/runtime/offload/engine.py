@@ -251,8 +251,9 @@ class OffloadedModel:
     # ------------------------------------------------------------------ figures
     def figures(self) -> dict[str, Any]:
         s = dict(self.store.stats)
-        asked = s["hits"] + s["late"] + s["misses"]
-        s.update(hit_ratio=s["hits"] / max(asked, 1), bytes_read=self.tier.bytes_read, reads=self.tier.reads,
+        asked = s["hits"] + s["misses"]  # a late prefetch is a hit (cache/slots.py), counted apart in "late"
+        s.update(hit_ratio=s["hits"] / max(asked, 1), on_time_hit_ratio=(s["hits"] - s["late"]) / max(asked, 1),
+                 bytes_read=self.tier.bytes_read, reads=self.tier.reads,
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
                  experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl,
                  predict_s=self.predict_s)
