@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from routecast.cache.policy import replay_demand
-from routecast.cache.slots import replay_slots
 from routecast.cache.replay import ReplayConfig, build_accesses, run_policy
+from routecast.cache.slots import replay_slots
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.sim.hardware import load_hardware
