@@ -40,8 +40,10 @@ class SlotCache:
     """`budget` expert slots over L·E keys (see the module docstring). ``stats``: hits, misses, accesses,
     prefetch_issued / useful / cancelled / dropped, evictions, mispredicted, max_occupied."""
 
-    def __init__(self, L: int, E: int, budget: int, per_layer: bool = False) -> None:
+    def __init__(self, L: int, E: int, budget: int, per_layer: bool = False, depth: int = 1) -> None:
         n_keys = L * E
+        if depth < 1:
+            raise ConfigError(f"prefetch depth is {depth}; expected at least 1 layer ahead.")
         if not isinstance(budget, int | np.integer) or budget < 1:
             raise ConfigError(f"budget is {budget!r} expert slots; expected at least 1.")
         if budget > n_keys:
@@ -49,7 +51,7 @@ class SlotCache:
         if per_layer and budget < L:
             raise ConfigError(f"budget of {budget} slots leaves layers with none when split over {L} layers; "
                               f"expected at least {L} for per-layer pools.")
-        self.L, self.E, self.budget, self.per_layer = L, E, int(budget), per_layer
+        self.L, self.E, self.budget, self.per_layer, self.depth = L, E, int(budget), per_layer, depth
         n_pools = L if per_layer else 1
         base, extra = divmod(self.budget, n_pools)
         self.capacity = [base + (i < extra) for i in range(n_pools)]
@@ -62,6 +64,7 @@ class SlotCache:
         self.pins = np.zeros(n_keys, np.int64)
         self.unused_prefetch = np.zeros(n_keys, bool)  # reserved by a prefetch, not used by an access yet
         self.forecast: dict[int, set[int]] = {}  # layer -> keys forecast for it in this step
+        self.pending: dict[int, list[int]] = {}  # layer -> forecast keys whose slots are not reserved yet
         self.occupied = 0
         self.stats: dict[str, Any] = dict(hits=0, misses=0, accesses=0, prefetch_issued=0, prefetch_useful=0,
                                           prefetch_cancelled=0, prefetch_dropped=0, evictions=0, mispredicted=0,
@@ -104,18 +107,25 @@ class SlotCache:
         self.stats["max_occupied"] = max(self.stats["max_occupied"], self.occupied)
 
     # ------------------------------------------------------------------ decisions
-    def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray]) -> list[Load]:
-        """Forecast `keys_by_layer[i]` (keys of layer layers[i]; nearest layer first): mark them and reserve a slot
-        for each one without -> the loads issued, in order."""
-        loads: list[Load] = []
+    def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> list[Load]:
+        """Forecast `keys_by_layer[i]` (keys of layer layers[i]; nearest layer first) while layer current_layer runs:
+        mark them all (PLEC protection); reserve slots for those of layers up to current_layer + depth now, the rest
+        when layer (theirs - depth) is accessed -> the loads issued now, in order."""
         for layer, keys in zip(layers, keys_by_layer, strict=True):
             ks = [int(k) for k in keys]
             self.forecast.setdefault(int(layer), set()).update(ks)
             self.policies[int(layer) if self.per_layer else 0].mark_predicted(ks, lambda k: k // self.E)
-            for k in ks:
-                if self.held[k]:
+            self.pending.setdefault(int(layer), []).extend(ks)
+        return self._reserve_pending(current_layer + self.depth)
+
+    def _reserve_pending(self, up_to: int) -> list[Load]:
+        """Reserve slots for the pending forecast keys of layers <= up_to, nearest layer first."""
+        loads: list[Load] = []
+        for layer in sorted(x for x in self.pending if x <= up_to):
+            for k in self.pending.pop(layer):
+                if self.held[k] or k not in self.forecast.get(layer, ()):
                     continue
-                load = self._take_slot(k, (2, -int(layer)))
+                load = self._take_slot(k, (2, -layer))
                 if load[1] < 0:
                     self.stats["prefetch_dropped"] += 1
                     continue
@@ -125,10 +135,11 @@ class SlotCache:
                 loads.append(load)
         return loads
 
-    def access(self, layer: int, keys: Sequence[int]) -> tuple[list[int], list[int], list[Load], list[int]]:
-        """Layer `layer`'s router asks for `keys` (distinct) -> (released, hits, loads, deferred): keys released by
-        correction (their slots are free), the keys that hold a slot (hits), the misses' demand loads, and the
-        misses deferred until ``unpin`` of this group. Hits and loaded keys are pinned."""
+    def access(self, layer: int, keys: Sequence[int]) -> tuple[list[int], list[int], list[Load], list[int], list[Load]]:
+        """Layer `layer`'s router asks for `keys` (distinct) -> (released, hits, loads, deferred, prefetches): keys
+        released by correction (their slots are free), the keys that hold a slot (hits), the misses' demand loads,
+        the misses deferred until ``unpin`` of this group, and the pending forecast of layer + depth reserved after
+        them. Hits and loaded keys are pinned."""
         used = {int(k) for k in keys}
         released = self._correct(layer, used)
         self.stats["accesses"] += 1
@@ -143,7 +154,7 @@ class SlotCache:
         self.stats["hits"] += len(hits)
         self.stats["misses"] += len(missing)
         loads, deferred = self.next_round(missing)
-        return released, hits, loads, deferred
+        return released, hits, loads, deferred, self._reserve_pending(layer + self.depth)
 
     def next_round(self, missing: Sequence[int]) -> tuple[list[Load], list[int]]:
         """Reserve slots for missing keys (demand: any unpinned victim) -> (loads, keys still without a slot)."""
@@ -181,6 +192,7 @@ class SlotCache:
     def end_step(self) -> None:
         """The forward step finished: its forecast marks are dropped."""
         self.forecast.clear()
+        self.pending.clear()
         for pol in self.policies:
             pol.end_step()
 
@@ -199,7 +211,7 @@ class SlotCache:
 
 def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budget: int, *, per_layer: bool = False,
                  pred_SLE: np.ndarray | None = None, layer_ahead: bool = False, req_comp_s: np.ndarray | None = None,
-                 dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1) -> dict[str, Any]:
+                 dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -218,7 +230,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     if pred_SLE is not None and pred_SLE.shape != (S, L, E):
         raise ConfigError(f"forecast sets have shape {pred_SLE.shape}; expected ({S}, {L}, {E}).")
     comp = np.zeros(len(req_key)) if req_comp_s is None else np.asarray(req_comp_s, np.float64)
-    sc = SlotCache(L, E, budget, per_layer)
+    sc = SlotCache(L, E, budget, per_layer, depth)
     ready_t = np.zeros(L * E)  # when the current holder's read ends (inf: queued, not started)
     lid = np.zeros(L * E, np.int64)
     jobs: list[tuple[float, int, int, int, float]] = []  # (priority, seq, key, load id, issue time)
@@ -266,18 +278,19 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     t = 0.0
     for s in range(S):
         if pred_SLE is not None and not layer_ahead:
-            issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)]),
+            issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)
         for lay in range(L):
             a = s * L + lay
             tr = t + dense_s
             if pred_SLE is not None and layer_ahead and lay + 1 < L:
-                issue(sc.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred_SLE[s, lay + 1])]), lambda k: 1.0, tr)
+                issue(sc.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred_SLE[s, lay + 1])], lay),
+                      lambda k: 1.0, tr)
             while start_next(tr):
                 pass
             keys = req_key[req_off[a]:req_off[a + 1]]
             c_of = dict(zip(keys.tolist(), comp[req_off[a]:req_off[a + 1]].tolist(), strict=True))
-            released, hits, loads, deferred = sc.access(lay, keys.tolist())
+            released, hits, loads, deferred, later = sc.access(lay, keys.tolist())
             for k in released:
                 lid[k] += 1
             waits = [k for k in hits if ready_t[k] > tr]
@@ -286,6 +299,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                 if ready_t[k] == np.inf:  # queued, not started: it goes before every prefetch now
                     push(-1.0, k, tr, False)
             issue(loads, lambda k: -1.0, tr)
+            issue(later, lambda k, lay=lay: float(k // E - lay), tr)
             ready = [k for k in hits if ready_t[k] <= tr]
             waits += [k for k, _, _ in loads]
             end = max(tr + sum(c_of[k] for k in ready), wait_for(waits)) + sum(c_of[k] for k in waits)

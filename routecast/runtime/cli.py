@@ -32,6 +32,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--per-layer", action="store_true", help="split the slots evenly per layer (default one pool)")
     p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
     p.add_argument("--loader-threads", type=int, default=2, help="background reader threads (default 2)")
+    p.add_argument("--prefetch-depth", type=int, default=1,
+                   help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
     p.add_argument("--write-profile", default=None, help="measure the disk tier and write a hardware profile TOML here")
     p.add_argument("--hardware", default=None, help="base profile for --write-profile (e.g. out/hardware/calibrated-cpu.toml)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
@@ -47,8 +49,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--prefetch is {a.prefetch!r}; expected one of {', '.join(PREFETCHERS)}.")
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens is {a.max_new_tokens}; expected at least 1.")
-    if a.threads < 1 or a.loader_threads < 1:
-        raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads}; expected at least 1 each.")
+    if a.threads < 1 or a.loader_threads < 1 or a.prefetch_depth < 1:
+        raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads} / --prefetch-depth "
+                          f"{a.prefetch_depth}; expected at least 1 each.")
     if not a.offload and (a.prefetch != "none" or a.write_profile):
         raise ConfigError("--prefetch and --write-profile act on offloaded experts; expected --offload with them.")
     if a.write_profile and not a.hardware:
@@ -87,7 +90,7 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
                           threads=a.threads)
     del model
-    kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads)
+    kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
                      progress=True, threads=a.threads)
     if a.write_profile:
@@ -128,7 +131,8 @@ def format_figures(r: dict[str, Any]) -> str:
              f"= {r['tokens_per_s']:.2f} tokens/s"]
     if r["config"] != "all-resident":
         lines.append(f"budget {r['budget']} of {r['experts_total']} experts; hit ratio {r['hit_ratio']:.3f} "
-                     f"(hits {r['hits']}, late prefetches {r['late']}, misses {r['misses']}); "
+                     f"(hits {r['hits']} of which late prefetches {r['late']}, misses {r['misses']}; on time "
+                     f"{r['on_time_hit_ratio']:.3f}); "
                      f"bytes loaded {r['bytes_read'] / 1e6:.1f} MB in {r['reads']} {r['tier_mode']} reads; "
                      f"stall share {r['stall_share']:.1%}")
         if r["config"] != "none":

@@ -174,9 +174,9 @@ class SlowTier(MemTier):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
+@given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 2**31 - 1))
 def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget: int, per_layer: bool, ahead: bool,
-                                                                         seed: int) -> None:
+                                                                         depth: int, seed: int) -> None:
     L, E, S = 3, 6, 5
     budget = max(budget, L) if per_layer else budget
     rng = np.random.default_rng(seed)
@@ -185,7 +185,7 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
         pred[:, 0] = False  # a layer-horizon forecast never covers layer 0
     routing = [[sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist()) for _ in range(L)]
                for _ in range(S)]
-    store = ExpertStore(SlowTier(L, E, seed), StoreConfig(budget=budget, per_layer=per_layer, check=True))
+    store = ExpertStore(SlowTier(L, E, seed), StoreConfig(budget=budget, per_layer=per_layer, check=True, depth=depth))
     try:
         for s in range(S):
             if not ahead:
@@ -200,7 +200,8 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
         store.close()
     keys = [lay * E + np.asarray(routing[s][lay]) for s in range(S) for lay in range(L)]
     off = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
-    rep = replay_slots(off, np.concatenate(keys), L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead)
+    rep = replay_slots(off, np.concatenate(keys), L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead,
+                       depth=depth)
     for k in ("hits", "misses", "prefetch_issued", "prefetch_useful", "prefetch_cancelled", "prefetch_dropped",
               "evictions", "max_occupied"):
         assert got[k] == rep[k], k

@@ -49,7 +49,8 @@ class OffloadConfig:
     (else posix_fadvise DONTNEED before each read). loader_threads: background readers. verify: compare
     every expert's checkpoint bytes with the loaded weights before freeing them. check: assert the store's
     slot accounting after every change. keep_weights: keep the model's own expert tensors aside (not used) so
-    close() can put them back and the model be reused (demo and benchmarks; memory is then not saved)."""
+    close() can put them back and the model be reused (demo and benchmarks; memory is then not saved). depth: a
+    forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one."""
 
     budget: int
     per_layer: bool = False
@@ -58,6 +59,7 @@ class OffloadConfig:
     verify: bool = True
     check: bool = False
     keep_weights: bool = False
+    depth: int = 1
 
 
 class _SlotView:
@@ -109,7 +111,8 @@ class OffloadedModel:
         if cfg.verify:
             self._verify()
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
-                                                        loader_threads=cfg.loader_threads, check=cfg.check))
+                                                        loader_threads=cfg.loader_threads, check=cfg.check,
+                                                        depth=cfg.depth))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}
         for li, b in enumerate(self.blocks):

@@ -40,12 +40,14 @@ _DEMAND = -1.0
 class StoreConfig:
     """budget: expert slots in the fast tier (all layers). per_layer: split them evenly per layer.
     loader_threads: background readers (demand loads and prefetches share them, demand first).
-    check: verify the whole slot accounting after every change (tests); the occupied count is always asserted."""
+    check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
+    depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one."""
 
     budget: int
     per_layer: bool = False
     loader_threads: int = 2
     check: bool = False
+    depth: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
@@ -63,7 +65,7 @@ class ExpertStore:
         lay = tier.layout
         self.tier, self.cfg = tier, cfg
         self.L, self.E = lay.num_layers, lay.num_experts
-        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer)
+        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth)
         n_keys = self.L * self.E
         self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
         self.ready = np.zeros(n_keys, bool)  # the holder's weights are in its slot
@@ -162,10 +164,10 @@ class ExpertStore:
 
     # ------------------------------------------------------------------ prefetch
     def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> None:
-        """Forecast keys of `layers` reserve their slots now (SlotCache.prefetch); their reads queue nearest layer
-        first (priority = layers ahead of current_layer)."""
+        """Forecast keys of `layers` reserve their slots (SlotCache.prefetch: now up to `depth` layers ahead, the rest
+        as the layers run); their reads queue nearest layer first (priority = layers ahead of the running one)."""
         with self.cond:
-            loads = self.slots.prefetch(layers, keys_by_layer)
+            loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
 
     def end_step(self) -> None:
@@ -179,7 +181,7 @@ class ExpertStore:
         groups of them (hits first, then late prefetches and loaded misses); every expert is computed once."""
         keys = [layer * self.E + int(e) for e in experts]
         with self.cond:
-            released, hits, loads, deferred = self.slots.access(layer, keys)
+            released, hits, loads, deferred, later = self.slots.access(layer, keys)
             for k in released:
                 self._lose(k)
             now = [k for k in hits if self.ready[k]]
@@ -189,6 +191,7 @@ class ExpertStore:
                 if self.job_seq[k] > 0:  # queued, not started: it goes before every prefetch now
                     self._push(_DEMAND, k, int(self.slots.slot_of[k]))
             self._issue(loads, lambda k: _DEMAND)
+            self._issue(later, lambda k: float(k // self.E - layer), prefetch=True)
             wait += [k for k, _, _ in loads]
             slot_now = self.slots.slot_of[np.asarray(now, np.int64)].copy()
         if now:
