@@ -40,8 +40,14 @@ class SlotCache:
     """`budget` expert slots over L·E keys (see the module docstring). ``stats``: hits, misses, accesses,
     prefetch_issued / useful / cancelled / dropped, evictions, mispredicted, max_occupied."""
 
-    def __init__(self, L: int, E: int, budget: int, per_layer: bool = False, depth: int = 1) -> None:
+    def __init__(self, L: int, E: int, budget: int, per_layer: bool = False, depth: int = 1,
+                 keep_per_layer: int = 0) -> None:
+        """keep_per_layer: a victim is never taken from a layer holding this many experts or fewer (eMoE's
+        fallback needs top-k experts of every layer once warm); needs budget >= L * keep_per_layer."""
         n_keys = L * E
+        if budget > 0 and keep_per_layer * L > budget:
+            raise ConfigError(f"budget is {budget} expert slots; the fallback keeps {keep_per_layer} per layer, "
+                              f"expected at least {keep_per_layer * L}.")
         if depth < 1:
             raise ConfigError(f"prefetch depth is {depth}; expected at least 1 layer ahead.")
         if not isinstance(budget, int | np.integer) or budget < 1:
@@ -66,6 +72,8 @@ class SlotCache:
         self.forecast: dict[int, set[int]] = {}  # layer -> keys forecast for it in this step
         self.pending: dict[int, list[int]] = {}  # layer -> forecast keys whose slots are not reserved yet
         self.occupied = 0
+        self.keep = keep_per_layer
+        self.held_L = np.zeros(L, np.int64)
         self.stats: dict[str, Any] = dict(hits=0, misses=0, accesses=0, prefetch_issued=0, prefetch_useful=0,
                                           prefetch_cancelled=0, prefetch_dropped=0, evictions=0, mispredicted=0,
                                           max_occupied=0)
@@ -79,7 +87,12 @@ class SlotCache:
         p = self.pool_of(key)
         if self.free[p]:
             return key, self.free[p].pop(), -1
-        victim = self.policies[p].victim(lambda k: self.pins[k] > 0, below)
+        lk = key // self.E  # a key may replace one of its own layer: that layer's count stays
+
+        def kept(k: int) -> bool:
+            return self.pins[k] > 0 or (k // self.E != lk and self.held_L[k // self.E] <= self.keep)
+
+        victim = self.policies[p].victim(kept, below)
         if victim < 0:
             return key, -1, -1
         slot = self._drop(victim)
@@ -91,6 +104,7 @@ class SlotCache:
         slot = int(self.slot_of[key])
         self.policies[self.pool_of(key)].remove(key)
         self.held[key] = False
+        self.held_L[key // self.E] -= 1
         self.unused_prefetch[key] = False
         self.key_of[self.slot_of[key]] = -1
         self.slot_of[key] = -1
@@ -99,6 +113,7 @@ class SlotCache:
 
     def _reserve(self, key: int, slot: int) -> None:
         self.held[key] = True
+        self.held_L[key // self.E] += 1
         self.slot_of[key] = slot
         self.key_of[slot] = key
         self.policies[self.pool_of(key)].admit(key)

@@ -50,7 +50,8 @@ class OffloadConfig:
     every expert's checkpoint bytes with the loaded weights before freeing them. check: assert the store's
     slot accounting after every change. keep_weights: keep the model's own expert tensors aside (not used) so
     close() can put them back and the model be reused (demo and benchmarks; memory is then not saved). depth: a
-    forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one."""
+    forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one. fallback:
+    eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot."""
 
     budget: int
     per_layer: bool = False
@@ -60,6 +61,7 @@ class OffloadConfig:
     check: bool = False
     keep_weights: bool = False
     depth: int = 1
+    fallback: bool = False
 
 
 class _SlotView:
@@ -112,7 +114,8 @@ class OffloadedModel:
             self._verify()
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
                                                         loader_threads=cfg.loader_threads, check=cfg.check,
-                                                        depth=cfg.depth))
+                                                        depth=cfg.depth,
+                                                        keep_per_layer=self.K if cfg.fallback else 0))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}
         for li, b in enumerate(self.blocks):
@@ -121,6 +124,11 @@ class OffloadedModel:
                 if cfg.keep_weights:
                     self._kept[(li, n)] = p
             b.experts.forward = self._make_forward(li, b.experts)
+        self.fallback = None
+        if cfg.fallback:
+            from routecast.runtime.offload.fallback import Fallback
+
+            self.fallback = Fallback(model)
         self.predictor = predictor
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
@@ -153,6 +161,8 @@ class OffloadedModel:
         """Stop the loader threads, remove the hooks; with keep_weights, give the model its expert tensors back."""
         for h in self.hooks:
             h.remove()
+        if self.fallback is not None:
+            self.fallback.close()
         self.store.close()
         self.tier.close()
         for (li, n), p in self._kept.items():
@@ -166,6 +176,10 @@ class OffloadedModel:
         store, E = self.store, self.E
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+            if self.fallback is not None:
+                held, full = store.held_experts(li)
+                top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
+                                                                   torch.from_numpy(held), full)
             uniq, counts = torch.unique(top_k_index, return_counts=True)
             self.log.append((li, uniq.numpy().astype(np.int64), counts.numpy().astype(np.int64)))
             self._step_ids[li] = top_k_index
@@ -260,4 +274,6 @@ class OffloadedModel:
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
                  experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl,
                  predict_s=self.predict_s)
+        if self.fallback is not None:
+            s.update(self.fallback.figures())
         return s

@@ -41,13 +41,15 @@ class StoreConfig:
     """budget: expert slots in the fast tier (all layers). per_layer: split them evenly per layer.
     loader_threads: background readers (demand loads and prefetches share them, demand first).
     check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
-    depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one."""
+    depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one.
+    keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k)."""
 
     budget: int
     per_layer: bool = False
     loader_threads: int = 2
     check: bool = False
     depth: int = 1
+    keep_per_layer: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
@@ -65,7 +67,7 @@ class ExpertStore:
         lay = tier.layout
         self.tier, self.cfg = tier, cfg
         self.L, self.E = lay.num_layers, lay.num_experts
-        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth)
+        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer)
         n_keys = self.L * self.E
         self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
         self.ready = np.zeros(n_keys, bool)  # the holder's weights are in its slot
@@ -217,6 +219,13 @@ class ExpertStore:
 
     def _run(self, keys: list[int], slots: np.ndarray, compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
         compute(np.asarray(keys, np.int64) % self.E, slots)
+
+    def held_experts(self, layer: int) -> tuple[np.ndarray, bool]:
+        """(bool (E,) the experts of `layer` that hold a slot (resident or with a read under way), whether the
+        layer's pool has no free slot)."""
+        with self.lock:
+            full = not self.slots.free[self.slots.pool_of(layer * self.E)]
+            return self.slots.held[layer * self.E:(layer + 1) * self.E].copy(), full
 
     def resident_keys(self) -> np.ndarray:
         """Keys whose weights are in their slots now."""
