@@ -36,3 +36,15 @@ def test_fallback_at_full_budget_is_identical_and_costs_nothing(setup) -> None:
     assert token_agreement([[1, 2, 3]], [[1, 5, 3]]) == pytest.approx(2 / 3)
     texts = [ids for ids, _ in reqs]
     assert perplexity(model, texts) > 1.0
+
+
+def test_cli_fallback_prints_quality_and_refuses_a_budget_below_top_k_per_layer(capsys) -> None:
+    from routecast.cli import main
+
+    args = ["run", "--model", "builtin", "--offload", "--fallback", "--prompts", "corpus:val:1", "--max-new-tokens", "3"]
+    assert main([*args, "--budget", "50%"]) == 0
+    out = capsys.readouterr().out
+    assert "fallback: rerouted" in out and "greedy-token agreement with all-resident" in out
+    assert main([*args, "--budget", "4"]) == 2  # 4 layers x top-2 need 8 slots
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "expected at least 8" in err and err.startswith("routecast run: error:")
