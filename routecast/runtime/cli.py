@@ -40,6 +40,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--write-profile", default=None, help="measure the disk tier and write a hardware profile TOML here")
     p.add_argument("--hardware", default=None, help="base profile for --write-profile (e.g. out/hardware/calibrated-cpu.toml)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="requests generated together, left-padded (default 1); offloaded = the all-resident batch's tokens")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed for fitting a predictor (default 0)")
     p.set_defaults(fn=cmd_run)
@@ -52,9 +54,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--prefetch is {a.prefetch!r}; expected one of {', '.join(PREFETCHERS)}.")
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens is {a.max_new_tokens}; expected at least 1.")
-    if a.threads < 1 or a.loader_threads < 1 or a.prefetch_depth < 1:
+    if a.threads < 1 or a.loader_threads < 1 or a.prefetch_depth < 1 or a.batch_size < 1:
         raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads} / --prefetch-depth "
-                          f"{a.prefetch_depth}; expected at least 1 each.")
+                          f"{a.prefetch_depth} / --batch-size {a.batch_size}; expected at least 1 each.")
     if not a.offload and (a.prefetch != "none" or a.write_profile or a.fallback):
         raise ConfigError("--prefetch, --fallback and --write-profile act on offloaded experts; expected --offload with them.")
     if a.write_profile and not a.hardware:
@@ -88,7 +90,7 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     spec = spec_from_model(model)
     requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
     if not a.offload:
-        return run_config(a.model, requests, budget=None, progress=True, threads=a.threads)
+        return run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
     budget = parse_budget(a.budget, spec.num_layers * spec.num_experts, spec.expert_bytes)
     pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
                           threads=a.threads)
@@ -96,11 +98,11 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
               fallback=a.fallback)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
-                     progress=True, threads=a.threads)
+                     progress=True, threads=a.threads, batch_size=a.batch_size)
     if a.fallback:
         from routecast.runtime.offload.fallback import token_agreement
 
-        ref = run_config(a.model, requests, budget=None, progress=True, threads=a.threads)
+        ref = run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
         res["agreement"] = token_agreement(ref["tokens"], res["tokens"])
     if a.write_profile:
         res["profile"] = write_profile(a.model, a.write_profile, a.hardware, direct=not a.no_direct)

@@ -137,6 +137,8 @@ class OffloadedModel:
         if predictor is not None and predictor.horizon == "layer":
             self.hooks += [b.router.register_forward_hook(self._router_hook(li)) for li, b in enumerate(self.blocks)]
         self.request = 0
+        self._first = 1
+        self._shape = (1, 0)
         self.position = 0
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
@@ -200,9 +202,10 @@ class OffloadedModel:
         return forward
 
     # ------------------------------------------------------------------ step hooks and forecasts
-    def new_request(self) -> None:
-        """The next forward is the prefill of a new request (positions restart at 0)."""
-        self.request += 1
+    def new_request(self, n: int = 1) -> None:
+        """The next forward is the prefill of `n` new requests, one per batch row (positions restart at 0)."""
+        self._first = self.request + 1
+        self.request += n
         self.position = 0
 
     def _view(self, layer: int | None = None, hidden: np.ndarray | None = None):
@@ -210,8 +213,9 @@ class OffloadedModel:
 
         tok = self._tokens
         T = tok.shape[0]
-        return StepView(spec=self.spec, step=self.step, request=np.full(T, self.request, np.int64),
-                        position=(self.position + np.arange(T)).astype(np.int32), token_id=tok.astype(np.int32),
+        B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
+        return StepView(spec=self.spec, step=self.step, request=self._first + np.repeat(np.arange(B, dtype=np.int64), S),
+                        position=(self.position + np.tile(np.arange(S), B)).astype(np.int32), token_id=tok.astype(np.int32),
                         phase=np.full(T, PREFILL if self.position == 0 else DECODE, np.int8),
                         task=np.zeros(T, np.int16), layer=layer, hidden_TlH=hidden)
 
@@ -224,8 +228,9 @@ class OffloadedModel:
 
     def _step_start(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None or ids.shape[0] != 1:
-            raise ConfigError("--offload runs one request at a time; expected input_ids of batch size 1.")
+        if ids is None or ids.ndim != 2:
+            raise ConfigError("--offload: the forward got no input_ids [batch, tokens]; expected token ids.")
+        self._shape = (int(ids.shape[0]), int(ids.shape[1]))
         self._tokens = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
         self._pred = np.zeros((self.L, self.E), bool)
@@ -262,7 +267,7 @@ class OffloadedModel:
                                                task=tok.task, experts_TLK=ids,
                                                weights_TLK=np.ones(ids.shape, np.float32) / self.K))
             self.pred_sets.append(self._pred)
-        self.position += int(self._tokens.shape[0])
+        self.position += self._shape[1]
         self.step += 1
 
     # ------------------------------------------------------------------ figures
