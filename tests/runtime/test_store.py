@@ -174,18 +174,19 @@ class SlowTier(MemTier):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 2**31 - 1))
+@given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**31 - 1))
 def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget: int, per_layer: bool, ahead: bool,
-                                                                         depth: int, seed: int) -> None:
+                                                                         depth: int, keep: int, seed: int) -> None:
     L, E, S = 3, 6, 5
-    budget = max(budget, L) if per_layer else budget
+    budget = max(budget, L) if per_layer or keep else budget
     rng = np.random.default_rng(seed)
     pred = rng.random((S, L, E)) < 0.4
     if ahead:
         pred[:, 0] = False  # a layer-horizon forecast never covers layer 0
     routing = [[sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist()) for _ in range(L)]
                for _ in range(S)]
-    store = ExpertStore(SlowTier(L, E, seed), StoreConfig(budget=budget, per_layer=per_layer, check=True, depth=depth))
+    store = ExpertStore(SlowTier(L, E, seed), StoreConfig(budget=budget, per_layer=per_layer, check=True, depth=depth,
+                                                                keep_per_layer=keep))
     try:
         for s in range(S):
             if not ahead:
@@ -201,7 +202,7 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
     keys = [lay * E + np.asarray(routing[s][lay]) for s in range(S) for lay in range(L)]
     off = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
     rep = replay_slots(off, np.concatenate(keys), L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead,
-                       depth=depth)
+                       depth=depth, keep_per_layer=keep)
     for k in ("hits", "misses", "prefetch_issued", "prefetch_useful", "prefetch_cancelled", "prefetch_dropped",
               "evictions", "max_occupied"):
         assert got[k] == rep[k], k
