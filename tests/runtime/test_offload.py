@@ -80,6 +80,8 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch", "psychic"], "--prefetch is 'psychic'"),
     (["--prefetch", "lookahead"], "expected --offload"),
     (["--offload", "--model", "NOPE_DIR"], "--model"),
+    (["--offload", "--batch-size", "0"], "--batch-size 0"),
+    (["--fallback"], "expected --offload"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2
