@@ -13,8 +13,10 @@ Configurations (one request at a time, greedy, the same prompts; every run loads
 at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats runs (new tokens per
 second of wall time, prefill included); every offloaded run's tokens are checked against all-resident's.
 
-Replay vs runtime: the runtime's own access log (every (step, layer)'s distinct experts) is replayed by
-cache/'s kernel under the same policy (lru; plec-correct with the runtime's forecast sets) and budget.
+Replay vs runtime: the runtime's own access log (every (step, layer)'s distinct experts) and forecast sets are
+replayed by cache/slots.py's replay_slots (the runtime's slot decisions, same policy object, same budget and
+prefetch depth; a late prefetch is a hit, counted apart; its late count from a link of the measured tier speed),
+and, for reference, by cache/'s kernel (lru; plec-correct with its own PLEC and link model: its on-time ratio).
 Cost model: the kernel's timing on a profile = `routecast calibrate --quick` of this machine with h2d_gbps =
 the measured disk tier (expert bytes / median read time), plus measured terms, all fitted on the first half of
 the rounds (F = repeats // 2) and compared with the median of the other rounds (so no configuration is priced
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
+from routecast.cache.slots import replay_slots  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import accesses_from_log, encode_prompts, make_predictor, run_config  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
@@ -134,11 +137,22 @@ def main() -> None:
                "predict_s": statistics.median(r.get("predict_s", 0.0) for r in rs),
                "eval_tokens_per_s": statistics.median(r["tokens_per_s"] for r in ev)}
         if budget is None:
-            row.update(hit_ratio=1.0, bytes_read=0, stall_share=0.0, replay_hit_ratio=None)
+            row.update(hit_ratio=1.0, bytes_read=0, stall_share=0.0, replay_hit_ratio=None, late=0, replay_late=0,
+                       runtime_hit_ratio_run0=1.0)
         else:
+            r0, eb = rs[0], tier["expert_bytes"]
             row.update(hit_ratio=statistics.median(r["hit_ratio"] for r in rs),
                        bytes_read=statistics.median(r["bytes_read"] for r in rs),
-                       stall_share=statistics.median(r["stall_share"] for r in rs))
+                       stall_share=statistics.median(r["stall_share"] for r in rs),
+                       late=statistics.median(r["late"] for r in rs), runtime_late_run0=r0["late"],
+                       runtime_hit_ratio_run0=r0["hit_ratio"], replay_hit_ratio=None, replay_late=0)
+            if label != "resident-path":  # (preloaded: a cold-start replay would not be the same run)
+                racc = accesses_from_log(r0["log"], L, E, num_tokens)
+                cfg = ReplayConfig(budget=budget, hardware=hw, dense_us=max(0.0, model["dense_us"]))
+                slots = replay_slots(racc.req_off, racc.req_key, L, E, budget, pred_SLE=r0["pred_sets"],
+                                     layer_ahead=pf == "lookahead", req_comp_s=compute_seconds(racc, cfg, eb),
+                                     dense_s=max(0.0, model["dense_us"]) * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2)
+                row.update(replay_hit_ratio=slots["hit_ratio"], replay_late=slots["late"])
         row.update(price(model, rs, label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw))
         row["model_error"] = row["model_tokens_per_s"] / row["eval_tokens_per_s"] - 1
         row["kernel_error"] = row["kernel_tokens_per_s"] / row["eval_tokens_per_s"] - 1
@@ -190,12 +204,12 @@ def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, 
     n_new = r0["new_tokens"]
     if budget is None:  # all-resident: expert compute + dense per layer
         sim = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]  # = the fit rounds' median wall
-        return {"replay_hit_ratio": None, "kernel_tokens_per_s": n_new / sim, "model_tokens_per_s": n_new / sim,
+        return {"kernel_hit_ratio": None, "kernel_tokens_per_s": n_new / sim, "model_tokens_per_s": n_new / sim,
                 "model_terms_s": {"kernel_s": sim}}
     if label == "resident-path":  # preloaded: no reads; (dense + engine) per layer + compute, fitted like all-resident
         sim = (model["dense_us"] + model["engine_us"]) * 1e-6 * model["accesses"] + model["comp_s"]
         kern = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]
-        return {"replay_hit_ratio": None, "runtime_hit_ratio_run0": r0["hit_ratio"], "kernel_tokens_per_s": n_new / kern,
+        return {"kernel_hit_ratio": None, "kernel_tokens_per_s": n_new / kern,
                 "model_tokens_per_s": n_new / sim, "model_terms_s": {"kernel_s": sim}}
     k_plain = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"])
     k = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"] + model["engine_us"])
@@ -203,7 +217,7 @@ def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, 
     pred_s = statistics.median(r.get("predict_s", 0.0) for r in rs[:model["fit_rounds"]])
     terms = {"kernel_s": k["sim_s"], "predictor_s": pred_s, "reads_s": model["read_us"] * 1e-6 * reads}
     sim = sum(terms.values())
-    return {"replay_hit_ratio": k["hit_ratio"], "runtime_hit_ratio_run0": r0["hit_ratio"],
+    return {"kernel_hit_ratio": k["hit_ratio"], "kernel_covered_ratio": k["covered_ratio"],
             "kernel_tokens_per_s": n_new / k_plain["sim_s"], "model_tokens_per_s": n_new / sim, "model_terms_s": terms}
 
 
@@ -221,14 +235,16 @@ def print_report(out: dict) -> None:
     print(f"cost model terms (fitted on rounds 1..{m['fit_rounds']}): dense {m['dense_us']:.0f} µs per layer, engine {m['engine_us']:+.0f} µs "
           f"per layer, {m['read_us']:.0f} µs of compute thread per read, each configuration's predictor seconds; "
           f"errors against the median of rounds {m['fit_rounds'] + 1}..{st['repeats']}")
-    head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "replay hit", "MB read", "stall",
-            "predictor s", "model tok/s", "model err", "kernel err", "identical")
+    head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "late", "replay hit (run 1)",
+            "replay late", "kernel on-time", "MB read", "stall", "predictor s", "model tok/s", "model err", "kernel err",
+            "identical")
     print(" | ".join(head))
     for r in rows:
         print(" | ".join([
             r["config"], f"{r['tokens_per_s']:.2f}", f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})",
-            f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}",
-            "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f}",
+            f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}", f"{r.get('late', 0):.0f}",
+            "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f} ({r['runtime_hit_ratio_run0']:.3f})",
+            f"{r.get('replay_late', 0)}", "-" if r.get("kernel_hit_ratio") is None else f"{r['kernel_hit_ratio']:.3f}",
             f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['predict_s']:.2f}",
             f"{r['model_tokens_per_s']:.2f}", f"{r['model_error']:+.1%}", f"{r['kernel_error']:+.1%}", str(r["identical"])]))
     priced = [r for r in rows if r["budget"] is not None and r["config"] != "resident-path"]  # not fitted on

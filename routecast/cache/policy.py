@@ -67,10 +67,6 @@ class ExpertPolicy:
         for k in keys:
             self._predicted[int(k)] = layer_of(int(k))
 
-    def mark_predicted_at(self, keys: Iterable[int], layer: int) -> None:
-        """mark_predicted for keys all forecast for one layer (one dict update)."""
-        self._predicted.update(dict.fromkeys(keys, layer))
-
     def mark_spent(self, keys: Iterable[int], used: set[int]) -> list[int]:
         """A layer's true routing arrived: its forecast keys are spent; resident ones not in `used` become
         mispredicted (first victims: real-time correction). Returns those mispredicted resident keys."""
