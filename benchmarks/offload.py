@@ -69,6 +69,10 @@ def main() -> None:
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
     ap.add_argument("--scratch", default="out/bench_offload")
     ap.add_argument("--out", default="out/bench_offload/offload.json")
+    ap.add_argument("--gate", default="", help="extra confidence-gated prefetch rows, comma-separated: 'pX' = a token "
+                    "prefetches only experts of forecast probability >= X, 'topN' = only its N highest (e.g. p0.1,top3)")
+    ap.add_argument("--switch-ms", type=float, default=None,
+                    help="GIL switch interval while loader threads run (default: run.py's SWITCH_S)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
     if a.report:
@@ -106,19 +110,23 @@ def main() -> None:
           f"(p10 {tier['p10_read_s'] * 1e6:.0f}, p90 {tier['p90_read_s'] * 1e6:.0f}) = {tier['bandwidth_Bps'] / 1e9:.3f} GB/s; "
           f"profile {prof_path}")
 
-    configs: list[tuple[str, int | None, str, object]] = [("all-resident", None, "none", None),
-                                                           ("resident-path", L * E, "none", None),
-                                                           ("on-demand", spec.top_k, "none", None)]
+    gates = parse_gates(a.gate)
+    configs: list[tuple[str, int | None, str, object, dict]] = [("all-resident", None, "none", None, {}),
+                                                                 ("resident-path", L * E, "none", None, {}),
+                                                                 ("on-demand", spec.top_k, "none", None, {})]
     for pct in [int(x) for x in a.budgets.split(",")]:
         b = int(round(pct / 100 * L * E))
-        configs.append((f"lru@{pct}%", b, "none", None))
+        configs.append((f"lru@{pct}%", b, "none", None, {}))
         for name, pred in predictors.items():
-            configs.append((f"{name}@{pct}%", b, name, pred))
+            configs.append((f"{name}@{pct}%", b, name, pred, {}))
+            configs += [(f"{name} {g}@{pct}%", b, name, pred, kw) for g, kw in gates.items()]
+    switch = {} if a.switch_ms is None else {"switch_s": a.switch_ms / 1e3}
 
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(a.repeats):  # interleaved: every configuration once per round
-        for label, budget, pf, pred in configs:
-            r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path")
+        for label, budget, pf, pred, kw in configs:
+            r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
+                           cfg_kw=kw or None, **switch)
             loads.append(load_avg())
             runs[label].append(r)
             print(f"round {rep + 1}/{a.repeats} {label:18s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}", flush=True)
@@ -127,7 +135,7 @@ def main() -> None:
     num_tokens = sum(len(ids) + len(t) for (ids, _), t in zip(requests, ref_tokens, strict=True))
     model = fit_terms(runs, L, E, num_tokens, tier["expert_bytes"], hw)
     rows = []
-    for label, budget, pf, _pred in configs:
+    for label, budget, pf, _pred, _kw in configs:
         rs = runs[label]
         ev = rs[model["fit_rounds"]:]  # the rounds the model is judged on (the first ones fitted it)
         tps = [r["tokens_per_s"] for r in rs]
@@ -166,6 +174,20 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=float))
     print(f"wrote {a.out}")
+
+
+def parse_gates(text: str) -> dict[str, dict]:
+    """'p0.1,top3' -> {'p0.1': {'prefetch_min_prob': 0.1}, 'top3': {'prefetch_top': 3}} (OffloadConfig fields)."""
+    out = {}
+    for g in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            kw = {"prefetch_top": int(g[3:])} if g.startswith("top") else {"prefetch_min_prob": float(g[1:])}
+        except ValueError:
+            kw = None
+        if kw is None or not (g.startswith("top") or g.startswith("p")):
+            raise SystemExit(f"--gate {g!r}: expected 'pX' (a probability) or 'topN' (a count).")
+        out[g] = kw
+    return out
 
 
 def _kernel(r0: dict, budget: int, pf: str, L: int, E: int, num_tokens: int, eb: int, hw, dense_us: float) -> dict:

@@ -131,3 +131,49 @@ def test_batch_sets_are_the_union_of_each_tokens_top_k() -> None:
     assert np.array_equal(_batch_sets(fc, 5), fc.batch_active_LE(5))
     dist = Forecast(top_k=4, dist_LE=scores[0])
     assert np.array_equal(_batch_sets(dist, 5), dist.batch_active_LE(5))
+
+
+def test_confidence_gate_keeps_each_tokens_confident_top_experts() -> None:
+    import numpy as np
+
+    from routecast.predict.forecast import Forecast
+    from routecast.runtime.offload.engine import _batch_sets
+
+    scores = np.zeros((2, 1, 8), np.float32)
+    scores[0, 0] = [0.40, 0.25, 0.15, 0.10, 0.05, 0.05, 0.0, 0.0]
+    scores[1, 0] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.15, 0.80]
+    fc = Forecast(top_k=4, scores_TLE=scores)
+    got = lambda **kw: np.flatnonzero(_batch_sets(fc, 2, **kw)[0]).tolist()  # noqa: E731
+    assert got() == [0, 1, 2, 3, 5, 6, 7]  # each token's top 4 with a positive score
+    assert got(top=2) == [0, 1, 6, 7]
+    assert got(min_prob=0.15) == [0, 1, 2, 6, 7]
+    assert got(top=1, min_prob=0.5) == [7]  # token 0's best (0.40) is not confident enough
+    assert got(top=9) == got()  # clipped to the model's top-k
+    dist = Forecast(top_k=4, dist_LE=scores[0])  # a distribution-only forecast is not gated
+    assert np.array_equal(_batch_sets(dist, 2, top=1, min_prob=0.5), dist.batch_active_LE(2))
+
+
+@pytest.mark.parametrize("kw,msg", [({"prefetch_top": -1}, "--prefetch-top is -1"),
+                                    ({"prefetch_min_prob": 1.0}, "--prefetch-min-prob is 1.0"),
+                                    ({"prefetch_min_prob": float("nan")}, "--prefetch-min-prob is nan")])
+def test_confidence_gate_rejects_bad_settings(kw, msg) -> None:
+    from routecast.runtime.offload.engine import OffloadConfig
+
+    with pytest.raises(ConfigError, match=msg):
+        OffloadConfig(budget=4, **kw)
+
+
+def test_gated_prefetch_keeps_tokens_and_replay_agreement(setup) -> None:
+    name, model, reqs, ref = setup
+    from routecast.trace.capture_arch import spec_from_model
+
+    s = spec_from_model(model)
+    budget = max(1, s.num_layers * s.num_experts // 4)
+    got = run_config(name, reqs, budget=budget, prefetch="lookahead", predictor=make_predictor("lookahead", model, name),
+                     cfg_kw={"check": True, "prefetch_top": 1, "prefetch_min_prob": 0.01})
+    assert got["tokens"] == ref["tokens"] and got["max_occupied"] <= budget
+    assert got["prefetch_issued"] > 0 and got["pred_sets"][-1].sum(-1).max() <= 1  # a decode step: one token, top 1
+    acc = accesses_from_log(got["log"], got["L"], got["E"], 1)  # the replay sees the gated sets the runtime used
+    rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, pred_SLE=got["pred_sets"], layer_ahead=True)
+    assert (rep["hits"], rep["misses"], rep["prefetch_issued"], rep["prefetch_cancelled"]) == \
+        (got["hits"], got["misses"], got["prefetch_issued"], got["prefetch_cancelled"])

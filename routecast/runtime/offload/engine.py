@@ -54,7 +54,9 @@ class OffloadConfig:
     slot accounting after every change. keep_weights: keep the model's own expert tensors aside (not used) so
     close() can put them back and the model be reused (demo and benchmarks; memory is then not saved). depth: a
     forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one. fallback:
-    eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot."""
+    eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot.
+    prefetch_top, prefetch_min_prob: confidence gate on a token-level forecast (_batch_sets): each token prefetches
+    only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob."""
 
     budget: int
     per_layer: bool = False
@@ -65,6 +67,14 @@ class OffloadConfig:
     keep_weights: bool = False
     depth: int = 1
     fallback: bool = False
+    prefetch_top: int = 0
+    prefetch_min_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.prefetch_top < 0:
+            raise ConfigError(f"--prefetch-top is {self.prefetch_top}; expected 0 (the model's top-k) or more.")
+        if not 0.0 <= self.prefetch_min_prob < 1.0:  # NaN fails too
+            raise ConfigError(f"--prefetch-min-prob is {self.prefetch_min_prob}; expected a probability in [0, 1).")
 
 
 class _SlotView:
@@ -86,17 +96,20 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _batch_sets(fc, num_tokens: int) -> np.ndarray:
+def _batch_sets(fc, num_tokens: int, top: int = 0, min_prob: float = 0.0) -> np.ndarray:
     """The experts a forecast expects the step's num_tokens tokens to use: bool (l, E). Token-level: the union
     over tokens of each token's K highest-scoring experts with a positive score (one partition per row; a tie
     at the K-th score keeps every tied expert), as Forecast.batch_active_LE up to ties; distributions:
-    Forecast.batch_active_LE."""
+    Forecast.batch_active_LE.
+    Confidence gate (token-level only): top > 0 keeps each token's `top` (<= K) highest scores instead of K, and
+    min_prob > 0 keeps only scores >= min_prob (a probability: each (t, l) row sums to 1), so a low-confidence
+    forecast reads nothing."""
     s = fc.scores_TLE
     if s is None:
         return fc.batch_active_LE(num_tokens)
-    K = min(fc.top_k, s.shape[-1])
+    K = min(fc.top_k if top <= 0 else min(top, fc.top_k), s.shape[-1])
     kth = -np.partition(-s, K - 1, axis=-1)[..., K - 1:K]
-    return ((s >= kth) & (s > 0)).any(axis=0)
+    return ((s >= kth) & (s > 0) & (s >= min_prob)).any(axis=0)
 
 
 class OffloadedModel:
@@ -112,7 +125,7 @@ class OffloadedModel:
         if adapter.read != TOPK:
             raise ConfigError(f"--offload: {type(model).__name__} routes by {adapter.read}, not top-k ids; expected "
                               "a top-k routed MoE model (Mixtral, Qwen-MoE, OLMoE, DeepSeek, ...).")
-        self.model = model
+        self.model, self.cfg = model, cfg
         self.blocks = find_blocks(model, adapter)
         if len({b.stack for b in self.blocks}) != 1:
             raise ConfigError("--offload: the model has MoE layers in several stacks; expected a decoder-only model.")
@@ -255,7 +268,7 @@ class OffloadedModel:
         return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
     def _prefetch(self, fc, layers: list[int], current: int) -> None:
-        sets = _batch_sets(fc, int(self._tokens.shape[0]))
+        sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
         self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
                             current_layer=current)
         self._pred[layers] = sets

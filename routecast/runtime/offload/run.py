@@ -35,11 +35,11 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[dict[str, Any]], max_new_to
 
 def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[list[int], int]], *,
                  offloaded: OffloadedModel | None = None, progress: bool = False, desc: str = "generate",
-                 batch_size: int = 1) -> dict[str, Any]:
+                 batch_size: int = 1, switch_s: float = SWITCH_S) -> dict[str, Any]:
     """Greedy generation of every request, `batch_size` at a time (left-padded, as capture does) -> {'tokens':
     [[new ids]...], 'wall_s', 'new_tokens', 'prompt_tokens'}. A batch runs to its longest budget; each request
     keeps its own budget's tokens, cut after its first EOS. Wall time covers prefill and decode of all requests
-    (tokenisation excluded)."""
+    (tokenisation excluded). switch_s: the GIL switch interval while an offloaded run's loader threads run."""
     from tqdm.auto import tqdm
 
     from routecast.trace.capture import _generation_setup, _pad
@@ -50,7 +50,7 @@ def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tupl
     outs, new, prompt = [], 0, 0
     switch = sys.getswitchinterval()
     if offloaded is not None:  # loader threads hand the GIL back sooner (default 5 ms stalls the forward)
-        sys.setswitchinterval(SWITCH_S)
+        sys.setswitchinterval(switch_s)
     batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -144,10 +144,10 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
-               batch_size: int = 1, preload: bool = False) -> dict[str, Any]:
+               batch_size: int = 1, preload: bool = False, switch_s: float = SWITCH_S) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
     `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back.
-    preload: fill the fast tier before the timed run (OffloadedModel.preload)."""
+    preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
@@ -167,7 +167,7 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         if preload:
             off.preload()
         res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}",
-                           batch_size=batch_size)
+                           batch_size=batch_size, switch_s=switch_s)
     finally:
         off.close()
     fig = off.figures()
