@@ -55,6 +55,10 @@ def test_per_expert_mixtral_names_are_concatenated(tmp_path) -> None:
         tier.read_into(2, out)
         assert torch.equal(out["gate_up_proj"], w["gate_up_proj"][2]) and torch.equal(out["down_proj"], w["down_proj"][2])
         assert len(tier.layout.plans[2].requests) == 1  # the three adjacent tensors are one read
+        # byte-array destinations (the store's flat uint8 views of a slot) get the same bytes, pieces in place
+        raw = {p: torch.zeros(s, dtype=d) for p, (s, d) in PARAMS.items()}
+        tier.read_into(1, {p: t.view(torch.uint8).numpy().reshape(-1) for p, t in raw.items()})
+        assert torch.equal(raw["gate_up_proj"], w["gate_up_proj"][1]) and torch.equal(raw["down_proj"], w["down_proj"][1])
     finally:
         tier.close()
 

@@ -70,6 +70,9 @@ class ExpertStore:
         self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer)
         n_keys = self.L * self.E
         self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
+        # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
+        self._bytes = {p: t.view(torch.uint8).numpy().reshape(cfg.budget, -1) for p, t in self.pools.items()} \
+            if getattr(tier, "accepts_bytes", False) else None
         self.ready = np.zeros(n_keys, bool)  # the holder's weights are in its slot
         self.load_id = np.zeros(n_keys, np.int64)  # bumped when a key (re)reserves or loses its slot
         self.job_seq = np.zeros(n_keys, np.int64)  # the seq of the key's live queued read
@@ -145,7 +148,7 @@ class ExpertStore:
                 self.job_seq[key] = 0
                 self.writing[slot] = True
             try:
-                self.tier.read_into(key, {p: t[slot] for p, t in self.pools.items()})
+                self.tier.read_into(key, self._dests(slot))
             except BaseException as e:  # surfaced to the compute thread, never swallowed
                 self.error = e
             with self.cond:
@@ -156,6 +159,10 @@ class ExpertStore:
                     if self.by_prefetch[key]:
                         self.stats["prefetch_loaded"] += 1
                 self.cond.notify_all()
+
+    def _dests(self, slot: int) -> dict:
+        pools = self._bytes if self._bytes is not None else self.pools
+        return {p: t[slot] for p, t in pools.items()}
 
     def close(self) -> None:
         with self.cond:
@@ -174,7 +181,7 @@ class ExpertStore:
                     continue
                 slot = self.slots.free[p].pop()
                 self.slots._reserve(k, slot)
-                self.tier.read_into(k, {n: t[slot] for n, t in self.pools.items()})
+                self.tier.read_into(k, self._dests(slot))
                 self.ready[k] = True
                 self.events[k] = threading.Event()
                 self.events[k].set()

@@ -59,6 +59,9 @@ class ReadPlan:
     requests: tuple[tuple[int, int], ...]
     pieces: tuple[tuple[int, int, Piece], ...]  # (request index, offset inside the request, piece)
     nbytes: int  # useful bytes (the expert's weights as stored)
+    need: tuple[int, ...] = ()  # per request: the bytes its pieces need (a shorter read is a truncated file)
+    copies: tuple[tuple[tuple[int, int, str, int], ...], ...] = ()  # per request: (offset inside, nbytes, param,
+    # byte offset inside the param's expert slice) of each piece, for byte-array destinations
 
 
 def read_header(path: Path) -> tuple[dict, int]:
@@ -184,7 +187,10 @@ def _plan(pieces: list[Piece]) -> ReadPlan:
         hi = -(-(g[-1].file_offset + g[-1].nbytes) // ALIGN) * ALIGN
         requests.append((lo, hi - lo))
         placed.extend((gi, p.file_offset - lo, p) for p in g)
-    return ReadPlan(tuple(requests), tuple(placed), sum(p.nbytes for p in pieces))
+    need = tuple(max(inner + pc.nbytes for rj, inner, pc in placed if rj == ri) for ri in range(len(requests)))
+    copies = tuple(tuple((inner, pc.nbytes, pc.param, pc.row0 * (pc.nbytes // pc.rows)) for rj, inner, pc in placed
+                         if rj == ri) for ri in range(len(requests)))
+    return ReadPlan(tuple(requests), tuple(placed), sum(p.nbytes for p in pieces), need, copies)
 
 
 class DiskTier:
@@ -193,7 +199,11 @@ class DiskTier:
     direct: True = O_DIRECT if the filesystem accepts it (else fadvise), False = fadvise only.
     Thread-safe: each thread reads into its own page-aligned buffer. Counters: bytes_read (bytes
     requested from the device, aligned), reads, read_s (seconds inside the reads, summed over threads).
+    ``accepts_bytes``: read_into also takes flat uint8 numpy views of the destinations (the store's slots), copied
+    with numpy slice assignment: a loader thread then holds the GIL for far less time than with torch calls.
     """
+
+    accepts_bytes = True
 
     def __init__(self, layout: ExpertLayout, *, direct: bool = True) -> None:
         self.layout = layout
@@ -236,6 +246,7 @@ class DiskTier:
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = mmap.mmap(-1, -(-self.max_request // ALIGN) * ALIGN)  # page-aligned
+            self._local.arr = np.frombuffer(buf, np.uint8)
         return buf
 
     def close(self) -> None:
@@ -243,8 +254,9 @@ class DiskTier:
             os.close(fd)
         self.fds = []
 
-    def read_into(self, key: int, dests: dict[str, torch.Tensor]) -> int:
-        """Read expert `key` (layer * E + expert) into dests[param] (the slot's tensors); -> bytes requested."""
+    def read_into(self, key: int, dests: dict[str, torch.Tensor | np.ndarray]) -> int:
+        """Read expert `key` (layer * E + expert) into dests[param] (the slot's tensors, or flat uint8 numpy views of
+        their bytes); -> bytes requested."""
         plan = self.layout.plans[key]
         fd = self.fds[int(self.layout.file_of[key])]
         buf = self._buffer()
@@ -256,10 +268,14 @@ class DiskTier:
             view = memoryview(buf)[:n]
             got = os.preadv(fd, [view], off)
             view.release()
-            need = max(inner + pc.nbytes for rj, inner, pc in plan.pieces if rj == ri)
-            if got < need:  # only the file's last page may come back short
+            if got < plan.need[ri]:  # only the file's last page may come back short
                 raise ConfigError(f"checkpoint: read of expert {key} returned {got} of {n} bytes; the file is truncated.")
             total += n
+            if all(isinstance(d, np.ndarray) for d in dests.values()):
+                arr = self._local.arr
+                for inner, nb, param, at in plan.copies[ri]:
+                    dests[param][at:at + nb] = arr[inner:inner + nb]
+                continue
             for rj, inner, pc in plan.pieces:
                 if rj != ri:
                     continue
