@@ -10,6 +10,8 @@ Configurations (one request at a time, greedy, the same prompts; every run loads
   lru                 budget B, LRU replacement, no prefetch
   <predictor>         budget B, LRU + PLEC prefetch driven by lookahead (PROBE, layer horizon), ffn (MoE-GPS) or
                       expertflow (routing-path predictor), with real-time correction
+  <predictor> <gate>  the same with a confidence gate (--gate topN,pX): each token prefetches only its N most likely
+                      experts / those of forecast probability >= X (OffloadConfig.prefetch_top / prefetch_min_prob)
 at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats runs (new tokens per
 second of wall time, prefill included); every offloaded run's tokens are checked against all-resident's.
 
