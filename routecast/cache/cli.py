@@ -20,7 +20,13 @@ import numpy as np
 
 from routecast.cache.replay import POLICIES, ReplayConfig, build_accesses, parse_budget, replay, true_sets
 from routecast.common.errors import ConfigError
-from routecast.predict.evaluate import fit_or_load, heldout
+from routecast.predict.evaluate import (
+    PREDICTOR_NAMES,
+    check_fitted_on,
+    fit_or_load,
+    heldout,
+    trace_fingerprint,
+)
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
 from routecast.trace import Trace
 
@@ -93,11 +99,33 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def make_forecast(trace: Trace, predictor: str, *, model: str | None = None, train_fraction: float = 0.8,
+                  seed: int = 0, split: str = "document", threads: int = 1,
+                  quiet: bool = True) -> tuple[Trace, np.ndarray, bool, str]:
+    """-> (replayed trace, bool (S, L, E) forecast batch sets, layer_ahead, what it was fitted on): 'oracle' (the
+    whole trace, its true routing), a predictor name (fitted on train_fraction of the documents, forecast on
+    the rest) or a folder from `routecast predict fit` (refused if it was fitted on this trace's held-out part)."""
+    if predictor == "oracle":
+        return trace, true_sets(build_accesses(trace)), False, "oracle: the true routing of each step"
+    train, on, used = heldout(trace, split, train_fraction, seed)
+    pred = fit_or_load(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
+    if predictor in PREDICTOR_NAMES:
+        fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of the {used}s)"
+    else:
+        check_fitted_on(predictor, {"trace": trace_fingerprint(trace), "split": used,
+                                    "train_fraction": train_fraction, "seed": seed})
+        fitted = f"{pred.name} loaded from {predictor}"
+    pred_SLE, layer_ahead = forecast_sets(pred, on)
+    return on, pred_SLE, layer_ahead, fitted
+
+
 def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str], predictor: str | None = None,
                hardware: str = "h100-sxm", dense_us: float = 0.0, plec_fallback: str = "lfu", plec_depth: int = 1,
                expert_bytes: int = 0, model: str | None = None, train_fraction: float = 0.8, seed: int = 0,
-               split: str = "document", threads: int = 1, quiet: bool = True) -> dict[str, Any]:
-    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included)."""
+               split: str = "document", threads: int = 1, quiet: bool = True,
+               forecast: tuple[Trace, np.ndarray, bool, str] | None = None) -> dict[str, Any]:
+    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included).
+    forecast: make_forecast's result, reused across budgets (else made here from `predictor`)."""
     from routecast.sim.hardware import load_hardware
 
     names = parse_policies(policies)
@@ -108,15 +136,9 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
                        plec_depth=plec_depth, expert_bytes=eb)
     pred_SLE, layer_ahead, on, fitted = None, False, trace, ""
     if any(POLICIES[n].forecast for n in names):
-        predictor = predictor or "conditional-token"
-        if predictor == "oracle":
-            pred_SLE = true_sets(build_accesses(trace))
-            fitted = "oracle: the true routing of each step"
-        else:
-            train, on, used = heldout(trace, split, train_fraction, seed)
-            pred = fit_or_load(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
-            pred_SLE, layer_ahead = forecast_sets(pred, on)
-            fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of the {used}s)"
+        on, pred_SLE, layer_ahead, fitted = forecast or make_forecast(
+            trace, predictor or "conditional-token", model=model, train_fraction=train_fraction, seed=seed,
+            split=split, threads=threads, quiet=quiet)
     rows = replay(on, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead)
     return {
         "settings": {"budget_slots": slots, "budget_fraction": slots / (s.num_layers * s.num_experts),

@@ -138,12 +138,13 @@ def parse_names(names: str | Sequence[str]) -> list[str]:
 def make_predictor(
     name: str, spec: MoESpec, *, embeddings: np.ndarray | None = None, embedding_source: str = "",
     seed: int = 0, threads: int = 1, progress: bool = True, epochs: int | None = None,
-    model_path: str | Path | None = None,
+    model_path: str | Path | None = None, expertflow: Any = None,
 ) -> Predictor:
     """An unfitted predictor by name; neural ones use `embeddings` (V, D) when given, else learn their own.
 
     epochs: neural training epochs (None = the preset's, with early stopping). model_path: the checkpoint
-    whose routers the lookahead predictor clones (required for "lookahead").
+    whose routers the lookahead predictor clones (required for "lookahead"). expertflow: an ExpertFlowConfig
+    for "expertflow" (its seed, threads and progress are replaced by these arguments').
     """
     if name == "lookahead":
         from routecast.predict.lookahead import LookaheadConfig, LookaheadPredictor
@@ -159,7 +160,7 @@ def make_predictor(
 
         from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
 
-        cfg = ExpertFlowConfig(seed=seed, threads=threads, progress=progress)
+        cfg = dataclasses.replace(expertflow or ExpertFlowConfig(), seed=seed, threads=threads, progress=progress)
         return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
     if name == "smoe":
         from routecast.predict.smoe import SMoEPredictor
@@ -250,7 +251,7 @@ def evaluate(
                     raise ConfigError(f"{name}: predictor was fitted for L={ps.num_layers}, E={ps.num_experts}, "
                                       f"K={ps.top_k}; expected the trace's L={ts.num_layers}, E={ts.num_experts}, "
                                       f"K={ts.top_k}.")
-                _check_fitted_on(name, fitted_on)
+                check_fitted_on(name, fitted_on)
                 fitted = f"loaded from {name}"
             fit_s = time.perf_counter() - t0
             res = run_harness(pred, trace, rows=test, progress=progress)
@@ -272,7 +273,7 @@ def evaluate(
     return rows
 
 
-def _check_fitted_on(path: str, want: dict[str, Any]) -> None:
+def check_fitted_on(path: str, want: dict[str, Any]) -> None:
     """Refuse a saved predictor fitted on this trace under another split: it would be scored on its own data."""
     from routecast.predict.store import fitted_on
 
