@@ -342,11 +342,12 @@ def rows_to_json(rows: Sequence[dict[str, Any]]) -> str:
 def fit_and_save(
     trace: Trace, name: str, out_dir: str | Path, *, model_dir: str | Path | None = None, seed: int = 0,
     threads: int = 1, progress: bool = True, epochs: int | None = None, split: str = "document",
-    train_fraction: float = 0.8,
+    train_fraction: float = 0.8, extra_train: Trace | None = None,
 ) -> Path:
     """Fit predictor `name` on the training part of the held-out split that evaluate() uses with the same split,
-    train_fraction and seed (split="none": the whole trace, for deployment) and save it to out_dir with what
-    it was fitted on (see store.save_predictor), so `predict eval` can score it on the held-out part only.
+    train_fraction and seed (split="none": the whole trace, for deployment), plus extra_train (another capture
+    on disjoint documents, see with_extra_training), and save it to out_dir with what it was fitted on (see
+    store.save_predictor), so `predict eval` and `cache replay` can score it on the held-out part only.
     """
     if name not in PREDICTOR_NAMES:
         raise ConfigError(f"--predictor is {name!r}; expected one of {', '.join(PREDICTOR_NAMES)}.")
@@ -359,9 +360,14 @@ def fit_and_save(
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                               threads=threads, progress=progress, epochs=epochs,
                               model_path=_router_model(name, trace, model_dir))
-        pred.fit_rows(trace, rows)  # streams, or fits a bounded sample of whole requests (fit_note)
+        if extra_train is None or name in NEEDS_ROUTER_INPUTS:  # extra captures carry no router inputs
+            pred.fit_rows(trace, rows)  # streams, or fits a bounded sample of whole requests (fit_note)
+        else:
+            both = with_extra_training(trace.select(rows), extra_train, trace.select(~rows))
+            pred.fit_rows(both, np.ones(both.num_tokens, bool))
+    extra = {} if extra_train is None or name in NEEDS_ROUTER_INPUTS else {"extra_tokens": extra_train.num_tokens}
     return save_predictor(pred, out_dir, fitted_on={"trace": fingerprint, "split": used,
-                                                    "train_fraction": train_fraction, "seed": seed})
+                                                    "train_fraction": train_fraction, "seed": seed, **extra})
 
 
 def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool) -> Predictor:
@@ -406,15 +412,16 @@ def predict_eval_main(
 def predict_fit_main(
     trace_path: str | Path, predictor: str, out: str | Path, *, model: str | None = None, seed: int = 0,
     threads: int = 1, epochs: int | None = None, quiet: bool = False, split: str = "document",
-    train_fraction: float = 0.8,
+    train_fraction: float = 0.8, train_extra: str | Path | None = None,
 ) -> int:
     """`routecast predict fit TRACE --predictor NAME --out DIR [--split document|request|none]
-    [--model DIR|builtin|none]`: prints the path."""
+    [--model DIR|builtin|none] [--train-extra DIR]`: prints the path."""
     from routecast.trace.io import read_trace
 
     routers = predictor in NEEDS_ROUTER_INPUTS
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
+    extra = None if train_extra is None else read_trace(train_extra)
     path = fit_and_save(trace, predictor, out, model_dir=model, seed=seed, threads=threads, progress=not quiet,
-                        epochs=epochs, split=split, train_fraction=train_fraction)
+                        epochs=epochs, split=split, train_fraction=train_fraction, extra_train=extra)
     print(f"wrote {path}")
     return 0

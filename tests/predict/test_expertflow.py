@@ -199,3 +199,18 @@ def test_batch_rows_save_the_path_predictor_with_its_split(split, tmp_path):
     check_fitted_on(str(tmp_path / "ef"), want)  # the same split: accepted
     with pytest.raises(ConfigError, match="fitted on this trace"):
         check_fitted_on(str(tmp_path / "ef"), dict(want, seed=1))
+
+
+def test_predict_fit_adds_the_extra_capture(routed_trace, tmp_path):
+    from routecast.predict.evaluate import fit_and_save
+    from routecast.predict.store import fitted_on
+
+    tr = routed_trace(num_requests=10, prompt_len=4, decode_len=3, seed=3)
+    other = routed_trace(num_requests=12, prompt_len=4, decode_len=3, seed=4)
+    for split in ("request", "none"):
+        d = fit_and_save(tr, "conditional-token", tmp_path / split, split=split, extra_train=other, progress=False)
+        assert fitted_on(d)["extra_tokens"] == other.num_tokens and fitted_on(d)["split"] == split
+    plain = load_predictor(fit_and_save(tr, "conditional-token", tmp_path / "plain", split="none", progress=False))
+    more = load_predictor(tmp_path / "none")
+    view = run_harness(plain, other, collect=True).forecasts[0][1].scores_TLE
+    assert not np.array_equal(view, run_harness(more, other, collect=True).forecasts[0][1].scores_TLE)
