@@ -174,14 +174,14 @@ class ExpertFlowPredictor(Predictor):
             raise ConfigError("expertflow: the training trace has no tokens; expected at least one request.")
         self._vocab = int(trace.token_id.max()) + 1
         prompts, seqs, targets = [], [], []
-        hot = multi_hot(trace.experts_TLK, self.spec.num_experts).astype(np.float32)  # (T, L, E)
+        experts = np.asarray(trace.experts_TLK)  # (T, L, K) ids; a batch's multi-hot targets are built per batch
         for _, idx in trace.requests():
             idx = idx[np.argsort(trace.position[idx], kind="stable")]
             ids = self._ids(trace.token_id[idx])
             pre = ids[trace.phase[idx] == PREFILL]
             prompts.append(pre if len(pre) else np.array([self._vocab]))  # no prompt: one unknown token
             seqs.append(ids)
-            targets.append(hot[idx])
+            targets.append(experts[idx])
         prev = torch.get_num_threads()
         torch.set_num_threads(cfg.threads)
         try:
@@ -203,7 +203,7 @@ class ExpertFlowPredictor(Predictor):
                     prm = _pad([prompts[i] for i in sel], net.pad)
                     tgt = torch.zeros((len(sel), seq.shape[1], self.spec.num_layers, self.spec.num_experts))
                     for j, i in enumerate(sel):
-                        tgt[j, : len(targets[i])] = torch.from_numpy(targets[i])
+                        tgt[j, : len(targets[i])] = torch.from_numpy(multi_hot(targets[i], self.spec.num_experts))
                     valid = (seq != net.pad)[:, :, None, None].float()
                     loss = (F.binary_cross_entropy_with_logits(net(prm, seq), tgt, reduction="none") * valid).sum()
                     loss = loss / (valid.sum() * self.spec.num_layers * self.spec.num_experts)
