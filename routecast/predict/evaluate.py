@@ -342,7 +342,7 @@ def rows_to_json(rows: Sequence[dict[str, Any]]) -> str:
 def fit_and_save(
     trace: Trace, name: str, out_dir: str | Path, *, model_dir: str | Path | None = None, seed: int = 0,
     threads: int = 1, progress: bool = True, epochs: int | None = None, split: str = "document",
-    train_fraction: float = 0.8, extra_train: Trace | None = None,
+    train_fraction: float = 0.8, extra_train: Trace | Sequence[Trace] | None = None,
 ) -> Path:
     """Fit predictor `name` on the training part of the held-out split that evaluate() uses with the same split,
     train_fraction and seed (split="none": the whole trace, for deployment), plus extra_train (another capture
@@ -360,12 +360,15 @@ def fit_and_save(
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                               threads=threads, progress=progress, epochs=epochs,
                               model_path=_router_model(name, trace, model_dir))
-        if extra_train is None or name in NEEDS_ROUTER_INPUTS:  # extra captures carry no router inputs
+        extras = [] if extra_train is None else [extra_train] if isinstance(extra_train, Trace) else list(extra_train)
+        if not extras or name in NEEDS_ROUTER_INPUTS:  # extra captures carry no router inputs
             pred.fit_rows(trace, rows)  # streams, or fits a bounded sample of whole requests (fit_note)
         else:
-            both = with_extra_training(trace.select(rows), extra_train, trace.select(~rows))
+            both, test = trace.select(rows), trace.select(~rows)
+            for x in extras:
+                both = with_extra_training(both, x, test)
             pred.fit_rows(both, np.ones(both.num_tokens, bool))
-    extra = {} if extra_train is None or name in NEEDS_ROUTER_INPUTS else {"extra_tokens": extra_train.num_tokens}
+    extra = {} if not extras or name in NEEDS_ROUTER_INPUTS else {"extra_tokens": sum(x.num_tokens for x in extras)}
     return save_predictor(pred, out_dir, fitted_on={"trace": fingerprint, "split": used,
                                                     "train_fraction": train_fraction, "seed": seed, **extra})
 
@@ -420,7 +423,7 @@ def predict_fit_main(
 
     routers = predictor in NEEDS_ROUTER_INPUTS
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
-    extra = None if train_extra is None else read_trace(train_extra)
+    extra = [read_trace(d.strip()) for d in str(train_extra or "").split(",") if d.strip()]
     path = fit_and_save(trace, predictor, out, model_dir=model, seed=seed, threads=threads, progress=not quiet,
                         epochs=epochs, split=split, train_fraction=train_fraction, extra_train=extra)
     print(f"wrote {path}")

@@ -7,15 +7,15 @@ prompt; one linear head of L·E logits (L separate heads of E logits, one per Mo
 token's whole routing path in one pass. Trained with binary cross-entropy on the multi-hot (L, E) paths
 (ExpertFlow eq. 3); the predicted experts of a token at a layer are its K largest logits.
 
-Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); here d_model 64, d_ff 256, 2 encoder and
-1 decoder layers (at 2+1 layers the paper's sizes cost 5x these multiply-adds per token; a fit on a
-227 k-token capture takes minutes of one CPU thread), learned absolute positions instead of T5's relative bias; AdamW with the
+Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); the default here is d_model 64, d_ff 256,
+2 encoder and 1 decoder layers, learned absolute positions instead of T5's relative bias; AdamW with the
 paper's weight decay 0.01 and cosine schedule, but batches of 8 requests at lr 2e-3 instead of 16 at 1e-3
-(twice the optimizer steps for the same compute: 30 epochs of 16 at 1e-3 reached top-k accuracy 0.565 on
-the built-in trace, under-trained). Epochs by default: 3 M token passes over the training tokens, clamped
-to 8..30 (30 on a 16 k-token split of one trace; 12 with a 227 k-token capture of the corpus's train split
-added, ~16 s of one idle CPU thread per epoch on the fine-grained model). More data is what helps most:
-see the README's predictor table (benchmarks/expertflow_predictor.py --train-extra).
+(twice the optimizer steps for the same compute). The paper's sizes and training (`paper_config()`, at 2+1
+layers) reach top-k accuracy 0.486 on the fine-grained trace where the default reaches 0.677 and d_model 96 /
+d_ff 384 / 2+2 layers 0.730 (README, predictor configurations). Epochs by default: 3 M token passes over the
+training tokens, clamped to 8..30. Batches are drawn from length-sorted chunks of the shuffled requests
+(`bucket`), which cuts the padding of random batches (~55% over the tokens of a 2,000-request capture).
+More data and a wider decoder are what help: benchmarks/expertflow_predictor.py --train-extra --expertflow.
 
 Horizon `request`: a step's forecast uses the step's token ids and positions plus the token ids of the
 request's earlier steps (revealed by observe); never any routing.
