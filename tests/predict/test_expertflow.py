@@ -214,3 +214,24 @@ def test_predict_fit_adds_the_extra_capture(routed_trace, tmp_path):
     more = load_predictor(tmp_path / "none")
     view = run_harness(plain, other, collect=True).forecasts[0][1].scores_TLE
     assert not np.array_equal(view, run_harness(more, other, collect=True).forecasts[0][1].scores_TLE)
+
+
+def test_expertflow_kept_decoder_inputs_give_the_full_pass_logits(fitted):
+    """A request extended one token at a time (encoder memory and decoder inputs kept) = one full pass."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    prompt, gen = rng.integers(0, 20, 8).tolist(), rng.integers(0, 20, 6).tolist()
+    seq = prompt + gen
+    net = fitted._net
+    fitted.reset()
+    with torch.inference_mode():
+        full = net(torch.tensor([prompt]), torch.tensor([seq]))[0]
+        parts = [fitted._extend(1, prompt, prompt, len(prompt))]
+        parts += [fitted._extend(1, prompt, seq[:s], 1) for s in range(len(prompt) + 1, len(seq) + 1)]
+        assert fitted._cache[1]["S"] == len(seq)
+        again = fitted._extend(1, prompt, seq[:3] + [19, 19], 2)  # a different history: recomputed, not reused
+        ref = net(torch.tensor([prompt]), torch.tensor([seq[:3] + [19, 19]]))[0, -2:]
+    fitted.reset()
+    assert torch.allclose(torch.cat(parts), full, atol=1e-5)
+    assert torch.allclose(again, ref, atol=1e-5)

@@ -1,5 +1,6 @@
 """Offloaded generation on the built-in models: token-for-token identical to all-resident, the runtime's hit
-ratio equal to the replay kernel's on its own access log (LRU), the disk tier's bytes, and bad input."""
+ratio equal to the replay's on its own access log (the kernel's LRU; the slot replay with prefetch), the disk
+tier's bytes, and bad input."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import struct
 import pytest
 
 from routecast.cache.replay import ReplayConfig, run_policy
+from routecast.cache.slots import replay_slots
 from routecast.cli import main
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.run import accesses_from_log, encode_prompts, make_predictor, run_config
@@ -42,6 +44,12 @@ def test_greedy_tokens_identical_to_all_resident(setup, frac, prefetch) -> None:
     assert got["bytes_read"] >= got["reads"] * got["expert_bytes"]  # every read fetched at least one expert
     if prefetch != "none":
         assert got["prefetch_issued"] > 0 and got["pred_sets"].shape[1:] == (s.num_layers, s.num_experts)
+    # the replay of the runtime's own access log and forecast sets counts the same hits (timing-free definition)
+    acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
+    rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, pred_SLE=got["pred_sets"],
+                       layer_ahead=prefetch == "lookahead")
+    assert (rep["hits"], rep["misses"], rep["prefetch_issued"]) == (got["hits"], got["misses"], got["prefetch_issued"])
+    assert rep["hit_ratio"] == got["hit_ratio"] and got["late"] <= got["hits"]
 
 
 def test_per_layer_pools_keep_tokens_and_per_layer_budget(setup) -> None:
@@ -72,6 +80,8 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch", "psychic"], "--prefetch is 'psychic'"),
     (["--prefetch", "lookahead"], "expected --offload"),
     (["--offload", "--model", "NOPE_DIR"], "--model"),
+    (["--offload", "--batch-size", "0"], "--batch-size 0"),
+    (["--fallback"], "expected --offload"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2
@@ -97,3 +107,27 @@ def test_cli_prints_the_figures(tmp_path, capsys) -> None:
     assert "tokens/s" in text and "hit ratio" in text and "bytes loaded" in text and "stall share" in text
     doc = json.loads(out.read_text())
     assert doc["budget"] == 16 and doc["new_tokens"] >= 1
+
+
+def test_preloaded_full_budget_reads_nothing_and_keeps_tokens(setup) -> None:
+    name, model, reqs, ref = setup
+    from routecast.trace.capture_arch import spec_from_model
+
+    s = spec_from_model(model)
+    got = run_config(name, reqs, budget=s.num_layers * s.num_experts, preload=True, cfg_kw={"check": True})
+    assert got["tokens"] == ref["tokens"] and got["reads"] == 0 and got["misses"] == 0 and got["hit_ratio"] == 1.0
+
+
+def test_batch_sets_are_the_union_of_each_tokens_top_k() -> None:
+    import numpy as np
+
+    from routecast.predict.forecast import Forecast
+    from routecast.runtime.offload.engine import _batch_sets
+
+    rng = np.random.default_rng(0)
+    scores = rng.random((5, 3, 16)).astype(np.float32)
+    scores /= scores.sum(-1, keepdims=True)
+    fc = Forecast(top_k=4, scores_TLE=scores)
+    assert np.array_equal(_batch_sets(fc, 5), fc.batch_active_LE(5))
+    dist = Forecast(top_k=4, dist_LE=scores[0])
+    assert np.array_equal(_batch_sets(dist, 5), dist.batch_active_LE(5))
