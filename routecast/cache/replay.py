@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from routecast.cache import kernel as K
+from routecast.cache import stream
 from routecast.cache.stream import (
     ACCESS_ROWS,
     AccessWindow,
@@ -321,14 +322,15 @@ ORACLE = "oracle"  # pred_SLE="oracle": each step's true routing as the forecast
 
 
 def replay(trace: Trace, policies: Sequence[str], cfg: ReplayConfig, *, pred_SLE: Any = None,
-           layer_ahead: bool = False, mask: np.ndarray | None = None, rows: int | None = ACCESS_ROWS,
+           layer_ahead: bool = False, mask: np.ndarray | None = None, rows: int | None = None,
            tmp_dir: str | Path | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """Run each policy over `trace`, streaming it window by window (LRU and Belady are always run: they
     anchor 'gap_closed'); every policy advances through one window before the next is built.
 
     pred_SLE: the forecast batch sets, one per replayed step (needed by PLEC policies): a bool (S, L, E)
     array, a stream.PackedSets, or ORACLE. layer_ahead: the forecast is layer-horizon (layer l known at
-    layer l-1's start). mask: bool (T,) rows to replay (None = all). rows: trace rows per window. tmp_dir:
+    layer l-1's start). mask: bool (T,) rows to replay (None = all). rows: trace rows per window (None =
+    stream.ACCESS_ROWS). tmp_dir:
     where Belady's next-use file goes (a temporary directory inside it, removed at the end; None = the
     system's). Memory: the policies' states plus one window, whatever the trace's length.
     """
@@ -343,6 +345,7 @@ def replay(trace: Trace, policies: Sequence[str], cfg: ReplayConfig, *, pred_SLE
     L, E = s.num_layers, s.num_experts
     eb = cfg.expert_bytes or s.expert_bytes
     runs = [PolicyRun(n, cfg, L, E, eb, layer_ahead=layer_ahead) for n in names]
+    rows = stream.ACCESS_ROWS if rows is None else rows
     with tempfile.TemporaryDirectory(prefix="routecast-replay-", dir=tmp_dir) as tmp:
         nu = NextUseFile(Path(tmp) / "next_use.f64", L * E)
         try:
