@@ -46,7 +46,8 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
                     "--out", str(scratch / f"compare-{trace.name}")],
-        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu", "--json"],
+        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu,belady", "--quiet",
+                   "--out", str(scratch / f"replay-{trace.name}.json")],  # its temporary files go to scratch too
     }
 
 

@@ -233,12 +233,14 @@ class PolicyRun:
         self.parts: list[tuple[np.ndarray, ...]] = []
 
     def feed(self, a0: int, req_off: np.ndarray, req_key: np.ndarray, req_tokens: np.ndarray, req_next: np.ndarray,
-             pred_off: np.ndarray | None = None, pred_key: np.ndarray | None = None) -> None:
-        """Replay accesses a0 .. a0+W-1 (window-local CSR, req_next global; see kernel.replay_window)."""
+             pred_off: np.ndarray | None = None, pred_key: np.ndarray | None = None, *,
+             comp: np.ndarray | None = None) -> None:
+        """Replay accesses a0 .. a0+W-1 (window-local CSR, req_next global; see kernel.replay_window).
+        comp: the entries' compute seconds when the caller has them (the same for every policy)."""
         W = len(req_off) - 1
         if not self.pol.forecast or pred_off is None or pred_key is None:
             pred_off, pred_key = np.zeros(W + 1, np.int64), np.zeros(0, np.int64)
-        comp = _compute_s(req_tokens, self.cfg, self.eb)
+        comp = _compute_s(req_tokens, self.cfg, self.eb) if comp is None else comp
         dense = np.full(W, self.cfg.dense_us * 1e-6)
         pol, cfg = self.pol, self.cfg
         pool_of, cap, pool_keys, pool_off = self.pools
@@ -374,8 +376,9 @@ def replay(trace: Trace, policies: Sequence[str], cfg: ReplayConfig, *, pred_SLE
                     fc = win.req_off, win.req_key
                 else:
                     fc = forecast_window(np.asarray(pred_SLE[s0:s0 + Sw], bool))
+                comp = _compute_s(win.req_tokens, cfg, eb)
                 for r in runs:
-                    r.feed(a0, win.req_off, win.req_key, win.req_tokens, req_next, *fc)
+                    r.feed(a0, win.req_off, win.req_key, win.req_tokens, req_next, *fc, comp=comp)
                 a0, s0, tokens = a0 + Sw * L, s0 + Sw, tokens + win.num_tokens
                 bar.update(Sw)
             bar.close()
