@@ -1,4 +1,8 @@
-"""The replay simulator's compiled core: one pass over a trace's accesses under one cache policy.
+"""The replay simulator's compiled core: a trace's accesses under one cache policy, one window at a time.
+
+replay_window replays a window of whole steps and carries everything that outlives it (the cache, its heaps
+and recency lists, the link's queue, the clock, counters: new_state) to the next window, so a trace of any
+length is replayed in memory bounded by its window, bit-for-bit as in one window holding the whole trace.
 
 Legend: A accesses (one per (step, layer), step-major), N required (access, expert) entries, M predicted
 entries, K = L·E cache keys (key = layer·E + expert), P pools. Times in seconds.
