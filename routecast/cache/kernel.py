@@ -40,7 +40,7 @@ from numba import njit
 from routecast.cache.structs import bump_count, hpop, hpush, less, ltouch, lunlink, lvictim
 
 LRU, LFU, LFUDA, BELADY, SEMOE, PLEC = 0, 1, 2, 3, 4, 5
-DEMAND_FIFO, DEMAND_EAGER, DEMAND_SLACK = 0, 1, 2  # how a demand load queues on the link (see replay_kernel)
+DEMAND_FIFO, DEMAND_EAGER, DEMAND_SLACK = 0, 1, 2  # how a demand load queues on the link (see replay_window)
 OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE, OP_STREAM = 0, 1, 2, 3, 4
 NEVER = 1e18  # next use of a key that is never used again (Belady)
 _PRED = 1e15  # PLEC: keys predicted for the rest of the step rank above every fallback priority
