@@ -7,6 +7,10 @@ when the router asks for them / all required pairs; covered ratio also counts pr
 then (no demand load is needed, but the layer waits: that wait is in the stall time). The kernel's
 timing model is in kernel.py. Keys are (layer, expert); the budget counts expert slots, in one pool shared
 by all layers (ExpertFlow) or split evenly per layer (Cache-MoE's per-layer LRU).
+
+`replay` streams a trace of any size: every policy (a PolicyRun) advances through one window of accesses
+(stream.py) before the next is built, so memory is bounded by the window; `run_policy` replays accesses
+already in memory (tests, benchmarks, the runtime's log), in one window or several (the same result).
 """
 
 from __future__ import annotations
