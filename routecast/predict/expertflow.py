@@ -98,6 +98,29 @@ class _Net(nn.Module):
                      memory_key_padding_mask=p_pad)
         return self.head(h).view(B, S, self.L, self.E)
 
+    def encode(self, prompt_P: torch.Tensor) -> torch.Tensor:
+        """One request's prompt rows (P,) -> encoder memory (1, P, d)."""
+        pp = torch.arange(prompt_P.shape[0]).clamp(max=self.max_len - 1)
+        return self.enc(self.emb(prompt_P[None]) + self.pos(pp)[None])
+
+    def extend(self, mem: torch.Tensor, xs: list[torch.Tensor], rows_n: torch.Tensor, start: int):
+        """The decoder on n new tokens of one request (positions start..start+n-1), its earlier tokens' layer
+        inputs xs[l] (start, d) kept from previous calls -> (logits (n, L, E), new xs (start + n, d) per layer).
+        The same arithmetic as forward() for those tokens (causal self-attention over every earlier token,
+        cross-attention to mem, pre-norm), computed for the new queries only."""
+        n = rows_n.shape[0]
+        x = self.emb(rows_n) + self.pos((start + torch.arange(n)).clamp(max=self.max_len - 1))
+        mask = torch.arange(start + n)[None, :] > (start + torch.arange(n))[:, None]  # True = not attended
+        out = []
+        for layer, kept in zip(self.dec.layers, xs, strict=True):
+            full = torch.cat([kept, x]) if kept.shape[0] else x
+            out.append(full)
+            kv = layer.norm1(full)[None]
+            x = x + layer.self_attn(layer.norm1(x)[None], kv, kv, attn_mask=mask, need_weights=False)[0][0]
+            x = x + layer._mha_block(layer.norm2(x)[None], mem, None, None)[0]
+            x = x + layer._ff_block(layer.norm3(x))
+        return self.head(x).view(n, self.L, self.E), out
+
 
 def _pad(rows: list[np.ndarray], pad: int) -> torch.Tensor:
     n = max(1, max(len(r) for r in rows))
@@ -121,6 +144,7 @@ class ExpertFlowPredictor(Predictor):
         self._net: _Net | None = None
         self._vocab = 0
         self._hist: dict[int, tuple[list[int], list[int]]] = {}
+        self._cache: dict[int, dict[str, Any]] = {}  # request -> encoder memory + decoder inputs (see _extend)
         self.fit_log: list[float] = []
 
     def _ids(self, token_id: np.ndarray) -> np.ndarray:
@@ -179,10 +203,12 @@ class ExpertFlowPredictor(Predictor):
             torch.set_num_threads(prev)
         self._net = net
         self._hist.clear()
+        self._cache.clear()
         return self
 
     def reset(self) -> None:
         self._hist.clear()
+        self._cache.clear()
 
     def _seqs(self, view: StepView | StepRouting) -> list[tuple[int, np.ndarray, list[int], list[int]]]:
         """Per request of the step: (request, its token indices in the step, prompt ids, sequence ids)."""
@@ -205,17 +231,26 @@ class ExpertFlowPredictor(Predictor):
             raise ConfigError("predictor 'expertflow' is not fitted; call fit(train_trace) or load a saved one.")
         L, E = self.spec.num_layers, self.spec.num_experts
         scores = np.empty((view.num_tokens, L, E), np.float32)
-        groups = self._seqs(view)
-        if groups:
-            net = self._net
-            with torch.inference_mode():
-                logits = net(_pad([self._prompt(g[2]) for g in groups], net.pad),
-                             _pad([np.asarray(g[3], np.int64) for g in groups], net.pad))
-                probs = torch.sigmoid(logits).numpy()
-            for b, (_, idx, _, seq) in enumerate(groups):
-                scores[idx] = probs[b, len(seq) - len(idx): len(seq)]
+        with torch.inference_mode():
+            for r, idx, prompt, seq in self._seqs(view):
+                scores[idx] = torch.sigmoid(self._extend(r, prompt, seq, len(idx))).numpy()
         scores /= np.maximum(scores.sum(axis=-1, keepdims=True), 1e-30)
         return Forecast(top_k=self.spec.top_k, scores_TLE=scores)
+
+    def _extend(self, r: int, prompt: list[int], seq: list[int], n: int) -> torch.Tensor:
+        """Logits (n, L, E) of request r's last n tokens. The prompt's encoding and the decoder inputs of the
+        tokens before them are kept per request from the previous step (when the prompt and those tokens
+        are unchanged), so a decode step costs one token's decoder pass, not the whole request's."""
+        net, c = self._net, self._cache.get(r)
+        p, s = self._prompt(prompt), np.asarray(seq, np.int64)
+        start = len(s) - n
+        if c is None or c["S"] != start or not np.array_equal(c["prompt"], p) or not np.array_equal(c["seq"], s[:start]):
+            c = {"prompt": p, "mem": net.encode(torch.from_numpy(p)), "S": 0,
+                 "xs": [torch.zeros(0, net.emb.embedding_dim) for _ in net.dec.layers]}
+        logits, c["xs"] = net.extend(c["mem"], c["xs"], torch.from_numpy(s[c["S"]:]), c["S"])
+        c["S"], c["seq"] = len(s), s
+        self._cache[r] = c
+        return logits[-n:]
 
     def observe(self, routing: StepRouting) -> None:
         for r, _, prompt, seq in self._seqs(routing):

@@ -151,3 +151,24 @@ def test_evaluate_adds_the_extra_training_trace(routed_trace):
     more = evaluate(tr, ["conditional-token"], progress=False, split="request", extra_train=other)[0]
     assert "+ 210 of --train-extra" in more["fitted"] and "--train-extra" not in plain["fitted"]
     assert plain["top_k_accuracy"] == 1.0 > more["top_k_accuracy"]  # the extra routing was learned too
+
+
+def test_expertflow_kept_decoder_inputs_give_the_full_pass_logits(fitted):
+    """A request extended one token at a time (encoder memory and decoder inputs kept) = one full pass."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    prompt, gen = rng.integers(0, 20, 8).tolist(), rng.integers(0, 20, 6).tolist()
+    seq = prompt + gen
+    net = fitted._net
+    fitted.reset()
+    with torch.inference_mode():
+        full = net(torch.tensor([prompt]), torch.tensor([seq]))[0]
+        parts = [fitted._extend(1, prompt, prompt, len(prompt))]
+        parts += [fitted._extend(1, prompt, seq[:s], 1) for s in range(len(prompt) + 1, len(seq) + 1)]
+        assert fitted._cache[1]["S"] == len(seq)
+        again = fitted._extend(1, prompt, seq[:3] + [19, 19], 2)  # a different history: recomputed, not reused
+        ref = net(torch.tensor([prompt]), torch.tensor([seq[:3] + [19, 19]]))[0, -2:]
+    fitted.reset()
+    assert torch.allclose(torch.cat(parts), full, atol=1e-5)
+    assert torch.allclose(again, ref, atol=1e-5)
