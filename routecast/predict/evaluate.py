@@ -373,8 +373,10 @@ def fit_and_save(
                                                     "train_fraction": train_fraction, "seed": seed, **extra})
 
 
-def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool) -> Predictor:
-    """A predictor by name, fitted on `train`, or loaded from a folder written by `routecast predict fit`."""
+def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool,
+                rows: np.ndarray | None = None) -> Predictor:
+    """A predictor by name, fitted on `train` (on its `rows` only, a bool (T,) mask streamed by fit_rows,
+    when given), or loaded from a folder written by `routecast predict fit`."""
     if name not in PREDICTOR_NAMES:
         if not is_predictor_dir(name):
             raise ConfigError(f"--predictor is {name!r}; expected 'oracle', one of {', '.join(PREDICTOR_NAMES)} "
@@ -384,7 +386,7 @@ def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, thread
     with torch_threads(threads):
         pred = make_predictor(name, train.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
                               progress=not quiet, model_path=_router_model(name, train, model))
-        return pred.fit(train)
+        return pred.fit(train) if rows is None else pred.fit_rows(train, rows)
 
 
 # ------------------------------------------------------------------------------------------- CLI handlers
