@@ -1,5 +1,8 @@
 """Traces larger than memory: synth, stats, predict eval, place compare and cache replay on a ~30 GB DeepSeek-V3 trace.
 
+Stage replay: LRU, LFU, Belady over the whole trace; replay-plec: plec-correct (+ LRU, Belady) on the
+held-out 20% with the probability predictor's causal forecast.
+
 Each command runs in its own child process through the real CLI (`routecast ...`), and the child reports
 its own peak resident set (resource.getrusage(RUSAGE_SELF).ru_maxrss: anonymous and file-backed pages,
 memory-mapped shards included), wall time and CPU time (user + system: on a shared, oversubscribed
@@ -18,7 +21,7 @@ each copy's request ids, steps and arrival times shifted past the previous copy'
 like the others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
 
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
-       [--stages synth,tile,stats,eval,compare,replay] [--tile N] [--keep] [--out out/bench/trace_scale.json]
+       [--stages synth,tile,stats,eval,compare,replay,replay-plec] [--tile N] [--keep] [--out out/bench/trace_scale.json]
        [--merge OTHER.json ...]   (--stages "" --merge ...: only print the merged table of earlier runs)
 """
 
@@ -35,7 +38,7 @@ import time
 from pathlib import Path
 
 BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
-STAGES = ("synth", "tile", "stats", "eval", "compare", "replay")
+STAGES = ("synth", "tile", "stats", "eval", "compare", "replay", "replay-plec")
 
 
 def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
@@ -46,7 +49,12 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
                     "--out", str(scratch / f"compare-{trace.name}")],
-        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu", "--json"],
+        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu,belady", "--quiet",
+                   "--out", str(scratch / f"replay-{trace.name}.json")],  # its temporary files go to scratch too
+        # PLEC with a forecast: the predictor fitted on 80% of the requests, forecasts on the rest (bit-packed
+        # on disk), every policy replayed on those held-out rows.
+        "replay-plec": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "plec-correct",
+                        "--predictor", "probability", "--quiet", "--out", str(scratch / f"replay-plec-{trace.name}.json")],
     }
 
 

@@ -7,15 +7,15 @@ prompt; one linear head of L·E logits (L separate heads of E logits, one per Mo
 token's whole routing path in one pass. Trained with binary cross-entropy on the multi-hot (L, E) paths
 (ExpertFlow eq. 3); the predicted experts of a token at a layer are its K largest logits.
 
-Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); here d_model 64, d_ff 256, 2 encoder and
-1 decoder layers (at 2+1 layers the paper's sizes cost 5x these multiply-adds per token; a fit on a
-227 k-token capture takes minutes of one CPU thread), learned absolute positions instead of T5's relative bias; AdamW with the
+Sizes: the paper's predictor is d_model 32, d_ff 2048 (7.21 MB); the default here is d_model 64, d_ff 256,
+2 encoder and 1 decoder layers, learned absolute positions instead of T5's relative bias; AdamW with the
 paper's weight decay 0.01 and cosine schedule, but batches of 8 requests at lr 2e-3 instead of 16 at 1e-3
-(twice the optimizer steps for the same compute: 30 epochs of 16 at 1e-3 reached top-k accuracy 0.565 on
-the built-in trace, under-trained). Epochs by default: 3 M token passes over the training tokens, clamped
-to 8..30 (30 on a 16 k-token split of one trace; 12 with a 227 k-token capture of the corpus's train split
-added, ~16 s of one idle CPU thread per epoch on the fine-grained model). More data is what helps most:
-see the README's predictor table (benchmarks/expertflow_predictor.py --train-extra).
+(twice the optimizer steps for the same compute). The paper's sizes and training (`paper_config()`, at 2+1
+layers) reach top-k accuracy 0.486 on the fine-grained trace where the default reaches 0.677 and d_model 96 /
+d_ff 384 / 2+2 layers 0.730 (README, predictor configurations). Epochs by default: 3 M token passes over the
+training tokens, clamped to 8..30. Batches are drawn from length-sorted chunks of the shuffled requests
+(`bucket`), which cuts the padding of random batches (~55% over the tokens of a 2,000-request capture).
+More data and a wider decoder are what help: benchmarks/expertflow_predictor.py --train-extra --expertflow.
 
 Horizon `request`: a step's forecast uses the step's token ids and positions plus the token ids of the
 request's earlier steps (revealed by observe); never any routing.
@@ -59,14 +59,55 @@ class ExpertFlowConfig:
     seed: int = 0
     threads: int = 1
     progress: bool = False  # a tqdm bar over epochs (loss in the postfix)
+    bucket: int = 32  # batches per length-sorted chunk of the shuffled requests (1 = plain random batches)
 
     def __post_init__(self) -> None:
         for f in ("d_model", "d_ff", "heads", "enc_layers", "dec_layers", "max_len", "epochs", "batch_size", "threads",
-                  "token_passes"):
+                  "token_passes", "bucket"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ConfigError(f"ExpertFlowConfig.{f} is {getattr(self, f)}; expected a positive integer.")
         if self.d_model % self.heads:
             raise ConfigError(f"ExpertFlowConfig.d_model {self.d_model} is not divisible by heads {self.heads}.")
+        if not (self.lr > 0 and self.weight_decay >= 0):
+            raise ConfigError(f"ExpertFlowConfig lr {self.lr} / weight_decay {self.weight_decay}; expected lr > 0 and "
+                              "weight_decay >= 0.")
+
+
+def paper_config(**overrides: Any) -> ExpertFlowConfig:
+    """ExpertFlow §5.2's predictor: d_model 32, d_ff 2048, Adam(W) lr 1e-3, weight decay 0.01, cosine, batch 16
+    (layer counts as this module's default, 2 encoder + 1 decoder; the paper does not state them)."""
+    return ExpertFlowConfig(**{"d_model": 32, "d_ff": 2048, "lr": 1e-3, "batch_size": 16, **overrides})
+
+
+def parse_config(text: str, **base: Any) -> ExpertFlowConfig:
+    """'paper' | 'default' | 'paper,epochs=20' | 'd_model=128,dec_layers=2' -> ExpertFlowConfig (over `base`)."""
+    fields = {f.name: f.type for f in dataclasses.fields(ExpertFlowConfig)}
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    preset = items.pop(0) if items and "=" not in items[0] else "default"
+    if preset not in ("default", "paper"):
+        raise ConfigError(f"--expertflow preset is {preset!r}; expected 'default' or 'paper' (then KEY=VALUE pairs).")
+    kw: dict[str, Any] = dict(base)
+    for item in items:
+        key, _, val = item.partition("=")
+        if key not in fields or key == "progress" or "=" not in item:
+            raise ConfigError(f"--expertflow item {item!r}; expected KEY=VALUE with KEY one of "
+                              f"{', '.join(k for k in fields if k != 'progress')}.")
+        try:
+            kw[key] = float(val) if key in ("lr", "weight_decay") else int(val)
+        except ValueError:
+            raise ConfigError(f"--expertflow {key}={val!r} is not a number.") from None
+    return paper_config(**kw) if preset == "paper" else ExpertFlowConfig(**kw)
+
+
+def _length_batches(lengths: np.ndarray, batch: int, bucket: int, g: torch.Generator) -> list[np.ndarray]:
+    """Request indices in batches of `batch`: shuffled, then sorted by length inside chunks of `bucket` batches
+    (less padding: random batches of 8 requests pad ~55% over the tokens here), batch order shuffled."""
+    perm = torch.randperm(len(lengths), generator=g).numpy()
+    chunk = batch * bucket
+    parts = [p[np.argsort(lengths[p], kind="stable")] for p in np.split(perm, range(chunk, len(perm), chunk))]
+    batches = [b for p in parts for b in np.split(p, range(batch, len(p), batch))]
+    order = torch.randperm(len(batches), generator=g).numpy()
+    return [batches[i] for i in order]
 
 
 class _Net(nn.Module):
@@ -157,14 +198,14 @@ class ExpertFlowPredictor(Predictor):
             raise ConfigError("expertflow: the training trace has no tokens; expected at least one request.")
         self._vocab = int(trace.token_id.max()) + 1
         prompts, seqs, targets = [], [], []
-        hot = multi_hot(trace.experts_TLK, self.spec.num_experts).astype(np.float32)  # (T, L, E)
+        experts = np.asarray(trace.experts_TLK)  # (T, L, K) ids; a batch's multi-hot targets are built per batch
         for _, idx in trace.requests():
             idx = idx[np.argsort(trace.position[idx], kind="stable")]
             ids = self._ids(trace.token_id[idx])
             pre = ids[trace.phase[idx] == PREFILL]
             prompts.append(pre if len(pre) else np.array([self._vocab]))  # no prompt: one unknown token
             seqs.append(ids)
-            targets.append(hot[idx])
+            targets.append(experts[idx])
         prev = torch.get_num_threads()
         torch.set_num_threads(cfg.threads)
         try:
@@ -174,20 +215,19 @@ class ExpertFlowPredictor(Predictor):
                 net = _Net(cfg, self._vocab, self.spec.num_layers, self.spec.num_experts)
             opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             n_batches = math.ceil(len(seqs) / cfg.batch_size)
+            lengths = np.array([len(x) for x in seqs])
             epochs = cfg.epochs or min(30, max(8, round(cfg.token_passes / trace.num_tokens)))
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * n_batches)
             net.train()
             bar = tqdm(range(epochs), desc="expertflow fit", unit="epoch", disable=not cfg.progress)
             for _ in bar:
-                perm = torch.randperm(len(seqs), generator=g).numpy()
                 total = 0.0
-                for b in range(n_batches):
-                    sel = perm[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+                for sel in _length_batches(lengths, cfg.batch_size, cfg.bucket, g):
                     seq = _pad([seqs[i] for i in sel], net.pad)
                     prm = _pad([prompts[i] for i in sel], net.pad)
                     tgt = torch.zeros((len(sel), seq.shape[1], self.spec.num_layers, self.spec.num_experts))
                     for j, i in enumerate(sel):
-                        tgt[j, : len(targets[i])] = torch.from_numpy(targets[i])
+                        tgt[j, : len(targets[i])] = torch.from_numpy(multi_hot(targets[i], self.spec.num_experts))
                     valid = (seq != net.pad)[:, :, None, None].float()
                     loss = (F.binary_cross_entropy_with_logits(net(prm, seq), tgt, reduction="none") * valid).sum()
                     loss = loss / (valid.sum() * self.spec.num_layers * self.spec.num_experts)
