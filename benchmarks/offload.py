@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,10 +54,6 @@ from routecast.runtime.offload.run import accesses_from_log, encode_prompts, mak
 from routecast.sim.hardware import load_hardware  # noqa: E402
 from routecast.trace.capture_arch import spec_from_model  # noqa: E402
 from routecast.trace.capture_inputs import load_model, load_prompts  # noqa: E402
-
-
-def load_avg() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main() -> None:
@@ -85,7 +82,7 @@ def main() -> None:
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    loads = [load_avg()]
+    loads = [os.getloadavg()[0]]
 
     model, tok = load_model(a.model)
     spec = spec_from_model(model)
@@ -129,7 +126,7 @@ def main() -> None:
         for label, budget, pf, pred, kw in configs:
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
                            cfg_kw=kw or None, **switch)
-            loads.append(load_avg())
+            loads.append(os.getloadavg()[0])
             runs[label].append(r)
             print(f"round {rep + 1}/{a.repeats} {label:18s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}", flush=True)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,10 +28,6 @@ from routecast.trace.capture_arch import spec_from_model  # noqa: E402
 from routecast.trace.capture_inputs import load_model, load_prompts  # noqa: E402
 
 
-def load_avg() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin-fine")
@@ -42,7 +39,7 @@ def main() -> None:
     ap.add_argument("--out", default="out/bench_offload/batch.json")
     a = ap.parse_args()
     t_start = time.time()
-    loads = [load_avg()]
+    loads = [os.getloadavg()[0]]
     model, tok = load_model(a.model)
     spec = spec_from_model(model)
     budget = int(round(a.budget / 100 * spec.num_layers * spec.num_experts))
@@ -56,7 +53,7 @@ def main() -> None:
     for rep in range(a.repeats):
         for bs, label, b, pf, pred in configs:
             r = run_config(a.model, requests, budget=b, prefetch=pf, predictor=pred, batch_size=bs)
-            loads.append(load_avg())
+            loads.append(os.getloadavg()[0])
             runs[(bs, label)].append(r)
             print(f"round {rep + 1}/{a.repeats} batch {bs} {label:12s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}",
                   flush=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,10 +35,6 @@ from routecast.trace.capture_arch import spec_from_model  # noqa: E402
 from routecast.trace.capture_inputs import load_model, load_prompts  # noqa: E402
 
 
-def load_avg() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin-fine")
@@ -49,7 +46,7 @@ def main() -> None:
     ap.add_argument("--out", default="out/bench_offload/fallback.json")
     a = ap.parse_args()
     t_start = time.time()
-    loads = [load_avg()]
+    loads = [os.getloadavg()[0]]
     model, tok = load_model(a.model)
     spec = spec_from_model(model)
     L, E = spec.num_layers, spec.num_experts
@@ -69,7 +66,7 @@ def main() -> None:
         for label, budget, fb, pred in configs:
             r = run_config(a.model, requests, budget=budget, prefetch="none" if pred is None else "lookahead",
                            predictor=pred, cfg_kw={"fallback": fb} if budget is not None else None)
-            loads.append(load_avg())
+            loads.append(os.getloadavg()[0])
             runs[label].append(r)
             print(f"round {rep + 1}/{a.repeats} {label:26s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}",
                   flush=True)

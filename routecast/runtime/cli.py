@@ -34,6 +34,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--loader-threads", type=int, default=2, help="background reader threads (default 2)")
     p.add_argument("--prefetch-depth", type=int, default=1,
                    help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
+    p.add_argument("--prefetch-top", type=int, default=0,
+                   help="confidence gate: each token prefetches only its N most likely experts (default 0 = top-k)")
+    p.add_argument("--prefetch-min-prob", type=float, default=0.0,
+                   help="confidence gate: prefetch only experts forecast with at least this probability (default 0)")
     p.add_argument("--fallback", action="store_true",
                    help="eMoE fallback: a token routed to an expert without a slot uses the best held expert instead of "
                         "loading it (once the pool is full); also runs all-resident and prints the greedy-token agreement")
@@ -96,7 +100,7 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
                           threads=a.threads)
     del model
     kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
-              fallback=a.fallback)
+              fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
                      progress=True, threads=a.threads, batch_size=a.batch_size)
     if a.fallback:

@@ -82,6 +82,8 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--model", "NOPE_DIR"], "--model"),
     (["--offload", "--batch-size", "0"], "--batch-size 0"),
     (["--fallback"], "expected --offload"),
+    (["--offload", "--prefetch-min-prob", "nan"], "--prefetch-min-prob is nan"),
+    (["--offload", "--prefetch-top", "-1"], "--prefetch-top is -1"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2
