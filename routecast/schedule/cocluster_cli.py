@@ -93,7 +93,7 @@ def cocluster_main(a: argparse.Namespace) -> int:
     for r in rows:
         e = r[where]
         print(f"{r['method']:<11} {e['lar']:>6.3f} ({r['in_sample']['lar']:.3f}) {e['expert_imbalance']:>8.3f} "
-              f"{e['token_imbalance']:>8.3f} {e['a2a_bytes'] / 1e6:>13.4f} {e['a2a_bytes'] / base - 1:>+7.1%} "
+              f"{e['token_imbalance']:>8.3f} {e['a2a_bytes'] / 1e6:>13.4f} {e['a2a_bytes'] / base - 1 if base else np.nan:>+7.1%} "
               f"{r['fit_s']:>7.2f}")
     print(f"wrote {out} and the plan {plan_path}")
     return 0
