@@ -33,6 +33,7 @@ from routecast.common.errors import ConfigError
 from routecast.schedule import baselines
 from routecast.schedule.ceo import CEOConfig, ceo_cocluster
 from routecast.trace import Trace
+from routecast.trace.stats_stream import column_chunks
 
 METHODS = ("smoe", "metis", "kmeans", "hypergraph", "random", "sts", "none")
 PLAN_VERSION = 1
@@ -123,8 +124,8 @@ def fit_sample(trace: Trace, rows: np.ndarray | None, max_tokens: int | None, se
     n = int(np.count_nonzero(m))
     if max_tokens is None or n <= max_tokens:
         return m, ""
-    req = trace.tokens["request"]
-    parts = [np.unique(req[a:a + ch.num_tokens][m[a:a + ch.num_tokens]], return_counts=True) for a, ch in trace.chunks()]
+    # The token columns a chunk at a time: no per-token temporaries of the whole trace.
+    parts = [np.unique(c["request"][m[a:a + len(c["request"])]], return_counts=True) for a, c in column_chunks(trace)]
     ids, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
     sizes = np.zeros(ids.size, np.int64)
     np.add.at(sizes, inv, np.concatenate([c for _, c in parts]))
@@ -132,10 +133,10 @@ def fit_sample(trace: Trace, rows: np.ndarray | None, max_tokens: int | None, se
     take = max(1, int(np.count_nonzero(np.cumsum(sizes[order]) <= max_tokens)))
     keep = np.sort(ids[order[:take]])
     out = np.zeros(T, bool)
-    for a, ch in trace.chunks():
-        r = req[a:a + ch.num_tokens]
+    for a, c in column_chunks(trace):
+        r = c["request"]
         pos = np.minimum(np.searchsorted(keep, r), keep.size - 1)
-        out[a:a + ch.num_tokens] = m[a:a + ch.num_tokens] & (keep[pos] == r)
+        out[a:a + len(r)] = m[a:a + len(r)] & (keep[pos] == r)
     cut = np.flatnonzero(out)[max_tokens:]  # one request longer than the cap: its first max_tokens rows
     out[cut] = False
     return out, (f"fitted on a seeded sample of {int(out.sum())} of {n} training tokens ({take} whole requests; "

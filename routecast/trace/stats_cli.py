@@ -198,7 +198,7 @@ def routing_stats(
     out = {
         "schema": "routecast.stats/1",
         "model": s.name, "num_layers": L, "num_experts": E, "top_k": K, "layer_ids": list(s.layer_ids),
-        "num_tokens": trace.num_tokens, "num_requests": int(len(distinct(trace, lambda ch: ch.tokens["request"]))),
+        "num_tokens": trace.num_tokens, "num_requests": int(len(distinct(trace, lambda c: c["request"]))),
         "num_steps": int(len(st.steps_S)), "ep": int(ep), "window": st.window, "seq_len": seq_len,
         "token_sample": {"fit": int(len(fit)), "scored": int(len(ev)), "kurtosis_ids": int(known_k.sum()),
                          "split": "document" if trace.has_documents else "request"},

@@ -10,11 +10,12 @@ one per token. The results are identical to the whole-trace formulations they re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+import routecast.trace.trace as trace_mod
 from routecast.common.errors import ConfigError
 from routecast.trace.stats import _ratio, l1_distance
 from routecast.trace.stats_kernels import add_group_counts
@@ -23,9 +24,17 @@ if TYPE_CHECKING:
     from routecast.trace.trace import Trace
 
 
-def distinct(trace: Trace, values: Callable[[Trace], np.ndarray]) -> np.ndarray:
-    """Sorted distinct values of values(chunk) over every chunk of the trace (e.g. a token column)."""
-    parts = [np.unique(values(ch)) for _, ch in trace.chunks()]
+def column_chunks(trace: Trace) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """(first row, token columns of CHUNK_ROWS rows as views) over the trace: passes that need no routing
+    read the columns alone (Trace.chunks would also map every routing shard)."""
+    rows = trace_mod.CHUNK_ROWS
+    for a in range(0, trace.num_tokens, rows):
+        yield a, {k: v[a:a + rows] for k, v in trace.tokens.items()}
+
+
+def distinct(trace: Trace, values: Callable[[dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
+    """Sorted distinct values of values(columns) over every column chunk of the trace (column_chunks)."""
+    parts = [np.unique(values(cols)) for _, cols in column_chunks(trace)]
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
 
@@ -46,22 +55,22 @@ def half_sample(trace: Trace, cap: int, rng: np.random.Generator, *, seed: int =
     found in two passes over the token columns instead of two bool (T,) masks and their (T,) indices.
     """
     col = "document" if trace.has_documents else "request"
-    groups = distinct(trace, lambda ch: ch.tokens[col])
+    groups = distinct(trace, lambda c: c[col])
     T = trace.num_tokens
     if len(groups) >= 2:
         perm = np.random.default_rng(seed).permutation(groups)
         fit_groups = np.sort(perm[: int(np.round(0.5 * len(groups)))])
-        in_fit = lambda a, ch: _member(fit_groups, ch.tokens[col])  # noqa: E731
+        in_fit = lambda a, c: _member(fit_groups, c[col])  # noqa: E731
     else:
-        in_fit = lambda a, ch: a + np.arange(ch.num_tokens) < T // 2  # noqa: E731
-    n_fit = sum(int(np.count_nonzero(in_fit(a, ch))) for a, ch in trace.chunks())
+        in_fit = lambda a, c: a + np.arange(len(c[col])) < T // 2  # noqa: E731
+    n_fit = sum(int(np.count_nonzero(in_fit(a, c))) for a, c in column_chunks(trace))
     picks = []
     for n in (n_fit, T - n_fit):  # ranks (among the half's rows) to keep; None = every row
         picks.append(None if n <= cap else np.sort(rng.choice(n, cap, replace=False)))
     out: tuple[list, list] = ([], [])
     seen = [0, 0]
-    for a, ch in trace.chunks():
-        m = in_fit(a, ch)
+    for a, c in column_chunks(trace):
+        m = in_fit(a, c)
         for h, rows in enumerate((np.flatnonzero(m), np.flatnonzero(~m))):
             p = picks[h]
             if p is None:
@@ -86,16 +95,16 @@ def sequence_skewness(trace: Trace, seq_len: int = 512) -> np.ndarray:
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise ConfigError(f"seq_len is {seq_len!r}; expected a positive number of tokens.")
     L, E = trace.spec.num_layers, trace.spec.num_experts
-    reqs = distinct(trace, lambda ch: ch.tokens["request"])
+    reqs = distinct(trace, lambda c: c["request"])
     C = int(trace.tokens["position"].max(initial=0)) // seq_len + 1
 
-    def key(ch: Trace) -> np.ndarray:  # request rank x C + position chunk: sorts as (request, chunk)
-        return np.searchsorted(reqs, ch.tokens["request"]) * C + ch.tokens["position"].astype(np.int64) // seq_len
+    def key(c: dict[str, np.ndarray]) -> np.ndarray:  # request rank x C + position chunk: sorts as (request, chunk)
+        return np.searchsorted(reqs, c["request"]) * C + c["position"].astype(np.int64) // seq_len
 
     ks, sizes, lasts = [], [], []
-    for a, ch in trace.chunks():
-        u, first_rev, n = np.unique(key(ch)[::-1], return_index=True, return_counts=True)
-        ks.append(u), sizes.append(n), lasts.append(a + ch.num_tokens - 1 - first_rev)
+    for a, c in column_chunks(trace):
+        u, first_rev, n = np.unique(key(c)[::-1], return_index=True, return_counts=True)
+        ks.append(u), sizes.append(n), lasts.append(a + len(c["request"]) - 1 - first_rev)
     if not ks:
         return np.zeros((0, L))
     keys, inv = np.unique(np.concatenate(ks), return_inverse=True)
@@ -113,7 +122,7 @@ def sequence_skewness(trace: Trace, seq_len: int = 512) -> np.ndarray:
     for a, ch in trace.chunks():
         if not N:
             break
-        k = key(ch)
+        k = key(ch.tokens)
         g = np.minimum(np.searchsorted(keys, k), N - 1)
         g = np.where(keys[g] == k, g, -1)
         ug = np.unique(g[g >= 0])
@@ -142,19 +151,18 @@ def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | lis
     `half_l1_nL` (n, L) L1 between the halves of each task (NaN for a task with one request).
     """
     L, E = trace.spec.num_layers, trace.spec.num_experts
-    tasks = distinct(trace, lambda ch: ch.tokens["task"][ch.tokens["task"] >= 0]).astype(np.int64)
+    tasks = distinct(trace, lambda c: c["task"][c["task"] >= 0]).astype(np.int64)
     if not len(tasks):
         return {"tasks": [], "l1_nnL": np.zeros((0, 0, L)), "half_l1_nL": np.zeros((0, L))}
     names = [trace.task_names[i] for i in tasks.tolist()]
-    reqs = distinct(trace, lambda ch: ch.tokens["request"][ch.tokens["task"] >= 0])
+    reqs = distinct(trace, lambda c: c["request"][c["task"] >= 0])
     R = len(reqs)
 
-    def pair_code(ch: Trace) -> tuple[np.ndarray, np.ndarray]:  # (known rows, task x R + request rank there)
-        t = ch.tokens["task"]
-        known = t >= 0
-        return known, t[known].astype(np.int64) * R + np.searchsorted(reqs, ch.tokens["request"][known])
+    def pair_code(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # (known rows, task x R + request rank)
+        known = c["task"] >= 0
+        return known, c["task"][known].astype(np.int64) * R + np.searchsorted(reqs, c["request"][known])
 
-    pairs = distinct(trace, lambda ch: pair_code(ch)[1])
+    pairs = distinct(trace, lambda c: pair_code(c)[1])
     ptask = pairs // R
     shuffled = np.random.default_rng(seed).permutation(len(pairs))
     by_task = shuffled[np.argsort(ptask[shuffled], kind="stable")]
@@ -164,7 +172,7 @@ def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | lis
     group_P = np.searchsorted(tasks, ptask) * 2 + half  # dense group task index x 2 + half, per pair
     c = np.zeros((2 * len(tasks), L, E), np.int64)
     for _, ch in trace.chunks():  # one chunk (or shard) of routing in memory at a time
-        known, code = pair_code(ch)
+        known, code = pair_code(ch.tokens)
         g = np.full(ch.num_tokens, -1, np.int64)
         g[known] = group_P[np.searchsorted(pairs, code)]
         add_group_counts(ch.experts_TLK, g, c)
