@@ -16,6 +16,9 @@ METHOD_HELP = "smoe, metis, kmeans, hypergraph, random, sts (token shuffling onl
 # Training tokens a plan is fitted on at most (a seeded sample of whole requests beyond): their routing is
 # copied into memory, 243 MB at DeepSeek-V3 geometry (58 layers x top-8 int16), as predict fit's cap.
 MAX_FIT_TOKENS = 262144
+# Tokens `schedule rebatch` fits on and re-batches at most: it holds each held-out token's predicted and true
+# paths (L x E booleans, 15 KB a token at DeepSeek-V3 geometry: 486 MB each at this cap).
+MAX_REBATCH_TOKENS = 32768
 
 
 def add_cocluster_flags(p: argparse.ArgumentParser) -> None:
@@ -28,9 +31,22 @@ def add_cocluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--respect-groups", action="store_true",
                    help="cocluster: place whole router groups (needed to permute a grouped-router checkpoint)")
     p.add_argument("--in-sample", action="store_true", help="cocluster: fit on the whole trace (no held-out split)")
-    p.add_argument("--max-tokens", type=int, default=MAX_FIT_TOKENS,
-                   help=f"cocluster: fit on a seeded sample of whole training requests of at most this many tokens "
-                        f"(default {MAX_FIT_TOKENS}: bounds the fit's memory; 0 = every training token)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"bounds memory on large traces (0 = no cap): cocluster fits on a seeded sample of whole "
+                        f"training requests of at most this many tokens (default {MAX_FIT_TOKENS}); rebatch fits on "
+                        f"such a sample and re-batches the held-out tokens of the first steps up to it "
+                        f"(default {MAX_REBATCH_TOKENS})")
+
+
+def check_max_tokens(value: int | None, default: int) -> int | None:
+    """--max-tokens as a cap: None -> default, 0 -> None (no cap); ConfigError for a negative value."""
+    from routecast.common.errors import ConfigError
+
+    if value is None:
+        return default
+    if type(value) is not int or value < 0:
+        raise ConfigError(f"--max-tokens is {value!r}; expected a non-negative number of tokens (0 = no cap).")
+    return value or None
 
 
 def cocluster_main(a: argparse.Namespace) -> int:
@@ -53,8 +69,7 @@ def cocluster_main(a: argparse.Namespace) -> int:
         raise ConfigError(f"--beta is {a.beta}; expected a number >= 1 (the token-load bound as a multiple of the mean).")
     if not 0 < a.rho <= 1:
         raise ConfigError(f"--rho is {a.rho}; expected a share in (0, 1].")
-    if type(a.max_tokens) is not int or a.max_tokens < 0:
-        raise ConfigError(f"--max-tokens is {a.max_tokens!r}; expected a non-negative number of tokens (0 = no cap).")
+    max_tokens = check_max_tokens(a.max_tokens, MAX_FIT_TOKENS)
     cfg = CEOConfig(beta=a.beta, rho=a.rho, seed=a.seed)
     trace = read_trace(a.trace, load_hidden=False, load_logits=False)
     if type(a.ep) is not int or a.ep < 1 or trace.spec.num_experts % a.ep:
@@ -65,7 +80,7 @@ def cocluster_main(a: argparse.Namespace) -> int:
         train, test, used = heldout_rows(trace, a.split, 0.8, a.seed)
     # The fit holds its rows' routing: over --max-tokens it sees a sample of whole requests (and says so);
     # the scoring streams the trace a window of steps at a time, in sample on the fitted rows.
-    fit_rows, note = fit_sample(trace, train, a.max_tokens or None, a.seed)
+    fit_rows, note = fit_sample(trace, train, max_tokens, a.seed)
     del train
     rows = []
     for m in dict.fromkeys(("none", a.method)):
@@ -77,7 +92,7 @@ def cocluster_main(a: argparse.Namespace) -> int:
     base = rows[0].get("held_out", rows[0]["in_sample"])["a2a_bytes"]
     res = {"settings": {"trace": str(a.trace), "ep": a.ep, "method": a.method, "split": used, "beta": a.beta,
                         "rho": a.rho, "seed": a.seed, "respect_groups": a.respect_groups, "plan": plan_path,
-                        "max_tokens": a.max_tokens, "fit_tokens": int(fit_rows.sum()), "fit_note": note},
+                        "max_tokens": max_tokens, "fit_tokens": int(fit_rows.sum()), "fit_note": note},
            "rows": rows}
     write_atomic(plan_path, plan.to_json(), "--plan")
     write_atomic(out, json.dumps(res, indent=1, default=float), "--out")

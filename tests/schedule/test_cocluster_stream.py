@@ -70,3 +70,22 @@ def test_cli_max_tokens_says_it_sampled(tmp_path, capsys):
     assert s["max_tokens"] == 200 and 0 < s["fit_tokens"] <= 200
     assert main([*args, "--max-tokens", "-1"]) == 2
     assert "--max-tokens" in capsys.readouterr().err
+
+
+def test_rebatch_max_tokens_fits_a_sample_and_rebatches_a_window_of_whole_steps(tmp_path, capsys):
+    from routecast.cli import main
+    from tests.schedule.test_rebatch import two_kinds
+
+    tr = two_kinds(steps=10, per_step=40)  # 40 requests of 10 decode tokens, one per step
+    d = write_trace(tr, tmp_path / "t", shard_tokens=64)
+    out = tmp_path / "r.json"
+    args = ["schedule", "rebatch", str(d), "--predictor", "probability", "--policy", "lru", "--split", "request",
+            "--out", str(out)]
+    assert main([*args, "--max-tokens", "50"]) == 0
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())["settings"]
+    # 8 held-out requests hold 8 tokens a step: 6 whole steps fit in 50 tokens; the fit sees 5 of the 32 requests
+    assert res["test_tokens"] == 48 and res["max_tokens"] == 50
+    assert "first 6 of 10 steps (48 of 80 tokens; --max-tokens 50)" in text
+    assert "fitted on a seeded sample of 50 of 320 training tokens (5 whole requests" in text
+    assert main([*args, "--max-tokens", "0"]) == 0 and json.loads(out.read_text())["settings"]["test_tokens"] == 80
