@@ -18,7 +18,7 @@ from routecast.predict.forecast import multi_hot
 from routecast.schedule.cocluster import fit_sample
 from routecast.schedule.rebatch import METHODS, activated_experts, rebatch
 from routecast.trace import Trace
-from routecast.trace.stats_stream import column_chunks
+from routecast.trace.stats import column_chunks
 
 
 def step_sets(trace: Trace, paths_TLE: np.ndarray) -> np.ndarray:

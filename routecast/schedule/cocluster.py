@@ -33,7 +33,7 @@ from routecast.common.errors import ConfigError
 from routecast.schedule import baselines
 from routecast.schedule.ceo import CEOConfig, ceo_cocluster
 from routecast.trace import Trace
-from routecast.trace.stats_stream import column_chunks
+from routecast.trace.stats import column_chunks
 
 METHODS = ("smoe", "metis", "kmeans", "hypergraph", "random", "sts", "none")
 PLAN_VERSION = 1

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import routecast.trace.trace as trace_mod
 from routecast.common.errors import ConfigError
 from routecast.trace.stats_kernels import (  # noqa: F401 (top1_TL re-exported)
     add_group_counts,
@@ -251,14 +252,22 @@ def default_window(num_steps: int) -> int:
     return max(1, num_steps // 16)
 
 
+def column_chunks(trace: Trace) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """(first row, token columns of CHUNK_ROWS rows as views) over the trace: passes that need no routing
+    read the columns alone (Trace.chunks would also map every routing shard)."""
+    rows = trace_mod.CHUNK_ROWS
+    for a in range(0, trace.num_tokens, rows):
+        yield a, {k: v[a:a + rows] for k, v in trace.tokens.items()}
+
+
 def step_runs(trace: Trace) -> tuple[bool, int]:
     """(steps never decrease in row order, number of runs of equal step values), one chunk at a time.
 
     When the first is True the second is the number of distinct steps S (every step one contiguous run).
     """
     ok, runs, prev = True, 0, None
-    for _, ch in trace.chunks():
-        st = ch.tokens["step"]
+    for _, cols in column_chunks(trace):
+        st = cols["step"]
         if prev is not None:
             ok &= bool(st[0] >= prev)
             runs += int(st[0] != prev)

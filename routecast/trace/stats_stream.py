@@ -10,26 +10,17 @@ one per token. The results are identical to the whole-trace formulations they re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-import routecast.trace.trace as trace_mod
 from routecast.common.errors import ConfigError
-from routecast.trace.stats import _ratio, l1_distance
+from routecast.trace.stats import _ratio, column_chunks, l1_distance
 from routecast.trace.stats_kernels import add_group_counts
 
 if TYPE_CHECKING:
     from routecast.trace.trace import Trace
-
-
-def column_chunks(trace: Trace) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-    """(first row, token columns of CHUNK_ROWS rows as views) over the trace: passes that need no routing
-    read the columns alone (Trace.chunks would also map every routing shard)."""
-    rows = trace_mod.CHUNK_ROWS
-    for a in range(0, trace.num_tokens, rows):
-        yield a, {k: v[a:a + rows] for k, v in trace.tokens.items()}
 
 
 def distinct(trace: Trace, values: Callable[[dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
