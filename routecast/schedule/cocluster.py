@@ -301,6 +301,7 @@ def evaluate_plan(plan: CoclusterPlan, trace: Trace, *, rows: np.ndarray | None 
             tot["distinct"][layer] += int((((srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] >= 0)).sum(axis=1)
                                            + (srt[:, 0] >= 0)).sum())
             tot["recv"][layer] += np.bincount(grp_TK[remote], minlength=G)
+        del ch  # before the next window maps the next shard
     with np.errstate(invalid="ignore", divide="ignore"):
         out: dict[str, list[float]] = {
             "lar": (tot["local"] / np.maximum(tot["ok"], 1)).tolist(),

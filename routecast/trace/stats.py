@@ -288,7 +288,10 @@ def _step_blocks(trace: Trace, sorted_steps: bool) -> Iterator[tuple[np.ndarray,
     if sorted_steps:
         for _, ch in trace.step_chunks():
             vals, rank, _ = dense_ranks(ch.tokens["step"])
-            yield ch.experts_TLK, rank, vals
+            ex = ch.experts_TLK
+            del ch  # hold no view of this shard while the next one is mapped (two shards' pages resident)
+            yield ex, rank, vals
+            del ex
         return
     vals, rank, order = dense_ranks(trace.tokens["step"])
     yield (trace.experts_TLK if order is None else trace.experts_TLK[order]), rank, vals
@@ -351,6 +354,7 @@ def step_stats(trace: Trace, *, ep: int = 8, window: int | None = None) -> StepS
             # it measured ~2x slower: every chunk then faulted in fresh pages).
             del c
         base += len(vals)
+        del ex  # before the next block maps the next shard
 
     cat = (lambda xs: np.concatenate(xs)) if steps else (lambda xs: np.zeros(0, np.int64))
     return StepStats(

@@ -131,6 +131,7 @@ def sequence_skewness(trace: Trace, seq_len: int = 512) -> np.ndarray:
         acc[slots] = 0
         free.extend(slots.tolist())
         slot_of[done] = -1
+        del ch  # before the next chunk maps the next shard
     return out
 
 
@@ -167,6 +168,7 @@ def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | lis
         g = np.full(ch.num_tokens, -1, np.int64)
         g[known] = group_P[np.searchsorted(pairs, code)]
         add_group_counts(ch.experts_TLK, g, c)
+        del ch  # before the next chunk maps the next shard
     halves = c.reshape(len(tasks), 2, L, E)
     whole = halves.sum(axis=1)
     return {
