@@ -13,8 +13,10 @@ Configurations (one request at a time, greedy, the same prompts; every run loads
 at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats runs (new tokens per
 second of wall time, prefill included); every offloaded run's tokens are checked against all-resident's.
 
-Replay vs runtime: the runtime's own access log (every (step, layer)'s distinct experts) is replayed by
-cache/'s kernel under the same policy (lru; plec-correct with the runtime's forecast sets) and budget.
+Replay vs runtime: the runtime's own access log (every (step, layer)'s distinct experts) and forecast sets are
+replayed by cache/slots.py's replay_slots (the runtime's slot decisions, same policy object, same budget and
+prefetch depth; a late prefetch is a hit, counted apart; its late count from a link of the measured tier speed),
+and, for reference, by cache/'s kernel (lru; plec-correct with its own PLEC and link model: its on-time ratio).
 Cost model: the kernel's timing on a profile = `routecast calibrate --quick` of this machine with h2d_gbps =
 the measured disk tier (expert bytes / median read time), dense_us fitted so that the all-resident run is
 priced exactly (its error is 0 by construction); every other configuration is a prediction.
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
+from routecast.cache.slots import replay_slots  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import accesses_from_log, encode_prompts, make_predictor, run_config  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
@@ -125,7 +128,8 @@ def main() -> None:
                "identical": all(r["tokens"] == ref_tokens for r in rs),
                "new_tokens": rs[0]["new_tokens"]}
         if budget is None:
-            row.update(hit_ratio=1.0, bytes_read=0, stall_share=0.0, replay_hit_ratio=None,
+            row.update(hit_ratio=1.0, bytes_read=0, stall_share=0.0, replay_hit_ratio=None, late=0, replay_late=0,
+                       kernel_hit_ratio=None, runtime_hit_ratio_run0=1.0,
                        model_tokens_per_s=row["new_tokens"] / (comp.sum() + dense_us * 1e-6 * acc.num_accesses))
         else:
             row.update(hit_ratio=statistics.median(r["hit_ratio"] for r in rs),
@@ -139,7 +143,12 @@ def main() -> None:
             else:
                 fc = forecast_entries(racc, r0["pred_sets"])
                 rep_row = run_policy(racc, "plec-correct", cfg, forecast=fc, layer_ahead=pf == "lookahead", expert_bytes=eb)
-            row.update(replay_hit_ratio=rep_row["hit_ratio"], runtime_hit_ratio_run0=r0["hit_ratio"],
+            slots = replay_slots(racc.req_off, racc.req_key, L, E, budget, pred_SLE=r0["pred_sets"],
+                                 layer_ahead=pf == "lookahead", req_comp_s=compute_seconds(racc, cfg, eb),
+                                 dense_s=dense_us * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2)
+            row.update(replay_hit_ratio=slots["hit_ratio"], replay_late=slots["late"], kernel_hit_ratio=rep_row["hit_ratio"],
+                       kernel_covered_ratio=rep_row["covered_ratio"], runtime_hit_ratio_run0=r0["hit_ratio"],
+                       late=statistics.median(r["late"] for r in rs), runtime_late_run0=r0["late"],
                        model_tokens_per_s=row["new_tokens"] / rep_row["sim_s"])
         row["model_error"] = row["model_tokens_per_s"] / row["tokens_per_s"] - 1
         rows.append(row)
@@ -164,14 +173,15 @@ def print_report(out: dict) -> None:
     print(f"\n{st['model']}, {st['prompts']} x {st['max_new_tokens']} new tokens, one request at a time; median of "
           f"{st['repeats']} interleaved rounds; load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; "
           f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s; dense {out['dense_us']:.0f} µs per layer")
-    head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "replay hit", "MB read", "stall",
-            "model tok/s", "model err", "identical")
+    head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "late", "replay hit (run 1)",
+            "replay late", "kernel on-time", "MB read", "stall", "model tok/s", "model err", "identical")
     print(" | ".join(head))
     for r in rows:
         print(" | ".join([
             r["config"], f"{r['tokens_per_s']:.2f}", f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})",
-            f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}",
-            "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f}",
+            f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}", f"{r.get('late', 0):.0f}",
+            "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f} ({r['runtime_hit_ratio_run0']:.3f})",
+            f"{r.get('replay_late', 0)}", "-" if r.get("kernel_hit_ratio") is None else f"{r['kernel_hit_ratio']:.3f}",
             f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['model_tokens_per_s']:.2f}",
             f"{r['model_error']:+.1%}", str(r["identical"])]))
     print("\nlast round's counters: wall s | predictor s | stall s | reads | s inside reads (summed over threads) | "

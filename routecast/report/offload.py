@@ -1,9 +1,10 @@
 """Demo-report section: offloaded inference of the trace's model, tokens/s vs budget per strategy.
 
 Small settings (the demo must stay quick): 1 validation-split prompt x 8 new tokens, one request at a time,
-one run per configuration, budgets 25 / 50 / 75% of the routed experts, strategies LRU without prefetch and
-LRU + PROBE-lookahead prefetch (the untrained frozen-gate prior: no fitting in the demo), plus the
-all-resident model. The figures come from routecast.runtime.offload.run; this module lays them out.
+one run per configuration, budgets 25 / 50 / 75% of the routed experts, strategies LRU without prefetch,
+LRU + PROBE-lookahead prefetch (the untrained frozen-gate prior: no fitting in the demo) and LRU + eMoE's
+fallback (runtime/offload/fallback.py: its greedy-token agreement with all-resident is its quality cost), plus
+the all-resident model. The figures come from routecast.runtime.offload.run; this module lays them out.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ STRATEGIES = ("none", "lookahead")
 
 def offload_sweep(model: str, *, prompts: str = "corpus:val:1", max_new_tokens: int = 8,
                   budgets: tuple[int, ...] = BUDGETS, strategies: tuple[str, ...] = STRATEGIES) -> list[dict[str, Any]]:
-    """One run per (strategy, budget %) plus all-resident -> rows: strategy, budget_pct, tokens_per_s, hit_ratio,
-    mb_read, stall_share, identical (tokens equal to all-resident's)."""
+    """One run per (strategy, budget %) plus all-resident and the fallback -> rows: strategy, budget_pct, tokens_per_s,
+    hit_ratio, mb_read, stall_share, rerouted (fallback's share of routed slots), agreement (share of generated
+    tokens equal to all-resident's), identical."""
+    from routecast.runtime.offload.fallback import token_agreement
     from routecast.runtime.offload.run import encode_prompts, make_predictor, run_config
     from routecast.trace.capture_arch import spec_from_model
     from routecast.trace.capture_inputs import load_model, load_prompts
@@ -36,14 +39,18 @@ def offload_sweep(model: str, *, prompts: str = "corpus:val:1", max_new_tokens: 
     run_config(model, reqs[:1], budget=None, loaded=(m, tok))  # warm-up: the first generate pays one-off set-up
     ref = run_config(model, reqs, budget=None, loaded=(m, tok))
     rows = [{"strategy": "all-resident", "budget_pct": 100, "tokens_per_s": ref["tokens_per_s"], "hit_ratio": 1.0,
-             "mb_read": 0.0, "stall_share": 0.0, "identical": True}]
-    for s in strategies:
+             "mb_read": 0.0, "stall_share": 0.0, "rerouted": 0.0, "agreement": 1.0, "identical": True}]
+    for s in (*strategies, "fallback"):
         for pct in budgets:
             b = max(1, int(round(pct / 100 * spec.num_layers * spec.num_experts)))
-            r = run_config(model, reqs, budget=b, prefetch=s, predictor=preds[s], loaded=(m, tok), cfg_kw={"verify": False})
-            rows.append({"strategy": "lru" if s == "none" else f"lru + {s} prefetch", "budget_pct": pct,
+            fb = s == "fallback"
+            r = run_config(model, reqs, budget=b, prefetch="none" if fb else s, predictor=None if fb else preds[s],
+                           loaded=(m, tok), cfg_kw={"verify": False, "fallback": fb})
+            name = "lru + eMoE fallback" if fb else "lru" if s == "none" else f"lru + {s} prefetch"
+            rows.append({"strategy": name, "budget_pct": pct,
                          "tokens_per_s": r["tokens_per_s"], "hit_ratio": r["hit_ratio"],
                          "mb_read": r["bytes_read"] / 1e6, "stall_share": r["stall_share"], "tier": r["tier_mode"],
+                         "rerouted": r.get("rerouted_share", 0.0), "agreement": token_agreement(ref["tokens"], r["tokens"]),
                          "identical": r["tokens"] == ref["tokens"]})
     return rows
 
@@ -79,7 +86,10 @@ def section_offload(trace: Trace, out_dir: str | Path) -> tuple[Section, dict[st
         f"read from its safetensors file on demand ({tier} reads, so the page cache does not hide the disk). Small "
         "demo settings: 1 prompt x 8 new tokens, one run each, one loaded model reused (noisy on a shared machine); prefetch uses PROBE's "
         "untrained lookahead (the next layer's router applied to this layer's router input). 'identical' compares "
-        "the generated tokens with the all-resident model's. benchmarks/offload.py measures the full table."))
+        "the generated tokens with the all-resident model's; the eMoE fallback routes a token to the best expert in "
+        "memory instead of loading a missing one, and its 'agreement' (share of generated tokens equal to "
+        "all-resident's) and 'rerouted' share are its quality cost. benchmarks/offload.py and "
+        "benchmarks/offload_fallback.py measure the full tables."))
     sec.parts.append(table(rows))
     sec.parts.append(figure(png, "Tokens/s vs memory budget per strategy."))
     return sec, {"rows": rows}

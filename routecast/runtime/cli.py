@@ -32,9 +32,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--per-layer", action="store_true", help="split the slots evenly per layer (default one pool)")
     p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
     p.add_argument("--loader-threads", type=int, default=2, help="background reader threads (default 2)")
+    p.add_argument("--prefetch-depth", type=int, default=1,
+                   help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
+    p.add_argument("--fallback", action="store_true",
+                   help="eMoE fallback: a token routed to an expert without a slot uses the best held expert instead of "
+                        "loading it (once the pool is full); also runs all-resident and prints the greedy-token agreement")
     p.add_argument("--write-profile", default=None, help="measure the disk tier and write a hardware profile TOML here")
     p.add_argument("--hardware", default=None, help="base profile for --write-profile (e.g. out/hardware/calibrated-cpu.toml)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="requests generated together, left-padded (default 1); offloaded = the all-resident batch's tokens")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed for fitting a predictor (default 0)")
     p.set_defaults(fn=cmd_run)
@@ -47,10 +54,11 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--prefetch is {a.prefetch!r}; expected one of {', '.join(PREFETCHERS)}.")
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens is {a.max_new_tokens}; expected at least 1.")
-    if a.threads < 1 or a.loader_threads < 1:
-        raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads}; expected at least 1 each.")
-    if not a.offload and (a.prefetch != "none" or a.write_profile):
-        raise ConfigError("--prefetch and --write-profile act on offloaded experts; expected --offload with them.")
+    if a.threads < 1 or a.loader_threads < 1 or a.prefetch_depth < 1 or a.batch_size < 1:
+        raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads} / --prefetch-depth "
+                          f"{a.prefetch_depth} / --batch-size {a.batch_size}; expected at least 1 each.")
+    if not a.offload and (a.prefetch != "none" or a.write_profile or a.fallback):
+        raise ConfigError("--prefetch, --fallback and --write-profile act on offloaded experts; expected --offload with them.")
     if a.write_profile and not a.hardware:
         raise ConfigError("--write-profile needs --hardware BASE.toml (e.g. from `routecast calibrate`) to take the compute figures from.")
     from routecast.common.outputs import check_out_file
@@ -82,14 +90,20 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     spec = spec_from_model(model)
     requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
     if not a.offload:
-        return run_config(a.model, requests, budget=None, progress=True, threads=a.threads)
+        return run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
     budget = parse_budget(a.budget, spec.num_layers * spec.num_experts, spec.expert_bytes)
     pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
                           threads=a.threads)
     del model
-    kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads)
+    kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
+              fallback=a.fallback)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
-                     progress=True, threads=a.threads)
+                     progress=True, threads=a.threads, batch_size=a.batch_size)
+    if a.fallback:
+        from routecast.runtime.offload.fallback import token_agreement
+
+        ref = run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
+        res["agreement"] = token_agreement(ref["tokens"], res["tokens"])
     if a.write_profile:
         res["profile"] = write_profile(a.model, a.write_profile, a.hardware, direct=not a.no_direct)
     return res
@@ -128,13 +142,17 @@ def format_figures(r: dict[str, Any]) -> str:
              f"= {r['tokens_per_s']:.2f} tokens/s"]
     if r["config"] != "all-resident":
         lines.append(f"budget {r['budget']} of {r['experts_total']} experts; hit ratio {r['hit_ratio']:.3f} "
-                     f"(hits {r['hits']}, late prefetches {r['late']}, misses {r['misses']}); "
+                     f"(hits {r['hits']} of which late prefetches {r['late']}, misses {r['misses']}; on time "
+                     f"{r['on_time_hit_ratio']:.3f}); "
                      f"bytes loaded {r['bytes_read'] / 1e6:.1f} MB in {r['reads']} {r['tier_mode']} reads; "
                      f"stall share {r['stall_share']:.1%}")
         if r["config"] != "none":
             lines.append(f"prefetch: issued {r['prefetch_issued']}, loaded {r['prefetch_loaded']}, useful "
                          f"{r['prefetch_useful']}, cancelled {r['prefetch_cancelled']}, dropped {r['prefetch_dropped']}, "
                          f"mispredicted evicted first {r['mispredicted']}; predictor {r['predict_s']:.2f} s")
+    if "rerouted" in r:
+        lines.append(f"fallback: rerouted {r['rerouted']} of {r['routed_slots']} routed (token, k) slots "
+                     f"({r['rerouted_share']:.1%}); greedy-token agreement with all-resident {r['agreement']:.3f}")
     if "profile" in r:
         p = r["profile"]
         lines.append(f"slow tier ({p['mode']}): {p['bandwidth_Bps'] / 1e9:.3f} GB/s per expert read "

@@ -1,5 +1,6 @@
 """Offloaded generation on the built-in models: token-for-token identical to all-resident, the runtime's hit
-ratio equal to the replay kernel's on its own access log (LRU), the disk tier's bytes, and bad input."""
+ratio equal to the replay's on its own access log (the kernel's LRU; the slot replay with prefetch), the disk
+tier's bytes, and bad input."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import struct
 import pytest
 
 from routecast.cache.replay import ReplayConfig, run_policy
+from routecast.cache.slots import replay_slots
 from routecast.cli import main
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.run import accesses_from_log, encode_prompts, make_predictor, run_config
@@ -42,6 +44,12 @@ def test_greedy_tokens_identical_to_all_resident(setup, frac, prefetch) -> None:
     assert got["bytes_read"] >= got["reads"] * got["expert_bytes"]  # every read fetched at least one expert
     if prefetch != "none":
         assert got["prefetch_issued"] > 0 and got["pred_sets"].shape[1:] == (s.num_layers, s.num_experts)
+    # the replay of the runtime's own access log and forecast sets counts the same hits (timing-free definition)
+    acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
+    rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, pred_SLE=got["pred_sets"],
+                       layer_ahead=prefetch == "lookahead")
+    assert (rep["hits"], rep["misses"], rep["prefetch_issued"]) == (got["hits"], got["misses"], got["prefetch_issued"])
+    assert rep["hit_ratio"] == got["hit_ratio"] and got["late"] <= got["hits"]
 
 
 def test_per_layer_pools_keep_tokens_and_per_layer_budget(setup) -> None:
@@ -72,6 +80,8 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch", "psychic"], "--prefetch is 'psychic'"),
     (["--prefetch", "lookahead"], "expected --offload"),
     (["--offload", "--model", "NOPE_DIR"], "--model"),
+    (["--offload", "--batch-size", "0"], "--batch-size 0"),
+    (["--fallback"], "expected --offload"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2

@@ -49,7 +49,9 @@ class OffloadConfig:
     (else posix_fadvise DONTNEED before each read). loader_threads: background readers. verify: compare
     every expert's checkpoint bytes with the loaded weights before freeing them. check: assert the store's
     slot accounting after every change. keep_weights: keep the model's own expert tensors aside (not used) so
-    close() can put them back and the model be reused (demo and benchmarks; memory is then not saved)."""
+    close() can put them back and the model be reused (demo and benchmarks; memory is then not saved). depth: a
+    forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one. fallback:
+    eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot."""
 
     budget: int
     per_layer: bool = False
@@ -58,6 +60,8 @@ class OffloadConfig:
     verify: bool = True
     check: bool = False
     keep_weights: bool = False
+    depth: int = 1
+    fallback: bool = False
 
 
 class _SlotView:
@@ -109,7 +113,9 @@ class OffloadedModel:
         if cfg.verify:
             self._verify()
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
-                                                        loader_threads=cfg.loader_threads, check=cfg.check))
+                                                        loader_threads=cfg.loader_threads, check=cfg.check,
+                                                        depth=cfg.depth,
+                                                        keep_per_layer=self.K if cfg.fallback else 0))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}
         for li, b in enumerate(self.blocks):
@@ -118,6 +124,11 @@ class OffloadedModel:
                 if cfg.keep_weights:
                     self._kept[(li, n)] = p
             b.experts.forward = self._make_forward(li, b.experts)
+        self.fallback = None
+        if cfg.fallback:
+            from routecast.runtime.offload.fallback import Fallback
+
+            self.fallback = Fallback(model)
         self.predictor = predictor
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
@@ -126,6 +137,8 @@ class OffloadedModel:
         if predictor is not None and predictor.horizon == "layer":
             self.hooks += [b.router.register_forward_hook(self._router_hook(li)) for li, b in enumerate(self.blocks)]
         self.request = 0
+        self._first = 1
+        self._shape = (1, 0)
         self.position = 0
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
@@ -150,6 +163,8 @@ class OffloadedModel:
         """Stop the loader threads, remove the hooks; with keep_weights, give the model its expert tensors back."""
         for h in self.hooks:
             h.remove()
+        if self.fallback is not None:
+            self.fallback.close()
         self.store.close()
         self.tier.close()
         for (li, n), p in self._kept.items():
@@ -163,6 +178,10 @@ class OffloadedModel:
         store, E = self.store, self.E
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+            if self.fallback is not None:
+                held, full = store.held_experts(li)
+                top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
+                                                                   torch.from_numpy(held), full)
             uniq, counts = torch.unique(top_k_index, return_counts=True)
             self.log.append((li, uniq.numpy().astype(np.int64), counts.numpy().astype(np.int64)))
             self._step_ids[li] = top_k_index
@@ -183,9 +202,10 @@ class OffloadedModel:
         return forward
 
     # ------------------------------------------------------------------ step hooks and forecasts
-    def new_request(self) -> None:
-        """The next forward is the prefill of a new request (positions restart at 0)."""
-        self.request += 1
+    def new_request(self, n: int = 1) -> None:
+        """The next forward is the prefill of `n` new requests, one per batch row (positions restart at 0)."""
+        self._first = self.request + 1
+        self.request += n
         self.position = 0
 
     def _view(self, layer: int | None = None, hidden: np.ndarray | None = None):
@@ -193,8 +213,9 @@ class OffloadedModel:
 
         tok = self._tokens
         T = tok.shape[0]
-        return StepView(spec=self.spec, step=self.step, request=np.full(T, self.request, np.int64),
-                        position=(self.position + np.arange(T)).astype(np.int32), token_id=tok.astype(np.int32),
+        B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
+        return StepView(spec=self.spec, step=self.step, request=self._first + np.repeat(np.arange(B, dtype=np.int64), S),
+                        position=(self.position + np.tile(np.arange(S), B)).astype(np.int32), token_id=tok.astype(np.int32),
                         phase=np.full(T, PREFILL if self.position == 0 else DECODE, np.int8),
                         task=np.zeros(T, np.int16), layer=layer, hidden_TlH=hidden)
 
@@ -207,8 +228,9 @@ class OffloadedModel:
 
     def _step_start(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None or ids.shape[0] != 1:
-            raise ConfigError("--offload runs one request at a time; expected input_ids of batch size 1.")
+        if ids is None or ids.ndim != 2:
+            raise ConfigError("--offload: the forward got no input_ids [batch, tokens]; expected token ids.")
+        self._shape = (int(ids.shape[0]), int(ids.shape[1]))
         self._tokens = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
         self._pred = np.zeros((self.L, self.E), bool)
@@ -245,15 +267,18 @@ class OffloadedModel:
                                                task=tok.task, experts_TLK=ids,
                                                weights_TLK=np.ones(ids.shape, np.float32) / self.K))
             self.pred_sets.append(self._pred)
-        self.position += int(self._tokens.shape[0])
+        self.position += self._shape[1]
         self.step += 1
 
     # ------------------------------------------------------------------ figures
     def figures(self) -> dict[str, Any]:
         s = dict(self.store.stats)
-        asked = s["hits"] + s["late"] + s["misses"]
-        s.update(hit_ratio=s["hits"] / max(asked, 1), bytes_read=self.tier.bytes_read, reads=self.tier.reads,
+        asked = s["hits"] + s["misses"]  # a late prefetch is a hit (cache/slots.py), counted apart in "late"
+        s.update(hit_ratio=s["hits"] / max(asked, 1), on_time_hit_ratio=(s["hits"] - s["late"]) / max(asked, 1),
+                 bytes_read=self.tier.bytes_read, reads=self.tier.reads,
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
                  experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl,
                  predict_s=self.predict_s)
+        if self.fallback is not None:
+            s.update(self.fallback.figures())
         return s

@@ -1,4 +1,4 @@
-"""Generation runs: all-resident or offloaded, greedy, one request at a time, with the figures of a run.
+"""Generation runs: all-resident or offloaded, greedy, one request or a left-padded batch at a time, with figures.
 
 ``generate_all`` is the loop both configurations share (so their tokens compare one to one);
 ``run_config`` builds a fresh model + store for one (budget, prefetch) configuration, runs the prompts
@@ -34,30 +34,45 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[dict[str, Any]], max_new_to
 
 
 def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[list[int], int]], *,
-                 offloaded: OffloadedModel | None = None, progress: bool = False, desc: str = "generate") -> dict[str, Any]:
-    """Greedy generation of every request, one at a time -> {'tokens': [[new ids]...], 'wall_s', 'new_tokens',
-    'prompt_tokens'}. Wall time covers prefill and decode of all requests (tokenisation excluded)."""
+                 offloaded: OffloadedModel | None = None, progress: bool = False, desc: str = "generate",
+                 batch_size: int = 1) -> dict[str, Any]:
+    """Greedy generation of every request, `batch_size` at a time (left-padded, as capture does) -> {'tokens':
+    [[new ids]...], 'wall_s', 'new_tokens', 'prompt_tokens'}. A batch runs to its longest budget; each request
+    keeps its own budget's tokens, cut after its first EOS. Wall time covers prefill and decode of all requests
+    (tokenisation excluded)."""
     from tqdm.auto import tqdm
 
-    from routecast.trace.capture import _generation_setup
+    from routecast.trace.capture import _generation_setup, _pad
 
-    gc, _pad, _eos = _generation_setup(model, tokenizer)
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size is {batch_size}; expected at least 1.")
+    gc, pad, eos = _generation_setup(model, tokenizer)
     outs, new, prompt = [], 0, 0
     switch = sys.getswitchinterval()
     if offloaded is not None:  # loader threads hand the GIL back sooner (default 5 ms stalls the forward)
         sys.setswitchinterval(SWITCH_S)
+    batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
     t0 = time.perf_counter()
     with torch.no_grad():
-        for ids, budget in tqdm(requests, desc=desc, disable=not progress, unit="request"):
+        for batch in tqdm(batches, desc=desc, disable=not progress, unit="batch" if batch_size > 1 else "request"):
             if offloaded is not None:
-                offloaded.new_request()
-            x = torch.tensor([ids], dtype=torch.long)
-            gc.max_new_tokens = budget
-            seq = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gc)
-            got = seq[0, len(ids):].tolist()
-            outs.append(got)
-            new += len(got)
-            prompt += len(ids)
+                offloaded.new_request(len(batch))
+            if len(batch) == 1:
+                x, mask = torch.tensor([batch[0][0]], dtype=torch.long), None
+            else:
+                ids_np, mask_np = _pad([ids for ids, _ in batch], pad, left=True)
+                x, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
+            gc.max_new_tokens = max(b for _, b in batch)
+            seq = model.generate(input_ids=x, attention_mask=torch.ones_like(x) if mask is None else mask,
+                                 generation_config=gc)
+            for row, (ids, budget) in enumerate(batch):
+                got = seq[row, x.shape[1]:x.shape[1] + budget].tolist()
+                if len(batch) > 1:
+                    stop = next((i for i, t in enumerate(got) if t in eos), None)
+                    got = got if stop is None else got[:stop + 1]
+                outs.append(got)
+                new += len(got)
+                prompt += len(ids)
     wall = time.perf_counter() - t0
     sys.setswitchinterval(switch)
     return {"tokens": outs, "wall_s": wall, "new_tokens": new, "prompt_tokens": prompt}
@@ -128,7 +143,8 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
 
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
-               progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None) -> dict[str, Any]:
+               progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
+               batch_size: int = 1) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
     `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back."""
     from routecast.trace.capture_inputs import load_model
@@ -139,7 +155,7 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         cfg_kw = {**(cfg_kw or {}), "keep_weights": True}
     path = Path(model_dir) if Path(str(model_dir)).is_dir() else _builtin_dir(str(model_dir))
     if budget is None:
-        res = generate_all(model, tok, requests, progress=progress, desc="all-resident")
+        res = generate_all(model, tok, requests, progress=progress, desc="all-resident", batch_size=batch_size)
         res.update(config="all-resident", tokens_per_s=res["new_tokens"] / res["wall_s"], hit_ratio=1.0,
                    bytes_read=0, stall_s=0.0, stall_share=0.0)
         return res
@@ -147,7 +163,8 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
     off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
     try:
-        res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}")
+        res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}",
+                           batch_size=batch_size)
     finally:
         off.close()
     fig = off.figures()

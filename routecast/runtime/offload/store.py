@@ -1,22 +1,22 @@
-"""The expert store: a fast tier of `budget` expert slots over the slow tier, with a background prefetcher.
+"""The expert store: a fast tier of `budget` expert slots over the slow tier, with background loader threads.
 
 Keys are ``layer * E + expert`` (MoE layers 0..L-1). Each slot holds one expert's fused tensors (one pool
-tensor [budget, ...] per fused parameter, so the MoE forward computes straight from the pool). A key is
-ABSENT, LOADING (a slot is reserved and a reader is filling it) or RESIDENT. Slots are pooled across
-layers (ExpertFlow) or split evenly per layer (Cache-MoE); the slot count is fixed when the store is built
-and every state change is checked (``check``): occupied slots never exceed the budget of their pool.
+tensor [budget, ...] per fused parameter, so the MoE forward computes straight from the pool).
 
-One access (``access``) is one MoE layer of one forward step: the union of the experts its tokens route to.
-- Real-time correction first: queued prefetches of this layer that the true routing does not use are
-  cancelled, and forecast experts of this layer that are resident but unused become the first victims
-  (cache/policy.py, ExpertFlow's PLEC correction).
-- Hits (RESIDENT) are computed at once; a prefetch still LOADING is waited for ("late"); a miss reserves a
-  slot (evicting the policy's victim, never a pinned or loading expert) and is read on demand by the
-  loader threads ahead of every queued prefetch, while the hits compute.
-- Prefetches (``prefetch``) queue nearest layer first; a prefetch only evicts an expert that ranks below
-  it (cache/policy.py), else it is dropped.
-Counters: hits, late, misses, prefetches issued / loaded / useful / cancelled / dropped, bytes read,
-stall seconds (the compute thread waiting for weights).
+Which experts hold slots is decided by cache/slots.py's SlotCache, on the compute thread, from the accesses and
+forecasts alone: the same object drives the Python replay (``cache.slots.replay_slots``), so the runtime's hit
+ratio equals the replay's for the same access log and forecast sets, whatever the threads do. This file adds
+the data side: a reserved slot is filled by a loader thread (demand loads first, then prefetches nearest layer
+first); an access computes the experts whose weights are in their slots at once and waits for the rest.
+- A hit whose prefetch is still queued or being read is a *late prefetch*: it is waited for (no second read; a
+  queued one jumps to the front of the queue) and counted in ``late``; the wait is stall time.
+- A miss reserves a slot (evicting the policy's victim) and is read on demand while the hits compute.
+- Real-time correction: a prefetch of this layer that the routing does not use and nothing used yet gives its
+  slot back, and its read is skipped if it has not started (``reads_skipped``).
+- An evicted or released key's queued read is skipped; a slot still being written by an old read is reused
+  only when that read ends.
+Counters: SlotCache's (hits, misses, prefetches issued / useful / cancelled / dropped, evictions, ...) plus
+late, prefetch_loaded, reads_skipped and stall seconds (the compute thread waiting for weights).
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from routecast.cache.policy import ExpertPolicy
+from routecast.cache.slots import Load, SlotCache
 from routecast.common.errors import ConfigError
 
-ABSENT, LOADING, RESIDENT = 0, 1, 2
 _DEMAND = -1.0
 
 
@@ -41,12 +40,16 @@ _DEMAND = -1.0
 class StoreConfig:
     """budget: expert slots in the fast tier (all layers). per_layer: split them evenly per layer.
     loader_threads: background readers (demand loads and prefetches share them, demand first).
-    check: verify the whole slot accounting after every change (tests); the occupied count is always asserted."""
+    check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
+    depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one.
+    keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k)."""
 
     budget: int
     per_layer: bool = False
     loader_threads: int = 2
     check: bool = False
+    depth: int = 1
+    keep_per_layer: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
@@ -64,35 +67,21 @@ class ExpertStore:
         lay = tier.layout
         self.tier, self.cfg = tier, cfg
         self.L, self.E = lay.num_layers, lay.num_experts
+        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer)
         n_keys = self.L * self.E
-        if cfg.budget > n_keys:
-            raise ConfigError(f"budget is {cfg.budget} expert slots; expected at most {n_keys} (all L·E experts).")
-        if cfg.per_layer and cfg.budget < self.L:
-            raise ConfigError(f"budget of {cfg.budget} slots leaves layers with none when split over {self.L} layers; "
-                              f"expected at least {self.L} for per-layer pools.")
         self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
-        n_pools = self.L if cfg.per_layer else 1
-        base, extra = divmod(cfg.budget, n_pools)
-        caps = [base + (i < extra) for i in range(n_pools)]
-        starts = np.concatenate([[0], np.cumsum(caps)])
-        self.capacity = caps
-        self.free = [list(range(int(starts[i + 1]) - 1, int(starts[i]) - 1, -1)) for i in range(n_pools)]
-        self.policies = [ExpertPolicy() for _ in range(n_pools)]
-        self.state = np.zeros(n_keys, np.int8)
-        self.slot_of = np.full(n_keys, -1, np.int64)
-        self.key_of = np.full(cfg.budget, -1, np.int64)
-        self.pins = np.zeros(n_keys, np.int64)
-        self.prefetched = np.zeros(n_keys, bool)  # loaded by a prefetch and not used yet
+        self.ready = np.zeros(n_keys, bool)  # the holder's weights are in its slot
+        self.load_id = np.zeros(n_keys, np.int64)  # bumped when a key (re)reserves or loses its slot
+        self.job_seq = np.zeros(n_keys, np.int64)  # the seq of the key's live queued read
+        self.writing = np.zeros(cfg.budget, bool)  # a read is filling the slot
+        self.by_prefetch = np.zeros(n_keys, bool)  # the key's current read was issued by a prefetch
         self.events: dict[int, threading.Event] = {}
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
-        self.jobs: list[tuple[float, int, int, int]] = []  # (priority, seq, key, slot or -1)
-        self.queued: dict[int, int] = {}  # key -> seq of its live queued prefetch
-        self.forecast: dict[int, set[int]] = {}  # layer -> keys forecast for it in this step
+        self.jobs: list[tuple[float, int, int, int, int]] = []  # (priority, seq, key, slot, load id)
         self.seq = 0
-        self.stats = dict(hits=0, late=0, misses=0, prefetch_issued=0, prefetch_loaded=0, prefetch_useful=0,
-                          prefetch_cancelled=0, prefetch_dropped=0, evictions=0, mispredicted=0, stall_s=0.0,
-                          accesses=0, max_occupied=0)
+        self.stats = self.slots.stats
+        self.stats.update(late=0, prefetch_loaded=0, reads_skipped=0, stall_s=0.0)
         self.error: BaseException | None = None
         self._stop = False
         self.threads = [threading.Thread(target=self._worker, daemon=True, name=f"offload-loader-{i}")
@@ -100,94 +89,72 @@ class ExpertStore:
         for t in self.threads:
             t.start()
 
-    # ------------------------------------------------------------------ bookkeeping
-    def pool_of(self, key: int) -> int:
-        return key // self.E if self.cfg.per_layer else 0
-
-    def _pinned(self, key: int) -> bool:
-        return self.pins[key] > 0 or self.state[key] == LOADING
+    @property
+    def capacity(self) -> list[int]:
+        return self.slots.capacity
 
     def check(self) -> None:
-        """Assert the slot accounting: occupied slots <= each pool's capacity (the budget), maps consistent."""
-        occupied = np.flatnonzero(self.state != ABSENT)
-        assert len(occupied) <= self.cfg.budget, f"{len(occupied)} experts occupy slots; budget {self.cfg.budget}"
-        assert len(occupied) + sum(len(f) for f in self.free) == self.cfg.budget, "slot leak"
-        assert int(np.count_nonzero(self.key_of >= 0)) == len(occupied), "slot map size"
-        assert np.all(self.key_of[self.slot_of[occupied]] == occupied), "slot map mismatch"
-        if self.cfg.per_layer:
-            per = np.bincount(occupied // self.E, minlength=self.L)
-            assert np.all(per <= np.asarray(self.capacity)), f"per-layer occupancy {per} over {self.capacity}"
-        for p, pol in enumerate(self.policies):
-            assert len(pol) == sum(1 for k in occupied if self.pool_of(int(k)) == p), "policy out of sync"
-
-    def _take_slot(self, key: int, below: tuple[int, int] | None) -> int:
-        """A free or freed slot of key's pool for key (evicting the policy's victim), -1 if none may be freed."""
-        p = self.pool_of(key)
-        if self.free[p]:
-            return self.free[p].pop()
-        victim = self.policies[p].victim(self._pinned, below)
-        if victim < 0:
-            return -1
-        slot = int(self.slot_of[victim])
-        self.policies[p].remove(victim)
-        self.state[victim] = ABSENT
-        self.slot_of[victim] = -1
-        self.key_of[slot] = -1
-        self.prefetched[victim] = False
-        self.stats["evictions"] += 1
-        return slot
-
-    def _reserve(self, key: int, slot: int) -> threading.Event:
-        self.state[key] = LOADING
-        self.slot_of[key] = slot
-        self.key_of[slot] = key
-        self.policies[self.pool_of(key)].admit(key)
-        ev = self.events[key] = threading.Event()
-        occ = int(np.count_nonzero(self.state))
-        assert occ <= self.cfg.budget, f"{occ} experts occupy slots; the budget is {self.cfg.budget}"
-        self.stats["max_occupied"] = max(self.stats["max_occupied"], occ)
-        return ev
-
-    def _push(self, prio: float, key: int, slot: int, wake: bool = True) -> int:
-        self.seq += 1
-        heapq.heappush(self.jobs, (prio, self.seq, key, slot))
-        if wake:
-            self.cond.notify()
-        return self.seq
+        """Assert the slot accounting (SlotCache.check): held keys <= each pool's capacity, maps consistent."""
+        with self.lock:
+            self.slots.check()
 
     # ------------------------------------------------------------------ loader threads
+    def _push(self, prio: float, key: int, slot: int) -> None:
+        self.seq += 1
+        self.job_seq[key] = self.seq
+        heapq.heappush(self.jobs, (prio, self.seq, key, slot, int(self.load_id[key])))
+
+    def _issue(self, loads: list[Load], prio_of: Callable[[int], float], prefetch: bool = False) -> None:
+        """Reserved slots -> queued reads; an evicted key's queued read goes stale."""
+        for key, slot, victim in loads:
+            if victim >= 0:
+                self._lose(victim)
+            self.load_id[key] += 1
+            self.ready[key] = False
+            self.by_prefetch[key] = prefetch
+            self.events[key] = threading.Event()
+            self._push(prio_of(key), key, slot)
+        if loads:
+            self.cond.notify(len(self.threads))
+        if self.cfg.check:
+            self.slots.check()
+
+    def _lose(self, key: int) -> None:
+        """key left its slot: a read not started is skipped, one in progress is discarded when it ends."""
+        if not self.ready[key] and self.job_seq[key] > 0:
+            self.stats["reads_skipped"] += 1
+            self.job_seq[key] = 0
+        self.load_id[key] += 1
+        self.ready[key] = False
+
     def _worker(self) -> None:
         while True:
             with self.cond:
-                while not self.jobs and not self._stop:
-                    self.cond.wait()
-                if self._stop:
-                    return
-                prio, seq, key, slot = heapq.heappop(self.jobs)
-                if slot < 0:  # a prefetch: still wanted, still absent, and a slot it may take?
-                    if self.queued.get(key) != seq:
-                        continue
-                    del self.queued[key]
-                    if self.state[key] != ABSENT:
-                        continue
-                    slot = self._take_slot(key, (2, -int(key // self.E)))
-                    if slot < 0:
-                        self.stats["prefetch_dropped"] += 1
-                        continue
-                    self._reserve(key, slot)
-                    self.prefetched[key] = True
-                    if self.cfg.check:
-                        self.check()
-                ev = self.events[key]
+                while True:
+                    while not self.jobs and not self._stop:
+                        self.cond.wait()
+                    if self._stop:
+                        return
+                    prio, seq, key, slot, lid = heapq.heappop(self.jobs)
+                    if self.job_seq[key] != seq or self.load_id[key] != lid:
+                        continue  # stale: skipped, or re-queued ahead (late prefetch)
+                    while self.writing[slot]:  # an old read still fills this slot
+                        self.cond.wait()
+                    if self.job_seq[key] == seq and self.load_id[key] == lid:
+                        break
+                self.job_seq[key] = 0
+                self.writing[slot] = True
             try:
                 self.tier.read_into(key, {p: t[slot] for p, t in self.pools.items()})
             except BaseException as e:  # surfaced to the compute thread, never swallowed
                 self.error = e
             with self.cond:
-                self.state[key] = RESIDENT
-                if prio != _DEMAND:
-                    self.stats["prefetch_loaded"] += 1
-                ev.set()
+                self.writing[slot] = False
+                if self.load_id[key] == lid:
+                    self.ready[key] = True
+                    self.events[key].set()
+                    if self.by_prefetch[key]:
+                        self.stats["prefetch_loaded"] += 1
                 self.cond.notify_all()
 
     def close(self) -> None:
@@ -197,116 +164,70 @@ class ExpertStore:
         for t in self.threads:
             t.join()
 
-    # ------------------------------------------------------------------ prefetch and correction
+    # ------------------------------------------------------------------ prefetch
     def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> None:
-        """Queue the forecast experts of `layers` (nearest first: priority = layers ahead of current_layer);
-        they are protected from eviction until their layer's routing arrives or the step ends."""
+        """Forecast keys of `layers` reserve their slots (SlotCache.prefetch: now up to `depth` layers ahead, the rest
+        as the layers run); their reads queue nearest layer first (priority = layers ahead of the running one)."""
         with self.cond:
-            for layer, keys in zip(layers, keys_by_layer, strict=True):
-                ks = [int(k) for k in keys]
-                self.forecast.setdefault(int(layer), set()).update(ks)
-                self.policies[0 if not self.cfg.per_layer else int(layer)].mark_predicted(ks, lambda k: k // self.E)
-                for k in ks:
-                    if self.state[k] == ABSENT and k not in self.queued:
-                        self.queued[k] = self._push(float(layer - current_layer), k, -1, wake=False)
-                        self.stats["prefetch_issued"] += 1
-            if self.jobs:  # one wake-up per forecast, not per expert (each costs a GIL hand-over)
-                self.cond.notify(len(self.threads))
-
-    def _correct(self, layer: int, used: set[int]) -> None:
-        """Layer `layer`'s true routing arrived: cancel its wrong queued prefetches, demote its wrong residents."""
-        keys = self.forecast.pop(layer, set())
-        for k in keys - used:
-            if self.queued.pop(k, None) is not None:
-                self.stats["prefetch_cancelled"] += 1
-        pol = self.policies[layer if self.cfg.per_layer else 0]
-        self.stats["mispredicted"] += len(pol.mark_spent(keys, used))
+            loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
+            self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
 
     def end_step(self) -> None:
-        """The forward step finished: queued prefetches and forecast marks of the step are dropped."""
+        """The forward step finished: its forecast marks are dropped (reads already issued go on)."""
         with self.cond:
-            self.stats["prefetch_cancelled"] += len(self.queued)
-            self.queued.clear()
-            self.forecast.clear()
-            for pol in self.policies:
-                pol.end_step()
+            self.slots.end_step()
 
     # ------------------------------------------------------------------ the access
     def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
         """Make `experts` (ascending ids) of `layer` available and call compute(experts_n, slots_n) on ready
-        groups of them (hits first, then loaded misses); every expert is computed exactly once."""
+        groups of them (hits first, then late prefetches and loaded misses); every expert is computed once."""
         keys = [layer * self.E + int(e) for e in experts]
-        todo = list(keys)
         with self.cond:
-            self.stats["accesses"] += 1
-            self._correct(layer, set(keys))
-            first = True
-            while todo:
-                ready, wait, later = [], [], []
-                for k in todo:
-                    st = self.state[k]
-                    if st == RESIDENT:
-                        ready.append(k)
-                        if first:
-                            self.stats["hits"] += 1
-                            if self.prefetched[k]:
-                                self.stats["prefetch_useful"] += 1
-                        self.prefetched[k] = False
-                        self.policies[self.pool_of(k)].touch(k)
-                    elif st == LOADING:
-                        wait.append(k)
-                        if first:
-                            self.stats["late"] += 1
-                            if self.prefetched[k]:
-                                self.stats["prefetch_useful"] += 1
-                        self.prefetched[k] = False
-                        self.policies[self.pool_of(k)].touch(k)
-                    else:
-                        later.append(k)
-                    self.pins[k] += 1
-                for k in later:  # misses: a slot now (demand loads go before every queued prefetch)
-                    if first:
-                        self.stats["misses"] += 1
-                    self.queued.pop(k, None)
-                    slot = self._take_slot(k, None)
-                    if slot >= 0:
-                        self._reserve(k, slot)
-                        self._push(_DEMAND, k, slot, wake=False)
-                        wait.append(k)
-                    if self.cfg.check:
-                        self.check()
-                if later:
-                    self.cond.notify(len(self.threads))
-                deferred = [k for k in later if self.state[k] == ABSENT]
-                for k in deferred:
-                    self.pins[k] -= 1
-                first = False
-                self.cond.release()
-                try:
-                    if ready:
-                        self._compute(ready, compute)
-                    if wait:
-                        t0 = time.perf_counter()
-                        for k in wait:
-                            self.events[k].wait()
-                        self.stats["stall_s"] += time.perf_counter() - t0
-                        if self.error is not None:
-                            raise self.error
-                        self._compute(sorted(wait), compute)
-                finally:
-                    self.cond.acquire()
-                    for k in ready + wait:
-                        self.pins[k] -= 1
-                if deferred and not ready and not wait:  # every slot is loading a prefetch: wait for one
-                    t0 = time.perf_counter()
-                    self.cond.wait(timeout=0.05)
-                    self.stats["stall_s"] += time.perf_counter() - t0
-                todo = deferred
+            released, hits, loads, deferred, later = self.slots.access(layer, keys)
+            for k in released:
+                self._lose(k)
+            now = [k for k in hits if self.ready[k]]
+            wait = [k for k in hits if not self.ready[k]]
+            self.stats["late"] += len(wait)
+            for k in wait:
+                if self.job_seq[k] > 0:  # queued, not started: it goes before every prefetch now
+                    self._push(_DEMAND, k, int(self.slots.slot_of[k]))
+            self._issue(loads, lambda k: _DEMAND)
+            self._issue(later, lambda k: float(k // self.E - layer), prefetch=True)
+            wait += [k for k, _, _ in loads]
+            slot_now = self.slots.slot_of[np.asarray(now, np.int64)].copy()
+        if now:
+            self._run(now, slot_now, compute)
+        while True:
+            if wait:
+                t0 = time.perf_counter()
+                for k in wait:
+                    self.events[k].wait()
+                self.stats["stall_s"] += time.perf_counter() - t0
+                if self.error is not None:
+                    raise self.error
+                with self.lock:
+                    slot_w = self.slots.slot_of[np.asarray(sorted(wait), np.int64)].copy()
+                self._run(sorted(wait), slot_w, compute)
+            with self.cond:
+                self.slots.unpin(now + wait)
+                if not deferred:
+                    return
+                loads, deferred = self.slots.next_round(deferred)
+                self._issue(loads, lambda k: _DEMAND)
+                now, wait = [], [k for k, _, _ in loads]
 
-    def _compute(self, keys: list[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
-        k = np.asarray(keys, np.int64)
-        compute(k % self.E, self.slot_of[k].copy())
+    def _run(self, keys: list[int], slots: np.ndarray, compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        compute(np.asarray(keys, np.int64) % self.E, slots)
+
+    def held_experts(self, layer: int) -> tuple[np.ndarray, bool]:
+        """(bool (E,) the experts of `layer` that hold a slot (resident or with a read under way), whether the
+        layer's pool has no free slot)."""
+        with self.lock:
+            full = not self.slots.free[self.slots.pool_of(layer * self.E)]
+            return self.slots.held[layer * self.E:(layer + 1) * self.E].copy(), full
 
     def resident_keys(self) -> np.ndarray:
+        """Keys whose weights are in their slots now."""
         with self.lock:
-            return np.flatnonzero(self.state == RESIDENT)
+            return np.flatnonzero(self.slots.held & self.ready)
