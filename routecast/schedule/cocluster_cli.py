@@ -49,6 +49,11 @@ def check_max_tokens(value: int | None, default: int) -> int | None:
     return value or None
 
 
+def rebatch_max_tokens(value: int | None) -> int | None:
+    """`schedule rebatch`'s --max-tokens cap (check_max_tokens with its own default)."""
+    return check_max_tokens(value, MAX_REBATCH_TOKENS)
+
+
 def cocluster_main(a: argparse.Namespace) -> int:
     """`routecast schedule cocluster TRACE --ep 8 --method smoe`: fit on the training documents, score on the
     held-out ones (and in sample), print the table, write the JSON and the plan file."""
