@@ -12,9 +12,13 @@ excluded; with cache=True it is paid once per machine); the Python baseline is t
 Traces: synthetic presets generated in-process (seed 0): mixtral-8x7b (32 x 8, 300 requests) and
 deepseek-v3 (58 x 256, 10 requests); a captured trace with --trace DIR.
 
-Run: python benchmarks/cache_replay_speed.py [--reps 3] [--trace DIR]
+Windowed replay (what `routecast cache replay` runs: the kernel carries its state from one window of steps
+to the next) is timed the same way with --window-steps steps per kernel call, and each policy's result is
+checked bit-identical to the one-call replay.
+
+Run: python benchmarks/cache_replay_speed.py [--reps 3] [--trace DIR] [--window-steps 16]
 Writes out/bench/cache_replay_speed.json; ends with one line per trace:
-`TRACE: kernel LRU X M events/s, Python LRU Y M events/s, R x; slowest policy P Z M events/s`.
+`TRACE: kernel LRU X M events/s, Python LRU Y M events/s, R x; slowest policy P Z M events/s; windowed ...`.
 """
 
 from __future__ import annotations
@@ -64,7 +68,12 @@ def python_lru(acc, budget: int) -> int:
     return loads
 
 
-def bench(name: str, trace: Trace, reps: int) -> dict:
+def _same(a: dict, b: dict) -> bool:
+    """Two run_policy rows equal in every field but the timing."""
+    return all(k in ("replay_s", "events_per_s") or a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
+
+
+def bench(name: str, trace: Trace, reps: int, window_steps: int) -> dict:
     t0 = time.perf_counter()
     acc = build_accesses(trace)
     build_s = time.perf_counter() - t0
@@ -83,24 +92,34 @@ def bench(name: str, trace: Trace, reps: int) -> dict:
         for _ in range(reps):
             r = run_policy(acc, pol, cfg, forecast=fc, expert_bytes=eb)
             ts.append(r["replay_s"])
+        wts, same = [], True
+        for _ in range(reps):
+            w = run_policy(acc, pol, cfg, forecast=fc, expert_bytes=eb, window_steps=window_steps)
+            wts.append(w["replay_s"])
+            same = same and _same(w, r)
         per[pol] = {"median_s": float(np.median(ts)), "min_s": float(min(ts)), "max_s": float(max(ts)),
-                    "events_per_s": events / float(np.median(ts))}
+                    "events_per_s": events / float(np.median(ts)),
+                    "windowed_events_per_s": events / float(np.median(wts)), "windowed_identical": same}
         loads[pol] = r["demand_loads"]
     t0 = time.thread_time()
     py_loads = python_lru(acc, budget)
     py_s = time.thread_time() - t0
     slowest = min(per, key=lambda p: per[p]["events_per_s"])
+    wslow = min(per, key=lambda p: per[p]["windowed_events_per_s"])
     return {"trace": name, "tokens": trace.num_tokens, "layers": acc.L, "experts": acc.E, "events": events,
             "accesses": acc.num_accesses, "budget": budget, "build_accesses_s": build_s, "policies": per,
             "python_lru_s": py_s, "python_lru_events_per_s": events / py_s, "python_lru_loads": py_loads,
             "kernel_lru_loads": loads["lru"], "lru_loads_agree": py_loads == loads["lru"], "slowest": slowest,
-            "slowest_events_per_s": per[slowest]["events_per_s"]}
+            "slowest_events_per_s": per[slowest]["events_per_s"], "window_steps": window_steps,
+            "windowed_slowest": wslow, "windowed_slowest_events_per_s": per[wslow]["windowed_events_per_s"],
+            "windowed_identical": all(v["windowed_identical"] for v in per.values())}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="timed repeats per policy (median reported)")
     ap.add_argument("--trace", default=None, help="also time a captured trace directory")
+    ap.add_argument("--window-steps", type=int, default=16, help="steps per kernel call of the windowed replay")
     ap.add_argument("--out", default="out/bench/cache_replay_speed.json", help="JSON output")
     a = ap.parse_args()
     from routecast.trace.synth import generate
@@ -112,11 +131,12 @@ def main() -> None:
         from routecast.trace.io import read_trace
 
         traces.append((Path(a.trace).name, read_trace(a.trace, mmap=False, load_hidden=False, load_logits=False)))
-    results = [bench(n, t, a.reps) for n, t in traces]
-    print(f"{'trace':<26} {'policy':<13} {'M events/s':>11} {'spread (min..max s)':>22}")
+    results = [bench(n, t, a.reps, a.window_steps) for n, t in traces]
+    print(f"{'trace':<26} {'policy':<13} {'M events/s':>11} {'spread (min..max s)':>22} {'windowed':>9} {'same':>5}")
     for r in results:
         for p, v in r["policies"].items():
-            print(f"{r['trace']:<26} {p:<13} {v['events_per_s'] / 1e6:>11.2f} {v['min_s']:>10.4f}..{v['max_s']:.4f}")
+            print(f"{r['trace']:<26} {p:<13} {v['events_per_s'] / 1e6:>11.2f} {v['min_s']:>10.4f}..{v['max_s']:.4f} "
+                  f"{v['windowed_events_per_s'] / 1e6:>9.2f} {'yes' if v['windowed_identical'] else 'NO':>5}")
         print(f"{r['trace']:<26} {'python LRU':<13} {r['python_lru_events_per_s'] / 1e6:>11.2f}"
               f"   (LRU demand loads: kernel {r['kernel_lru_loads']}, Python {r['python_lru_loads']})")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +146,9 @@ def main() -> None:
         lru = r["policies"]["lru"]["events_per_s"]
         print(f"{r['trace']}: kernel LRU {lru / 1e6:.2f} M events/s, Python LRU {r['python_lru_events_per_s'] / 1e6:.2f} "
               f"M events/s, {lru / r['python_lru_events_per_s']:.1f} x; slowest policy {r['slowest']} "
-              f"{r['slowest_events_per_s'] / 1e6:.2f} M events/s")
+              f"{r['slowest_events_per_s'] / 1e6:.2f} M events/s; windowed ({r['window_steps']} steps a call) slowest "
+              f"{r['windowed_slowest']} {r['windowed_slowest_events_per_s'] / 1e6:.2f} M events/s, bit-identical to one "
+              f"call: {'yes' if r['windowed_identical'] else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,17 @@ replayed by cache/slots.py's replay_slots (the runtime's slot decisions, same po
 prefetch depth; a late prefetch is a hit, counted apart; its late count from a link of the measured tier speed),
 and, for reference, by cache/'s kernel (lru; plec-correct with its own PLEC and link model: its on-time ratio).
 Cost model: the kernel's timing on a profile = `routecast calibrate --quick` of this machine with h2d_gbps =
-the measured disk tier (expert bytes / median read time), dense_us fitted so that the all-resident run is
-priced exactly (its error is 0 by construction); every other configuration is a prediction.
+the measured disk tier (expert bytes / median read time), plus measured terms, all fitted on the first half of
+the rounds (F = repeats // 2) and compared with the median of the other rounds (so no configuration is priced
+from the runs it is judged on; medians over the fit rounds, as one round on a loaded machine can be 2x off):
+  dense_us    non-expert time per layer: all-resident wall minus the kernel's expert compute
+  engine_us   the offloaded engine's own time per layer (bookkeeping, compact copy): resident-path (budget
+              100%, preloaded) wall minus all-resident's in the same round, per access (signed: the compact
+              path can be cheaper than transformers' all-expert grouped_mm)
+  predictor   the configuration's own predictor seconds (predict + prefetch sets + observe), serial
+  read_us     compute-thread time per expert read (waking a loader, GIL hand-over, copy): fitted so that the
+              on-demand run is priced exactly, applied to the kernel's predicted reads of every configuration
+`model err` = model / measured - 1 with these terms; `kernel err` = the kernel alone with the fitted dense_us.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ def main() -> None:
     ap.add_argument("--prompts", default="corpus:val:8")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--budgets", default="25,50,75", help="percent of all L*E experts")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 2: the first half fits the cost model)")
     ap.add_argument("--ffn", default=None, help="saved ffn predictor folder (routecast predict fit)")
     ap.add_argument("--expertflow", default=None, help="saved expertflow predictor folder")
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
@@ -65,6 +74,8 @@ def main() -> None:
     if a.report:
         print_report(json.loads(Path(a.report).read_text()))
         return
+    if a.repeats < 2:
+        raise SystemExit("--repeats must be at least 2: the first half of the rounds fits the cost model's terms.")
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -107,60 +118,107 @@ def main() -> None:
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(a.repeats):  # interleaved: every configuration once per round
         for label, budget, pf, pred in configs:
-            r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred)
+            r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path")
             loads.append(load_avg())
             runs[label].append(r)
             print(f"round {rep + 1}/{a.repeats} {label:18s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}", flush=True)
 
     ref_tokens = runs["all-resident"][0]["tokens"]
+    num_tokens = sum(len(ids) + len(t) for (ids, _), t in zip(requests, ref_tokens, strict=True))
+    model = fit_terms(runs, L, E, num_tokens, tier["expert_bytes"], hw)
     rows = []
-    acc = accesses_from_log(runs["lru@50%"][0]["log"] if "lru@50%" in runs else runs["on-demand"][0]["log"], L, E,
-                            sum(len(ids) + len(t) for (ids, _), t in zip(requests, ref_tokens, strict=True)))
-    eb = tier["expert_bytes"]
-    comp = compute_seconds(acc, ReplayConfig(budget=1, hardware=hw), eb)
-    allres_wall = statistics.median(r["wall_s"] for r in runs["all-resident"])
-    dense_us = max(0.0, (allres_wall - comp.sum()) / acc.num_accesses * 1e6)
     for label, budget, pf, _pred in configs:
         rs = runs[label]
+        ev = rs[model["fit_rounds"]:]  # the rounds the model is judged on (the first ones fitted it)
         tps = [r["tokens_per_s"] for r in rs]
         row = {"config": label, "budget": budget, "prefetch": pf, "tokens_per_s": statistics.median(tps),
                "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
-               "identical": all(r["tokens"] == ref_tokens for r in rs),
-               "new_tokens": rs[0]["new_tokens"]}
+               "identical": all(r["tokens"] == ref_tokens for r in rs), "new_tokens": rs[0]["new_tokens"],
+               "predict_s": statistics.median(r.get("predict_s", 0.0) for r in rs),
+               "eval_tokens_per_s": statistics.median(r["tokens_per_s"] for r in ev)}
         if budget is None:
             row.update(hit_ratio=1.0, bytes_read=0, stall_share=0.0, replay_hit_ratio=None, late=0, replay_late=0,
-                       kernel_hit_ratio=None, runtime_hit_ratio_run0=1.0,
-                       model_tokens_per_s=row["new_tokens"] / (comp.sum() + dense_us * 1e-6 * acc.num_accesses))
+                       runtime_hit_ratio_run0=1.0)
         else:
+            r0, eb = rs[0], tier["expert_bytes"]
             row.update(hit_ratio=statistics.median(r["hit_ratio"] for r in rs),
                        bytes_read=statistics.median(r["bytes_read"] for r in rs),
-                       stall_share=statistics.median(r["stall_share"] for r in rs))
-            r0 = rs[0]
-            racc = accesses_from_log(r0["log"], L, E, acc.num_tokens)
-            cfg = ReplayConfig(budget=budget, hardware=hw, dense_us=dense_us, plec_fallback="lru", plec_depth=L)
-            if pf == "none":
-                rep_row = run_policy(racc, "lru", cfg, expert_bytes=eb)
-            else:
-                fc = forecast_entries(racc, r0["pred_sets"])
-                rep_row = run_policy(racc, "plec-correct", cfg, forecast=fc, layer_ahead=pf == "lookahead", expert_bytes=eb)
-            slots = replay_slots(racc.req_off, racc.req_key, L, E, budget, pred_SLE=r0["pred_sets"],
-                                 layer_ahead=pf == "lookahead", req_comp_s=compute_seconds(racc, cfg, eb),
-                                 dense_s=dense_us * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2)
-            row.update(replay_hit_ratio=slots["hit_ratio"], replay_late=slots["late"], kernel_hit_ratio=rep_row["hit_ratio"],
-                       kernel_covered_ratio=rep_row["covered_ratio"], runtime_hit_ratio_run0=r0["hit_ratio"],
+                       stall_share=statistics.median(r["stall_share"] for r in rs),
                        late=statistics.median(r["late"] for r in rs), runtime_late_run0=r0["late"],
-                       model_tokens_per_s=row["new_tokens"] / rep_row["sim_s"])
-        row["model_error"] = row["model_tokens_per_s"] / row["tokens_per_s"] - 1
+                       runtime_hit_ratio_run0=r0["hit_ratio"], replay_hit_ratio=None, replay_late=0)
+            if label != "resident-path":  # (preloaded: a cold-start replay would not be the same run)
+                racc = accesses_from_log(r0["log"], L, E, num_tokens)
+                cfg = ReplayConfig(budget=budget, hardware=hw, dense_us=max(0.0, model["dense_us"]))
+                slots = replay_slots(racc.req_off, racc.req_key, L, E, budget, pred_SLE=r0["pred_sets"],
+                                     layer_ahead=pf == "lookahead", req_comp_s=compute_seconds(racc, cfg, eb),
+                                     dense_s=max(0.0, model["dense_us"]) * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2)
+                row.update(replay_hit_ratio=slots["hit_ratio"], replay_late=slots["late"])
+        row.update(price(model, rs, label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw))
+        row["model_error"] = row["model_tokens_per_s"] / row["eval_tokens_per_s"] - 1
+        row["kernel_error"] = row["kernel_tokens_per_s"] / row["eval_tokens_per_s"] - 1
         rows.append(row)
 
     out = {"machine": machine_info(), "load_avg": [min(loads), max(loads)], "tier": tier, "profile": str(prof_path),
-           "dense_us": dense_us, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
+           "dense_us": model["dense_us"], "cost_terms": model, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
            "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets")} for r in v]
                     for k, v in runs.items()}}
     print_report(out)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=float))
     print(f"wrote {a.out}")
+
+
+def _kernel(r0: dict, budget: int, pf: str, L: int, E: int, num_tokens: int, eb: int, hw, dense_us: float) -> dict:
+    """The replay kernel's pricing of run r0's own access log under its policy (lru, or plec-correct with the
+    run's forecast sets)."""
+    racc = accesses_from_log(r0["log"], L, E, num_tokens)
+    cfg = ReplayConfig(budget=budget, hardware=hw, dense_us=max(0.0, dense_us), plec_fallback="lru", plec_depth=L)
+    if pf == "none":
+        return run_policy(racc, "lru", cfg, expert_bytes=eb)
+    fc = forecast_entries(racc, r0["pred_sets"])
+    return run_policy(racc, "plec-correct", cfg, forecast=fc, layer_ahead=pf == "lookahead", expert_bytes=eb)
+
+
+def fit_terms(runs: dict[str, list[dict]], L: int, E: int, num_tokens: int, eb: int, hw) -> dict[str, float]:
+    """The cost model's measured terms from the first F = repeats // 2 rounds (see the module docstring)."""
+    F = max(1, len(runs["all-resident"]) // 2)
+    ar, rp, od = (runs[c][:F] for c in ("all-resident", "resident-path", "on-demand"))
+    acc = accesses_from_log(od[0]["log"], L, E, num_tokens)
+    comp = compute_seconds(acc, ReplayConfig(budget=1, hardware=hw), eb)
+    ar_wall = statistics.median(r["wall_s"] for r in ar)
+    dense_us = (ar_wall - comp.sum()) / acc.num_accesses * 1e6
+    engine_us = statistics.median(b["wall_s"] - a["wall_s"] for a, b in zip(ar, rp, strict=True)) / acc.num_accesses * 1e6
+    k = _kernel(od[0], od[0]["budget"], "none", L, E, num_tokens, eb, hw, dense_us + engine_us)
+    reads = k["demand_loads"] + k["prefetches"]
+    read_us = (statistics.median(r["wall_s"] for r in od) - k["sim_s"]) / max(reads, 1) * 1e6
+    return {"dense_us": dense_us, "engine_us": engine_us, "read_us": read_us, "accesses": acc.num_accesses,
+            "comp_s": float(comp.sum()), "fit_rounds": F,
+            "fitted_on": f"rounds 1..{F}: all-resident (dense_us), resident-path (engine_us), on-demand (read_us)"}
+
+
+def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, L: int, E: int, num_tokens: int,
+          eb: int, hw) -> dict:
+    """Model tokens/s of one configuration from the fitted terms, its round-1 access log and its predictor
+    seconds (median over the fit rounds)."""
+    r0 = rs[0]
+    n_new = r0["new_tokens"]
+    if budget is None:  # all-resident: expert compute + dense per layer
+        sim = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]  # = the fit rounds' median wall
+        return {"kernel_hit_ratio": None, "kernel_tokens_per_s": n_new / sim, "model_tokens_per_s": n_new / sim,
+                "model_terms_s": {"kernel_s": sim}}
+    if label == "resident-path":  # preloaded: no reads; (dense + engine) per layer + compute, fitted like all-resident
+        sim = (model["dense_us"] + model["engine_us"]) * 1e-6 * model["accesses"] + model["comp_s"]
+        kern = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]
+        return {"kernel_hit_ratio": None, "kernel_tokens_per_s": n_new / kern,
+                "model_tokens_per_s": n_new / sim, "model_terms_s": {"kernel_s": sim}}
+    k_plain = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"])
+    k = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"] + model["engine_us"])
+    reads = k["demand_loads"] + k["prefetches"]
+    pred_s = statistics.median(r.get("predict_s", 0.0) for r in rs[:model["fit_rounds"]])
+    terms = {"kernel_s": k["sim_s"], "predictor_s": pred_s, "reads_s": model["read_us"] * 1e-6 * reads}
+    sim = sum(terms.values())
+    return {"kernel_hit_ratio": k["hit_ratio"], "kernel_covered_ratio": k["covered_ratio"],
+            "kernel_tokens_per_s": n_new / k_plain["sim_s"], "model_tokens_per_s": n_new / sim, "model_terms_s": terms}
 
 
 def print_report(out: dict) -> None:
@@ -170,11 +228,16 @@ def print_report(out: dict) -> None:
     od = by["on-demand"]["tokens_per_s"]
     ar = by["all-resident"]["tokens_per_s"]
     lo, hi = out["load_avg"]
+    m = out["cost_terms"]
     print(f"\n{st['model']}, {st['prompts']} x {st['max_new_tokens']} new tokens, one request at a time; median of "
-          f"{st['repeats']} interleaved rounds; load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; "
-          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s; dense {out['dense_us']:.0f} µs per layer")
+          f"{st['repeats']} interleaved rounds (min-max); load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; "
+          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s")
+    print(f"cost model terms (fitted on rounds 1..{m['fit_rounds']}): dense {m['dense_us']:.0f} µs per layer, engine {m['engine_us']:+.0f} µs "
+          f"per layer, {m['read_us']:.0f} µs of compute thread per read, each configuration's predictor seconds; "
+          f"errors against the median of rounds {m['fit_rounds'] + 1}..{st['repeats']}")
     head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "late", "replay hit (run 1)",
-            "replay late", "kernel on-time", "MB read", "stall", "model tok/s", "model err", "identical")
+            "replay late", "kernel on-time", "MB read", "stall", "predictor s", "model tok/s", "model err", "kernel err",
+            "identical")
     print(" | ".join(head))
     for r in rows:
         print(" | ".join([
@@ -182,8 +245,13 @@ def print_report(out: dict) -> None:
             f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}", f"{r.get('late', 0):.0f}",
             "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f} ({r['runtime_hit_ratio_run0']:.3f})",
             f"{r.get('replay_late', 0)}", "-" if r.get("kernel_hit_ratio") is None else f"{r['kernel_hit_ratio']:.3f}",
-            f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['model_tokens_per_s']:.2f}",
-            f"{r['model_error']:+.1%}", str(r["identical"])]))
+            f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['predict_s']:.2f}",
+            f"{r['model_tokens_per_s']:.2f}", f"{r['model_error']:+.1%}", f"{r['kernel_error']:+.1%}", str(r["identical"])]))
+    priced = [r for r in rows if r["budget"] is not None and r["config"] != "resident-path"]  # not fitted on
+    errs, kerrs = [abs(r["model_error"]) for r in priced], [abs(r["kernel_error"]) for r in priced]
+    if errs:
+        print(f"offloaded configurations other than the fitted ones: median |model err| {statistics.median(errs):.1%} (max {max(errs):.1%}); "
+              f"kernel alone {statistics.median(kerrs):.1%} (max {max(kerrs):.1%})")
     print("\nlast round's counters: wall s | predictor s | stall s | reads | s inside reads (summed over threads) | "
           "prefetches issued / loaded / useful / cancelled / dropped")
     for k, v in out["runs"].items():

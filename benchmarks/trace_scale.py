@@ -1,5 +1,8 @@
 """Traces larger than memory: synth, stats, predict eval, place compare, cache replay and schedule cocluster on a ~30 GB DeepSeek-V3 trace.
 
+Stage replay: LRU, LFU, Belady over the whole trace; replay-plec: plec-correct (+ LRU, Belady) on the
+held-out 20% with the probability predictor's causal forecast.
+
 Each command runs in its own child process through the real CLI (`routecast ...`), and the child reports
 its own peak resident set (resource.getrusage(RUSAGE_SELF).ru_maxrss: anonymous and file-backed pages,
 memory-mapped shards included), wall time and CPU time (user + system: on a shared, oversubscribed
@@ -22,8 +25,8 @@ Stage "cocluster" runs `schedule cocluster --method M` (--cocluster-method, defa
 "none" (plain EP: no fit) times only the data path.
 
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
-       [--stages synth,tile,stats,eval,compare,replay,cocluster] [--tile N] [--keep] [--out out/bench/trace_scale.json]
-       [--cocluster-method smoe]
+       [--stages synth,tile,stats,eval,compare,replay,replay-plec,cocluster] [--tile N] [--keep]
+       [--out out/bench/trace_scale.json] [--cocluster-method smoe]
        [--merge OTHER.json ...]   (--stages "" --merge ...: only print the merged table of earlier runs)
 """
 
@@ -40,7 +43,7 @@ import time
 from pathlib import Path
 
 BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
-STAGES = ("synth", "tile", "stats", "eval", "compare", "replay", "cocluster")
+STAGES = ("synth", "tile", "stats", "eval", "compare", "replay", "replay-plec", "cocluster")
 
 
 def _commands(trace: Path, tokens: int, scratch: Path, cocluster: str = "smoe") -> dict[str, list[str]]:
@@ -51,7 +54,12 @@ def _commands(trace: Path, tokens: int, scratch: Path, cocluster: str = "smoe") 
                  "--quiet", "--json"],
         "compare": ["place", "compare", "--trace", str(trace), "--ep", "32", "--hardware", "h100-sxm",
                     "--out", str(scratch / f"compare-{trace.name}")],
-        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu", "--json"],
+        "replay": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "lru,lfu,belady", "--quiet",
+                   "--out", str(scratch / f"replay-{trace.name}.json")],  # its temporary files go to scratch too
+        # PLEC with a forecast: the predictor fitted on 80% of the requests, forecasts on the rest (bit-packed
+        # on disk), every policy replayed on those held-out rows.
+        "replay-plec": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "plec-correct",
+                        "--predictor", "probability", "--quiet", "--out", str(scratch / f"replay-plec-{trace.name}.json")],
         "cocluster": ["schedule", "cocluster", str(trace), "--ep", "8", "--method", cocluster, "--quiet", "--json",
                       "--out", str(scratch / f"cocluster-{trace.name}.json")],
     }

@@ -207,7 +207,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     check_out_dir(a.out, "--out", overwrite=a.overwrite)
     return predict_fit_main(
         a.trace, a.predictor, a.out, model=a.model, seed=a.seed, threads=a.threads, epochs=a.epochs, quiet=a.quiet,
-        split=a.split, train_fraction=a.train_fraction,
+        split=a.split, train_fraction=a.train_fraction, train_extra=a.train_extra,
     )
 
 
@@ -480,8 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-fraction", type=float, default=0.8,
                    help="share of documents (or requests) to fit on (default 0.8)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
-    p.add_argument("--train-extra", default=None, help="eval: another trace of the same model on documents disjoint "
-                   "from the held-out ones (e.g. captured from corpus:train), added to every predictor's training")
+    p.add_argument("--train-extra", default=None, help="eval (one DIR) and fit (DIR[,DIR...]): another trace of "
+                   "the same model on documents disjoint from the held-out ones (e.g. captured from corpus:train), "
+                   "added to every predictor's training")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

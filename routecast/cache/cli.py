@@ -12,58 +12,113 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from routecast.cache.replay import POLICIES, ReplayConfig, build_accesses, parse_budget, replay, true_sets
+from routecast.cache.replay import ORACLE, POLICIES, ReplayConfig, parse_budget, replay
+from routecast.cache.stream import PackedSets
 from routecast.common.errors import ConfigError
-from routecast.predict.evaluate import fit_or_load, heldout
+from routecast.predict.evaluate import (
+    PREDICTOR_NAMES,
+    check_fitted_on,
+    fit_or_load,
+    heldout_rows,
+    trace_fingerprint,
+)
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
 from routecast.trace import Trace
 
 
 class _Recorder(Predictor):
-    """Passes a predictor through the harness and keeps each step's predicted batch set (L, E)."""
+    """Passes a predictor through the harness and writes each step's predicted batch set (L, E) into `sink`
+    (a bool (S, L, E) array or a stream.PackedSets), one step at a time."""
 
-    def __init__(self, inner: Predictor, step_ids: np.ndarray) -> None:
+    def __init__(self, inner: Predictor, step_ids: np.ndarray, sink: Any) -> None:
         super().__init__(inner.spec)
         self.inner = inner
         self.name = inner.name
         self.horizon = inner.horizon
         self.index = {int(s): i for i, s in enumerate(step_ids)}
-        self.sets = np.zeros((len(step_ids), inner.spec.num_layers, inner.spec.num_experts), dtype=bool)
+        self.sink = sink
+        self.cur = -1  # the step being predicted (a layer-horizon predictor is asked once per layer)
+        self.buf = np.zeros((inner.spec.num_layers, inner.spec.num_experts), dtype=bool)
 
     def reset(self) -> None:
         self.inner.reset()
+
+    def flush(self) -> None:
+        if self.cur >= 0:
+            self.sink[self.cur] = self.buf
+            self.buf[:] = False
+        self.cur = -1
 
     def predict(self, view: StepView):
         fc = self.inner.predict(view)
         got = fc.batch_active_LE(view.num_tokens)
         i = self.index[int(view.step)]
+        if i != self.cur:
+            self.flush()
+            self.cur = i
         if view.layer is None:
-            self.sets[i] = got
+            self.buf[:] = got
         else:
-            self.sets[i, view.layer] = got[0]
+            self.buf[view.layer] = got[0]
         return fc
 
     def observe(self, routing: StepRouting) -> None:
         self.inner.observe(routing)
 
 
-def forecast_sets(predictor: Predictor, trace: Trace) -> tuple[np.ndarray, bool]:
-    """Run `predictor` causally over `trace` -> (bool (S, L, E) predicted batch sets, layer_ahead)."""
+def forecast_sets(predictor: Predictor, trace: Trace, *, rows: np.ndarray | None = None,
+                  sink: Any = None) -> tuple[Any, bool]:
+    """Run `predictor` causally over `trace` (its `rows`, a bool (T,) mask; None = all) -> (predicted batch
+    sets, one per step of those rows, layer_ahead). The sets go into `sink` (a stream.PackedSets of shape
+    (S, L, E): memory bounded by a window) or, with no sink, into a bool (S, L, E) array in memory."""
     s = trace.spec
     if predictor.spec.num_layers != s.num_layers or predictor.spec.num_experts != s.num_experts:
         raise ConfigError(
             f"--predictor '{predictor.name}' was built for L={predictor.spec.num_layers}, E={predictor.spec.num_experts}; "
             f"the trace has L={s.num_layers}, E={s.num_experts}: expected a predictor of the trace's model."
         )
-    rec = _Recorder(predictor, np.unique(trace.step))
-    run_harness(rec, trace)
-    return rec.sets, predictor.horizon == LAYER
+    steps = np.unique(trace.step if rows is None else trace.step[rows])
+    if sink is None:
+        sink = np.zeros((len(steps), s.num_layers, s.num_experts), dtype=bool)
+    rec = _Recorder(predictor, steps, sink)
+    run_harness(rec, trace, rows=rows)
+    rec.flush()
+    return sink, predictor.horizon == LAYER
+
+
+def make_forecast(trace: Trace, predictor: str, *, model: str | None = None, train_fraction: float = 0.8,
+                  seed: int = 0, split: str = "document", threads: int = 1, quiet: bool = True,
+                  sink_dir: str | Path | None = None) -> tuple[np.ndarray | None, Any, bool, str]:
+    """-> (bool (T,) mask of the replayed rows or None = all, forecast batch sets (S, L, E), layer_ahead, what it
+    was fitted on): 'oracle' (the whole trace, its true routing), a predictor name (fitted on train_fraction of the
+    documents, forecast on the rest) or a folder from `routecast predict fit` (refused if it was fitted on this
+    trace's held-out part). Row masks, not copies: the fit, the forecast and the replay stream the trace. With
+    sink_dir the sets are bit-packed into a file there (memory bounded by a window), else a bool array in memory,
+    which a caller may reuse across budgets."""
+    if predictor == "oracle":
+        return None, ORACLE, False, "oracle: the true routing of each step"
+    train, test, used = heldout_rows(trace, split, train_fraction, seed)
+    pred = fit_or_load(predictor, trace, model=model, seed=seed, threads=threads, quiet=quiet, rows=train)
+    if predictor in PREDICTOR_NAMES:
+        fitted = f"{predictor} fitted on {int(train.sum())} tokens ({train_fraction:.0%} of the {used}s)"
+    else:
+        check_fitted_on(predictor, {"trace": trace_fingerprint(trace), "split": used,
+                                    "train_fraction": train_fraction, "seed": seed})
+        fitted = f"{pred.name} loaded from {predictor}"
+    sink = None
+    if sink_dir is not None:
+        s = trace.spec
+        sink = PackedSets(Path(sink_dir) / "forecast.bits", len(np.unique(trace.step[test])), s.num_layers,
+                          s.num_experts)
+    pred_SLE, layer_ahead = forecast_sets(pred, trace, rows=test, sink=sink)
+    return test, pred_SLE, layer_ahead, fitted
 
 
 def parse_policies(text: str | Sequence[str]) -> list[str]:
@@ -96,8 +151,14 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str], predictor: str | None = None,
                hardware: str = "h100-sxm", dense_us: float = 0.0, plec_fallback: str = "lfu", plec_depth: int = 1,
                expert_bytes: int = 0, model: str | None = None, train_fraction: float = 0.8, seed: int = 0,
-               split: str = "document", threads: int = 1, quiet: bool = True) -> dict[str, Any]:
-    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included)."""
+               split: str = "document", threads: int = 1, quiet: bool = True,
+               tmp_dir: str | Path | None = None,
+               forecast: tuple[np.ndarray | None, Any, bool, str] | None = None) -> dict[str, Any]:
+    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included).
+
+    tmp_dir: where the temporary files go (the bit-packed forecast, Belady's next use; None = the system's
+    temporary directory); they are removed at the end. forecast: make_forecast's result (made in memory),
+    reused across budgets; else made here from `predictor`, bit-packed in tmp_dir."""
     from routecast.sim.hardware import load_hardware
 
     names = parse_policies(policies)
@@ -106,23 +167,23 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
     slots = parse_budget(budget, s.num_layers * s.num_experts, eb)
     cfg = ReplayConfig(budget=slots, hardware=load_hardware(hardware), dense_us=dense_us, plec_fallback=plec_fallback,
                        plec_depth=plec_depth, expert_bytes=eb)
-    pred_SLE, layer_ahead, on, fitted = None, False, trace, ""
-    if any(POLICIES[n].forecast for n in names):
-        predictor = predictor or "conditional-token"
-        if predictor == "oracle":
-            pred_SLE = true_sets(build_accesses(trace))
-            fitted = "oracle: the true routing of each step"
-        else:
-            train, on, used = heldout(trace, split, train_fraction, seed)
-            pred = fit_or_load(predictor, train, model=model, seed=seed, threads=threads, quiet=quiet)
-            pred_SLE, layer_ahead = forecast_sets(pred, on)
-            fitted = f"{predictor} fitted on {train.num_tokens} tokens ({train_fraction:.0%} of the {used}s)"
-    rows = replay(on, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead)
+    with tempfile.TemporaryDirectory(prefix="routecast-forecast-", dir=tmp_dir) as tmp:
+        made_here = forecast is None and any(POLICIES[n].forecast for n in names)
+        if made_here:
+            forecast = make_forecast(trace, predictor or "conditional-token", model=model,
+                                     train_fraction=train_fraction, seed=seed, split=split, threads=threads,
+                                     quiet=quiet, sink_dir=tmp)
+        test, pred_SLE, layer_ahead, fitted = forecast or (None, None, False, "")
+        rows = replay(trace, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead, mask=test, tmp_dir=tmp,
+                      progress=not quiet)
+        if made_here and isinstance(pred_SLE, PackedSets):
+            pred_SLE.close()
+    replayed = trace.num_tokens if test is None else int(test.sum())
     return {
         "settings": {"budget_slots": slots, "budget_fraction": slots / (s.num_layers * s.num_experts),
                      "hardware": cfg.hardware.name, "expert_bytes": eb, "dense_us": dense_us,
                      "plec_fallback": plec_fallback, "plec_depth": plec_depth, "predictor": fitted,
-                     "replayed_tokens": on.num_tokens, "layers": s.num_layers, "experts": s.num_experts},
+                     "replayed_tokens": replayed, "layers": s.num_layers, "experts": s.num_experts},
         "rows": rows,
     }
 
@@ -145,7 +206,9 @@ def cache_replay_main(trace_path: str | Path, *, out: str | Path | None = None, 
 
     routers = kw.get("predictor") in NEEDS_ROUTER_INPUTS
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
-    res = run_replay(trace, **kw)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # the temporary files go next to the output
+    res = run_replay(trace, tmp_dir=Path(out).parent if out else None, **kw)
     text = json.dumps(_clean(res), indent=1)
     if out:
         p = Path(out)

@@ -1,4 +1,8 @@
-"""The replay simulator's compiled core: one pass over a trace's accesses under one cache policy.
+"""The replay simulator's compiled core: a trace's accesses under one cache policy, one window at a time.
+
+replay_window replays a window of whole steps and carries everything that outlives it (the cache, its heaps
+and recency lists, the link's queue, the clock, counters: new_state) to the next window, so a trace of any
+length is replayed in memory bounded by its window, bit-for-bit as in one window holding the whole trace.
 
 Legend: A accesses (one per (step, layer), step-major), N required (access, expert) entries, M predicted
 entries, K = L·E cache keys (key = layer·E + expert), P pools. Times in seconds.
@@ -36,7 +40,7 @@ from numba import njit
 from routecast.cache.structs import bump_count, hpop, hpush, less, ltouch, lunlink, lvictim
 
 LRU, LFU, LFUDA, BELADY, SEMOE, PLEC = 0, 1, 2, 3, 4, 5
-DEMAND_FIFO, DEMAND_EAGER, DEMAND_SLACK = 0, 1, 2  # how a demand load queues on the link (see replay_kernel)
+DEMAND_FIFO, DEMAND_EAGER, DEMAND_SLACK = 0, 1, 2  # how a demand load queues on the link (see replay_window)
 OP_LOAD, OP_PREFETCH, OP_EVICT, OP_COMPUTE, OP_STREAM = 0, 1, 2, 3, 4
 NEVER = 1e18  # next use of a key that is never used again (Belady)
 _PRED = 1e15  # PLEC: keys predicted for the rest of the step rank above every fallback priority
@@ -80,9 +84,9 @@ def _admit_prefetch(k, p, a, arrive, load_id, prio1, now, resident, used, ready,
 
 
 @njit(cache=True)
-def _semoe_prefetch(keys, a, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E, K, pool_of, used, pool_cap,
+def _semoe_prefetch(keys, a, al, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E, K, pool_of, used, pool_cap,
                     resident, ready, cur, lid, pf, last, ver, lnx, lpv, pref, evs, log_on, log, nl, overflow):
-    """SE-MoE at the router of access a: prefetch `keys` (the next layer's, most used first) that are not
+    """SE-MoE at the router of access a (al in the window): prefetch `keys` (the next layer's, most used first) that are not
     resident, each evicting the least recent eligible key (recency lists), until no victim is left.
     Returns (link_free, next_lid, tick, log entries, log overflowed). Its own function: one call per access
     keeps this loop, the hottest of the replay, small enough to compile tightly."""
@@ -101,7 +105,7 @@ def _semoe_prefetch(keys, a, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E
             pf[victim] = False
             ver[victim] += 1
             used[p] -= 1
-            evs[a] += 1
+            evs[al] += 1
             if log_on:
                 nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
         arrive += xfer_s
@@ -112,7 +116,7 @@ def _semoe_prefetch(keys, a, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E
         lid[k] = next_lid
         pf[k] = True
         last[k] = tick
-        pref[a] += 1
+        pref[al] += 1
         ver[k] += 1
         ltouch(lnx, lpv, k, K + p)
         next_lid += 1
@@ -179,8 +183,7 @@ def _pop_victim(h1, h2, hk, hv, hstart, hsize, p, resident, ver, ready, cur, t1,
 
 
 @njit(cache=True)
-def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, resident, r0, r1, layer, E, a, cdense,
-                  xfer_s):
+def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, resident, r0, r1, layer, E, cd, xfer_s):
     """Where this access's demand loads enter the prefetch queue (ring index in first..tail) so that no queued
     prefetch for a later layer that could still arrive in time is pushed past its layer's router.
 
@@ -208,7 +211,7 @@ def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, residen
         lk = k // E
         if lid[k] != q_lid[q] or not resident[k] or lk <= layer:
             continue  # evicted since it was queued, or due at this layer already (late whatever the order)
-        slack = c_min + cdense[a + lk - layer + 1] - cdense[a + 1]
+        slack = c_min + cd[lk + 1] - cd[layer + 1]  # cd: non-expert seconds of the step's layers < index
         fit = int(slack / xfer_s) if xfer_s > 0 else n
         b = r + 1 - fit
         if b > need:
@@ -216,15 +219,56 @@ def _slack_insert(q_key, q_lid, lid, first, tail, nq, req_key, req_comp, residen
     return (first + need) % nq
 
 
+# Slots of the scalar state arrays (new_state): float64 and int64.
+F_LINK, F_CLOCK, F_TICK, F_STALL, F_IDEAL = 0, 1, 2, 3, 4
+I_LID, I_QHEAD, I_QTAIL, I_USEFUL, I_OVERFLOW = 0, 1, 2, 3, 4
+
+
+def new_state(policy: int, L: int, E: int, pool_off: np.ndarray) -> tuple:
+    """A fresh cache (empty, link idle, clock 0) for replay_window: every array it carries from one window of
+    accesses to the next, so memory depends on K = L·E and the pools, never on the trace's length.
+
+    pool_off (P+1,): the pools' key ranges (CSR offsets into pool_keys). Returns a tuple of arrays in
+    replay_window's order; the two last are the scalars (float64 F_*, int64 I_* slots).
+    """
+    K = L * E
+    P = pool_off.shape[0] - 1
+    nk = np.diff(pool_off).astype(np.int64)
+    hroom = 2 * nk + 4 * E + 16  # most pushes one access can make into a pool's heap
+    hcap = 2 * nk + hroom + 64
+    hstart = np.concatenate([[0], np.cumsum(hcap)[:-1]]).astype(np.int64)
+    lists = policy == LRU or policy == SEMOE  # recency order: O(1) lists instead of the heaps
+    tot = 1 if lists else int(hcap.sum())
+    nq = 2 * K + 2  # ring of prefetch transfers not yet finished (start, end, key, load id)
+    sf = np.zeros(8, np.float64)
+    si = np.zeros(8, np.int64)
+    si[I_LID] = 1
+    return (
+        np.zeros(K, np.bool_), np.zeros(K, np.float64), np.zeros(K, np.int64),  # resident, ready, ver
+        np.zeros(K, np.float64), np.zeros(K, np.float64), np.zeros(K, np.float64),  # last, cnt, fcnt
+        np.zeros(K, np.float64), np.full(K, NEVER), np.full(K, -1, np.int64),  # kval, nxt, pred_step
+        np.zeros(K, np.bool_), np.zeros(K, np.bool_), np.full(K, -1, np.int64),  # mis, pf, cur
+        np.zeros(K, np.int64), np.zeros(P, np.int64), np.zeros(P, np.float64),  # lid, used, age
+        np.full(P, -1, np.int64), hstart, hcap, hroom, np.zeros(P, np.int64),  # blocked, heap regions, sizes
+        np.zeros(tot, np.float64), np.zeros(tot, np.float64), np.zeros(tot, np.int64), np.zeros(tot, np.int64),
+        np.arange(K + P, dtype=np.int64), np.arange(K + P, dtype=np.int64),  # recency lists (node K + p: sentinel)
+        np.arange(K, dtype=np.int64), np.arange(K, dtype=np.int64),  # SE-MoE: keys by count, and their index
+        np.zeros(nq, np.float64), np.zeros(nq, np.float64), np.zeros(nq, np.int64), np.zeros(nq, np.int64),
+        sf, si,
+    )
+
+
 @njit(cache=True)
-def replay_kernel(
+def replay_window(
     policy, correct, priority_demand, plec_fallback, layer_ahead, depth,
-    L, E, pool_of, pool_cap, pool_keys, pool_off,
+    L, E, pool_of, pool_cap, pool_keys, pool_off, state, a0,
     req_off, req_key, req_comp, req_next,
     pred_off, pred_key,
     dense_s, xfer_s, log_on,
 ):
-    """Replay A = steps·L accesses; see the module docstring for the model.
+    """Replay one window of W = steps·L accesses (whole steps), global accesses a0 .. a0+W-1; see the module
+    docstring for the model. The cache, link and clock come in and go out in `state` (new_state), so a trace
+    replayed window by window gives bit-for-bit the result of one window holding all of it.
 
     policy: LRU | LFU | LFUDA | BELADY | SEMOE | PLEC. correct: PLEC real-time correction (mispredicted
     experts of the current layer are evicted first). priority_demand: DEMAND_FIFO (demand loads queue behind
@@ -235,73 +279,31 @@ def replay_kernel(
     horizon) instead of at the step's start (request horizon). depth: PLEC prefetches the forecast of
     layers l+1..l+depth at layer l's start (the rest of the forecast only protects experts from eviction).
     pool_of (K,) int64, pool_cap (P,) int64; pool_keys/pool_off: the keys of each pool (CSR).
-    req_off (A+1,), req_key (N,) int64, req_comp (N,) float64 compute seconds, req_next (N,) float64 index
-    of the next access needing that key (NEVER if none). pred_off (A+1,), pred_key (M,): forecast keys.
-    dense_s (A,) float64 non-expert seconds before the router; xfer_s: seconds per expert transfer.
-    Returns per-access hits, on_time, misses, prefetches, evictions (int64 (A,)), stall_s, end_s (float64
-    (A,)), useful prefetches (int64), the event log (int64 (n, 3): access, key, op) and whether it overflowed.
+    Window-local: req_off (W+1,), req_key (N,) int64, req_comp (N,) float64 compute seconds, req_next (N,)
+    float64 *global* index of the next access needing that key (NEVER if none); pred_off (W+1,), pred_key
+    (M,): forecast keys; dense_s (W,) float64 non-expert seconds before the router; xfer_s: seconds per
+    expert transfer. Returns the window's per-access hits, on_time, misses, prefetches, evictions (int64
+    (W,)), stall_s, end_s (float64 (W,)) and its event log (int64 (n, 3): global access, key, op); the
+    totals (useful prefetches, stall, ideal time, log overflow) accumulate in the state's scalars.
     """
+    (resident, ready, ver, last, cnt, fcnt, kval, nxt, pred_step, mis, pf, cur, lid, used, age, blocked,
+     hstart, hcap, hroom, hsize, h1, h2, hk, hv, lnx, lpv, by_count, by_pos, q_start, q_end, q_key, q_lid,
+     sf, si) = state
     A = req_off.shape[0] - 1
     K = L * E
-    cdense = np.zeros(A + 1, np.float64)  # cdense[i] = non-expert seconds of accesses < i
-    cdense[1:] = np.cumsum(dense_s)
     P = pool_cap.shape[0]
-    resident = np.zeros(K, np.bool_)
-    ready = np.zeros(K, np.float64)
-    ver = np.zeros(K, np.int64)
-    last = np.zeros(K, np.float64)
-    cnt = np.zeros(K, np.float64)
-    fcnt = np.zeros(K, np.float64)
-    kval = np.zeros(K, np.float64)
-    nxt = np.full(K, NEVER)
-    pred_step = np.full(K, -1, np.int64)
-    mis = np.zeros(K, np.bool_)
-    pf = np.zeros(K, np.bool_)
-    cur = np.full(K, -1, np.int64)
+    lists = policy == LRU or policy == SEMOE
+    nq = q_key.shape[0]
     ibuf = np.zeros(E, np.int64)
-    lid = np.zeros(K, np.int64)
-    used = np.zeros(P, np.int64)
-    age = np.zeros(P, np.float64)
-    blocked = np.full(P, -1, np.int64)
-    # Heaps: one region per pool, rebuilt from the residents before an access could overflow it.
-    hstart = np.zeros(P, np.int64)
-    hcap = np.zeros(P, np.int64)
-    hroom = np.zeros(P, np.int64)
-    tot = 0
-    for p in range(P):
-        nk = pool_off[p + 1] - pool_off[p]
-        hroom[p] = 2 * nk + 4 * E + 16  # most pushes one access can make into pool p
-        hcap[p] = 2 * nk + hroom[p] + 64
-        hstart[p] = tot
-        tot += hcap[p]
-    lists = policy == LRU or policy == SEMOE  # recency order: O(1) lists instead of the heaps
-    if lists:
-        tot = 1
-    lnx = np.arange(K + P, dtype=np.int64)  # recency lists (structs.py): node K + p is pool p's sentinel
-    lpv = np.arange(K + P, dtype=np.int64)
-    by_count = np.arange(K, dtype=np.int64)  # SE-MoE: each layer's keys, most used first (ties: lower id)
-    by_pos = np.arange(K, dtype=np.int64)
-    hsize = np.zeros(P, np.int64)
-    h1 = np.zeros(tot, np.float64)
-    h2 = np.zeros(tot, np.float64)
-    hk = np.zeros(tot, np.int64)
-    hv = np.zeros(tot, np.int64)
     t1 = np.zeros(K + 1, np.float64)
     t2 = np.zeros(K + 1, np.float64)
     tk = np.zeros(K + 1, np.int64)
     tv = np.zeros(K + 1, np.int64)
-    # Ring of prefetch transfers not yet finished (start, end, key, load id), for priority demand loads.
-    nq = 2 * K + 2
-    q_start = np.zeros(nq, np.float64)
-    q_end = np.zeros(nq, np.float64)
-    q_key = np.zeros(nq, np.int64)
-    q_lid = np.zeros(nq, np.int64)
-    q_head = 0
-    q_tail = 0
+    cd = np.zeros(L + 1, np.float64)  # cd[j] = non-expert seconds of the current step's layers < j
     n_log = (8 * (req_key.shape[0] + pred_key.shape[0]) + (2 * A * E if policy == SEMOE else 0) + 64) if log_on else 1
     log = np.zeros((n_log, 3), np.int64)
     nl = 0
-    overflow = False
+    overflow = si[I_OVERFLOW] != 0
 
     hits = np.zeros(A, np.int64)
     on_time = np.zeros(A, np.int64)
@@ -310,18 +312,19 @@ def replay_kernel(
     evs = np.zeros(A, np.int64)
     stall = np.zeros(A, np.float64)
     end = np.zeros(A, np.float64)
-    useful = 0
-    link_free = 0.0
-    clock = 0.0
-    next_lid = 1
-    tick = 0.0
+    link_free, clock, tick, stall_sum, ideal = sf[F_LINK], sf[F_CLOCK], sf[F_TICK], sf[F_STALL], sf[F_IDEAL]
+    next_lid, q_head, q_tail, useful = si[I_LID], si[I_QHEAD], si[I_QTAIL], si[I_USEFUL]
     sbuf_r = np.zeros(E, np.float64)
     sbuf_c = np.zeros(E, np.float64)
 
-    for a in range(A):
+    for al in range(A):
+        a = a0 + al  # global access index: what `cur`, `blocked` and the log hold
         layer = a % L
         step = a // L
         t = clock
+        if layer == 0:
+            for j in range(L):
+                cd[j + 1] = cd[j] + dense_s[al + j]
         for p in range(P):
             if not lists and hsize[p] > hcap[p] - hroom[p]:
                 hsize[p] = 0
@@ -339,10 +342,10 @@ def replay_kernel(
             m_lo, m_hi = 0, 0
             if not layer_ahead:
                 if layer == 0:
-                    m_lo, m_hi = pred_off[a], pred_off[a + L]
+                    m_lo, m_hi = pred_off[al], pred_off[al + L]
             else:
-                m_lo = pred_off[a if layer == 0 else a + 1]
-                m_hi = pred_off[min(a + 2, a + L - layer)]
+                m_lo = pred_off[al if layer == 0 else al + 1]
+                m_hi = pred_off[min(al + 2, al + L - layer)]
             for m in range(m_lo, m_hi):
                 k = pred_key[m]
                 pred_step[k] = step
@@ -351,7 +354,7 @@ def replay_kernel(
                     hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], _PRED - (k // E), 0.0, k, ver[k])
             # the forecast's next `depth` layers, nearest first, while a lower-priority victim exists; a
             # prefetch issued for the current layer would leave with its demand load, so it is not issued
-            for m in range(pred_off[min(a + 1, a + L - layer)], pred_off[min(a + 1 + depth, a + L - layer)]):
+            for m in range(pred_off[min(al + 1, al + L - layer)], pred_off[min(al + 1 + depth, al + L - layer)]):
                 k = pred_key[m]
                 p = pool_of[k]
                 if resident[k] or pred_step[k] != step or blocked[p] == a:
@@ -363,11 +366,11 @@ def replay_kernel(
                     if victim < 0:
                         blocked[p] = a
                         continue
-                    _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv)
+                    _evict(victim, p, al, resident, pf, ver, used, evs, lnx, lpv)
                     if log_on:
                         nl, overflow = _log(log, nl, overflow, a, victim, OP_EVICT)
                 st = max(link_free, t)
-                link_free = _admit_prefetch(k, p, a, st + xfer_s, next_lid, c1, tick, resident, used, ready, lid, pf,
+                link_free = _admit_prefetch(k, p, al, st + xfer_s, next_lid, c1, tick, resident, used, ready, lid, pf,
                                             last, pref, ver, h1, h2, hk, hv, hstart, hsize)
                 next_lid += 1
                 tick += 1.0
@@ -377,12 +380,12 @@ def replay_kernel(
                 if log_on:
                     nl, overflow = _log(log, nl, overflow, a, k, OP_PREFETCH)
         # ---------------------------------------------------------------- router: correction, hits, misses
-        tr = t + dense_s[a]
-        r0, r1 = req_off[a], req_off[a + 1]
+        tr = t + dense_s[al]
+        r0, r1 = req_off[al], req_off[al + 1]
         for i in range(r0, r1):
             cur[req_key[i]] = a
         if policy == PLEC and correct:
-            for m in range(pred_off[a], pred_off[a + 1]):
+            for m in range(pred_off[al], pred_off[al + 1]):
                 k = pred_key[m]
                 if cur[k] != a:
                     mis[k] = True
@@ -400,7 +403,7 @@ def replay_kernel(
                 first_shift = (q_head + 1) % nq
             if priority_demand == DEMAND_SLACK and first_shift != q_tail:
                 j = _slack_insert(q_key, q_lid, lid, first_shift, q_tail, nq, req_key, req_comp, resident, r0, r1,
-                                  layer, E, a, cdense, xfer_s)
+                                  layer, E, cd, xfer_s)
                 if j != first_shift:
                     prev = (j - 1 + nq) % nq
                     dcur = max(dcur, q_end[prev])
@@ -424,14 +427,14 @@ def replay_kernel(
             k = req_key[i]
             p = pool_of[k]
             if resident[k]:
-                hits[a] += 1
+                hits[al] += 1
                 if ready[k] <= tr:
-                    on_time[a] += 1
+                    on_time[al] += 1
                 if pf[k]:
                     useful += 1
                     pf[k] = False
             else:
-                misses[a] += 1
+                misses[al] += 1
                 n_miss += 1
                 stream = False
                 victim = -1
@@ -457,7 +460,7 @@ def replay_kernel(
                         nl, overflow = _log(log, nl, overflow, a, k, OP_STREAM)
                     continue
                 if used[p] >= pool_cap[p]:
-                    _evict(victim, p, a, resident, pf, ver, used, evs, lnx, lpv)
+                    _evict(victim, p, al, resident, pf, ver, used, evs, lnx, lpv)
                     if policy == LFUDA:
                         age[p] = kval[victim]
                         fcnt[victim] = 0.0
@@ -509,7 +512,7 @@ def replay_kernel(
             nxt_layer = (layer + 1) % L
             base = nxt_layer * E
             link_free, next_lid, tick, nl, overflow = _semoe_prefetch(
-                by_count[base:base + E], a, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E, K, pool_of, used,
+                by_count[base:base + E], a, al, nxt_layer, link_free, tr, xfer_s, next_lid, tick, E, K, pool_of, used,
                 pool_cap, resident, ready, cur, lid, pf, last, ver, lnx, lpv, pref, evs, log_on, log, nl, overflow)
         # ---------------------------------------------------------------- compute, earliest-ready first
         n = r1 - r0
@@ -523,12 +526,14 @@ def replay_kernel(
         for j in range(n):
             i = order_r[j]
             e_end = max(e_end, sbuf_r[i]) + sbuf_c[i]
-        stall[a] = e_end - (tr + comp)
-        end[a] = e_end
+        stall[al] = e_end - (tr + comp)
+        stall_sum += stall[al]  # running totals, added in access order: the same for any windowing
+        ideal += dense_s[al] + comp
+        end[al] = e_end
         clock = e_end
         # ---------------------------------------------------------------- PLEC: this layer's forecast is spent
         if policy == PLEC:
-            for m in range(pred_off[a], pred_off[a + 1]):
+            for m in range(pred_off[al], pred_off[al + 1]):
                 k = pred_key[m]
                 pred_step[k] = -1
                 mis[k] = False
@@ -536,4 +541,6 @@ def replay_kernel(
                     ver[k] += 1
                     v1, v2 = _prio(policy, plec_fallback, k, E, step, last, cnt, kval, nxt, mis, pred_step)
                     hpush(h1, h2, hk, hv, hstart, hsize, pool_of[k], v1, v2, k, ver[k])
-    return hits, on_time, misses, pref, evs, stall, end, useful, log[:nl], overflow
+    sf[F_LINK], sf[F_CLOCK], sf[F_TICK], sf[F_STALL], sf[F_IDEAL] = link_free, clock, tick, stall_sum, ideal
+    si[I_LID], si[I_QHEAD], si[I_QTAIL], si[I_USEFUL], si[I_OVERFLOW] = next_lid, q_head, q_tail, useful, overflow
+    return hits, on_time, misses, pref, evs, stall, end, log[:nl]

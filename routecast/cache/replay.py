@@ -7,27 +7,39 @@ when the router asks for them / all required pairs; covered ratio also counts pr
 then (no demand load is needed, but the layer waits: that wait is in the stall time). The kernel's
 timing model is in kernel.py. Keys are (layer, expert); the budget counts expert slots, in one pool shared
 by all layers (ExpertFlow) or split evenly per layer (Cache-MoE's per-layer LRU).
+
+`replay` streams a trace of any size: every policy (a PolicyRun) advances through one window of accesses
+(stream.py) before the next is built, so memory is bounded by the window; `run_policy` replays accesses
+already in memory (tests, benchmarks, the runtime's log), in one window or several (the same result).
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from routecast.cache import kernel as K
+from routecast.cache import stream
+from routecast.cache.stream import (
+    ACCESS_ROWS,
+    AccessWindow,
+    NextUseFile,
+    access_windows,
+    first_use,
+    forecast_window,
+    next_use,
+)
 from routecast.common.errors import ConfigError
 from routecast.sim.hardware import Hardware
 from routecast.trace import Trace
-from routecast.trace.stats_kernels import add_group_counts
-
-# Rows per window when the accesses are built: a window of small decode steps (16 tokens each) holds
-# 1,024 steps x L x E int32 counts, 61 MB at DeepSeek-V3 geometry.
-ACCESS_ROWS = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,49 +127,21 @@ class Accesses:
         return len(self.req_off) - 1
 
 
-def step_windows(trace: Trace, rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The trace in windows of whole steps, in step order -> yields (step value (n,), experts_nLK int16 (n, L, K)).
-
-    Trace.step_chunks: about `rows` rows at a time (default CHUNK_ROWS), one shard of a lazy trace mapped at a
-    time; a trace whose steps are not sorted comes as one window.
-    """
-    for _, ch in trace.step_chunks(rows):
-        yield np.asarray(ch.tokens["step"]), np.asarray(ch.experts_TLK)
-
-
 def build_accesses(trace: Trace, rows: int | None = ACCESS_ROWS) -> Accesses:
-    """Per (step, layer) the distinct experts and their token counts, in step then layer order.
-
-    The routing is read window by window (step_windows, `rows` rows at a time) and counted per (step, layer,
-    expert) by a compiled kernel: only the distinct entries are kept, never (T, L, K) index arrays; a window
-    holds (steps in it, L, E) int32 counts.
-    """
-    s = trace.spec
-    L, E = s.num_layers, s.num_experts
-    steps, uniq_parts, count_parts = [], [], []
-    s0 = 0
-    for step, ids in step_windows(trace, rows):
-        step_ids, sidx = np.unique(step, return_inverse=True)
-        c = add_group_counts(ids, sidx, np.zeros((step_ids.size, L, E), np.int32))  # tokens per (step, layer, expert)
-        flat = np.flatnonzero(c)  # increasing: step, then layer, then expert order
-        steps.append(step_ids)
-        uniq_parts.append(flat + s0 * L * E)
-        count_parts.append(c.ravel()[flat])
-        s0 += step_ids.size
-    step_ids = np.concatenate(steps) if steps else np.zeros(0, np.int64)
-    uniq = np.concatenate(uniq_parts) if uniq_parts else np.zeros(0, np.int64)
-    counts = np.concatenate(count_parts) if count_parts else np.zeros(0, np.int64)
-    A = len(step_ids) * L
-    acc = uniq // E
-    key = (acc % L) * E + uniq % E
-    req_off = np.searchsorted(acc, np.arange(A + 1)).astype(np.int64)
-    # Belady's next use: sort entries by key then access; the next entry of the same key is its next use.
-    order = np.lexsort((acc, key))
-    nxt = np.full(len(uniq), K.NEVER)
-    same = key[order][1:] == key[order][:-1]
-    nxt[order[:-1][same]] = acc[order][1:][same]
-    return Accesses(L=L, E=E, req_off=req_off, req_key=key, req_tokens=counts.astype(np.int64), req_next=nxt,
-                    step_ids=step_ids, num_tokens=trace.num_tokens)
+    """The whole trace's accesses in memory: per (step, layer) the distinct experts and their token counts,
+    in step then layer order, with Belady's next use (stream.access_windows, concatenated: for traces that
+    fit in memory, tests and benchmarks; `replay` streams instead)."""
+    L, E = trace.spec.num_layers, trace.spec.num_experts
+    wins = list(access_windows(trace, rows))
+    step_ids = np.concatenate([w.step_ids for w in wins]) if wins else np.zeros(0, np.int64)
+    key = np.concatenate([w.req_key for w in wins]) if wins else np.zeros(0, np.int64)
+    counts = np.concatenate([w.req_tokens for w in wins]) if wins else np.zeros(0, np.int64)
+    sizes = np.concatenate([np.diff(w.req_off) for w in wins]) if wins else np.zeros(0, np.int64)
+    req_off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    whole = AccessWindow(step_ids=step_ids, req_off=req_off, req_key=key, req_tokens=counts, num_tokens=trace.num_tokens)
+    return Accesses(L=L, E=E, req_off=req_off, req_key=key, req_tokens=counts,
+                    req_next=next_use(whole, 0, np.full(L * E, K.NEVER)), step_ids=step_ids,
+                    num_tokens=trace.num_tokens)
 
 
 def forecast_entries(acc: Accesses, pred_SLE: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,10 +150,7 @@ def forecast_entries(acc: Accesses, pred_SLE: np.ndarray) -> tuple[np.ndarray, n
         raise ConfigError(
             f"forecast sets have shape {pred_SLE.shape}; expected ({len(acc.step_ids)}, {acc.L}, {acc.E})."
         )
-    s_i, l_i, e_i = np.nonzero(pred_SLE)
-    a = s_i.astype(np.int64) * acc.L + l_i
-    off = np.searchsorted(a, np.arange(acc.num_accesses + 1)).astype(np.int64)
-    return off, (l_i.astype(np.int64) * acc.E + e_i)
+    return forecast_window(pred_SLE)
 
 
 def true_sets(acc: Accesses) -> np.ndarray:
@@ -205,77 +186,131 @@ def parse_budget(text: str | int, num_keys: int, expert_bytes: int, where: str =
     return n
 
 
-def _pools(acc: Accesses, budget: int, per_layer: bool) -> tuple[np.ndarray, ...]:
-    Kn = acc.L * acc.E
+def _pools(L: int, E: int, budget: int, per_layer: bool) -> tuple[np.ndarray, ...]:
+    Kn = L * E
     if not per_layer:
         return np.zeros(Kn, np.int64), np.array([budget], np.int64), np.arange(Kn, dtype=np.int64), np.array([0, Kn], np.int64)
-    base, extra = divmod(budget, acc.L)
+    base, extra = divmod(budget, L)
     if base == 0:
-        raise ConfigError(f"--budget of {budget} expert slot(s) leaves layers with none when split over {acc.L} layers; "
-                          f"expected at least {acc.L} for a per-layer policy.")
-    cap = np.full(acc.L, base, np.int64)
+        raise ConfigError(f"--budget of {budget} expert slot(s) leaves layers with none when split over {L} layers; "
+                          f"expected at least {L} for a per-layer policy.")
+    cap = np.full(L, base, np.int64)
     cap[:extra] += 1
     keys = np.arange(Kn, dtype=np.int64)
-    return keys // acc.E, cap, keys, np.arange(acc.L + 1, dtype=np.int64) * acc.E
+    return keys // E, cap, keys, np.arange(L + 1, dtype=np.int64) * E
+
+
+def _compute_s(req_tokens: np.ndarray, cfg: ReplayConfig, expert_bytes: int) -> np.ndarray:
+    hw = cfg.hardware
+    flops_per_token = 2.0 * expert_bytes / cfg.dtype_bytes  # 2 FLOPs per weight per token
+    n = req_tokens.astype(np.float64)
+    return np.maximum(expert_bytes / hw.mem_effective, n * flops_per_token / (hw.eta(n) * hw.peak_flops))
 
 
 def compute_seconds(acc: Accesses, cfg: ReplayConfig, expert_bytes: int) -> np.ndarray:
     """(N,) seconds to run each required expert on its tokens: max(weights / HBM, FLOPs / (η(n)·peak))."""
-    hw = cfg.hardware
-    flops_per_token = 2.0 * expert_bytes / cfg.dtype_bytes  # 2 FLOPs per weight per token
-    n = acc.req_tokens.astype(np.float64)
-    return np.maximum(expert_bytes / hw.mem_effective, n * flops_per_token / (hw.eta(n) * hw.peak_flops))
+    return _compute_s(acc.req_tokens, cfg, expert_bytes)
+
+
+class PolicyRun:
+    """One policy replayed window by window: feed() each window of whole steps in order, then result().
+
+    The kernel's state (kernel.new_state: the cache, heaps, link queue, clock) goes from one window to the
+    next, so any windowing gives bit-for-bit the same result; memory is the state (O(L·E)) plus a window.
+    """
+
+    def __init__(self, name: str, cfg: ReplayConfig, L: int, E: int, expert_bytes: int, *, layer_ahead: bool = False,
+                 log: bool = False) -> None:
+        pol = POLICIES.get(name)
+        if pol is None:
+            raise ConfigError(f"policy {name!r} is unknown; expected one of {', '.join(POLICIES)}.")
+        if expert_bytes <= 0:
+            raise ConfigError("expert size is unknown (the trace's spec has expert_bytes = 0); pass --expert-bytes.")
+        self.name, self.pol, self.cfg, self.L, self.E, self.eb = name, pol, cfg, L, E, expert_bytes
+        self.layer_ahead, self.log = layer_ahead, log
+        self.pools = _pools(L, E, cfg.budget, pol.per_layer)
+        self.state = K.new_state(pol.code, L, E, self.pools[3])
+        self.xfer = expert_bytes / cfg.hardware.h2d_bandwidth
+        self.counts = np.zeros(5, np.int64)  # hits, on time, misses, prefetches, evictions
+        self.requests = 0
+        self.cpu_s = 0.0
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def feed(self, a0: int, req_off: np.ndarray, req_key: np.ndarray, req_tokens: np.ndarray, req_next: np.ndarray,
+             pred_off: np.ndarray | None = None, pred_key: np.ndarray | None = None, *,
+             comp: np.ndarray | None = None) -> None:
+        """Replay accesses a0 .. a0+W-1 (window-local CSR, req_next global; see kernel.replay_window).
+        comp: the entries' compute seconds when the caller has them (the same for every policy)."""
+        W = len(req_off) - 1
+        if not self.pol.forecast or pred_off is None or pred_key is None:
+            pred_off, pred_key = np.zeros(W + 1, np.int64), np.zeros(0, np.int64)
+        comp = _compute_s(req_tokens, self.cfg, self.eb) if comp is None else comp
+        dense = np.full(W, self.cfg.dense_us * 1e-6)
+        pol, cfg = self.pol, self.cfg
+        pool_of, cap, pool_keys, pool_off = self.pools
+        t0 = time.thread_time()  # CPU time of this thread: the figure for "one core" on a shared machine
+        out = K.replay_window(pol.code, pol.correct, pol.priority_demand, 0 if cfg.plec_fallback == "lru" else 1,
+                              self.layer_ahead, cfg.plec_depth, self.L, self.E, pool_of, cap, pool_keys, pool_off,
+                              self.state, a0, req_off, req_key, comp, req_next, pred_off, pred_key, dense, self.xfer,
+                              self.log)
+        self.cpu_s += time.thread_time() - t0
+        hits, on_time, misses, pref, evs, _stall, _end, events = out
+        self.counts += [hits.sum(), on_time.sum(), misses.sum(), pref.sum(), evs.sum()]
+        self.requests += len(req_key)
+        if self.log:
+            self.parts.append((events, misses, hits))
+
+    def result(self, num_tokens: int) -> dict[str, Any]:
+        """The metrics dict of everything fed (and 'log', 'misses_A', 'hits_A' if asked)."""
+        hits, on_time, misses, pref, evs = (int(x) for x in self.counts)
+        sf, si = self.state[-2], self.state[-1]
+        req, eb, wall = self.requests, self.eb, self.cpu_s
+        sim_s = float(sf[K.F_CLOCK])
+        row: dict[str, Any] = {
+            "policy": self.name,
+            "budget": self.cfg.budget,
+            "hit_ratio": on_time / max(req, 1),
+            "covered_ratio": hits / max(req, 1),
+            "demand_loads": misses,
+            "prefetches": pref,
+            "useful_prefetches": int(si[K.I_USEFUL]),
+            "evictions": evs,
+            "bytes_moved": float((misses + pref) * eb),
+            "stall_s": float(sf[K.F_STALL]),
+            "sim_s": sim_s,
+            "us_per_token": 1e6 * sim_s / max(num_tokens, 1),
+            "ideal_us_per_token": 1e6 * float(sf[K.F_IDEAL]) / max(num_tokens, 1),
+            "requests": req,
+            "replay_s": wall,
+            "events_per_s": num_tokens * self.L / wall if wall > 0 else float("inf"),
+        }
+        if self.log:
+            parts = list(zip(*self.parts, strict=True)) or [[np.zeros((0, 3), np.int64)], [np.zeros(0, np.int64)],
+                                                             [np.zeros(0, np.int64)]]
+            row["log"], row["misses_A"], row["hits_A"] = (np.concatenate(p) for p in parts)
+            row["log_overflow"] = bool(si[K.I_OVERFLOW])
+        return row
 
 
 def run_policy(acc: Accesses, name: str, cfg: ReplayConfig, *, forecast: tuple[np.ndarray, np.ndarray] | None = None,
-               layer_ahead: bool = False, log: bool = False, expert_bytes: int = 0) -> dict[str, Any]:
-    """Replay `acc` under POLICIES[name]; returns the metrics dict (and 'log' with the event log if asked)."""
+               layer_ahead: bool = False, log: bool = False, expert_bytes: int = 0,
+               window_steps: int | None = None) -> dict[str, Any]:
+    """Replay in-memory accesses `acc` under POLICIES[name]; returns the metrics dict (and 'log' with the event
+    log if asked). window_steps: steps per kernel call (None = all at once; the result is the same)."""
     pol = POLICIES.get(name)
-    if pol is None:
-        raise ConfigError(f"policy {name!r} is unknown; expected one of {', '.join(POLICIES)}.")
-    eb = expert_bytes or cfg.expert_bytes
-    if eb <= 0:
-        raise ConfigError("expert size is unknown (the trace's spec has expert_bytes = 0); pass --expert-bytes.")
-    if pol.forecast and forecast is None:
+    if pol is not None and pol.forecast and forecast is None:
         raise ConfigError(f"policy {name!r} needs a forecast; pass --predictor NAME|DIR (or 'oracle').")
-    pred_off, pred_key = forecast if pol.forecast else (np.zeros(acc.num_accesses + 1, np.int64), np.zeros(0, np.int64))
-    pool_of, cap, pool_keys, pool_off = _pools(acc, cfg.budget, pol.per_layer)
-    comp = compute_seconds(acc, cfg, eb)
-    dense = np.full(acc.num_accesses, cfg.dense_us * 1e-6)
-    xfer = eb / cfg.hardware.h2d_bandwidth
-    t0 = time.thread_time()  # CPU time of this thread: the figure for "one core" on a shared machine
-    out = K.replay_kernel(pol.code, pol.correct, pol.priority_demand, 0 if cfg.plec_fallback == "lru" else 1,
-                          layer_ahead, cfg.plec_depth, acc.L, acc.E, pool_of, cap, pool_keys, pool_off, acc.req_off, acc.req_key,
-                          comp, acc.req_next, pred_off, pred_key, dense, xfer, log)
-    wall = time.thread_time() - t0
-    hits, on_time, misses, pref, evs, stall, end, useful, events, overflow = out
-    req = int(len(acc.req_key))
-    sim_s = float(end[-1]) if len(end) else 0.0
-    ideal = float(comp.sum() + dense.sum())
-    row: dict[str, Any] = {
-        "policy": name,
-        "budget": cfg.budget,
-        "hit_ratio": float(on_time.sum()) / max(req, 1),
-        "covered_ratio": float(hits.sum()) / max(req, 1),
-        "demand_loads": int(misses.sum()),
-        "prefetches": int(pref.sum()),
-        "useful_prefetches": int(useful),
-        "evictions": int(evs.sum()),
-        "bytes_moved": float((misses.sum() + pref.sum()) * eb),
-        "stall_s": float(stall.sum()),
-        "sim_s": sim_s,
-        "us_per_token": 1e6 * sim_s / max(acc.num_tokens, 1),
-        "ideal_us_per_token": 1e6 * ideal / max(acc.num_tokens, 1),
-        "requests": req,
-        "replay_s": wall,
-        "events_per_s": acc.num_tokens * acc.L / wall if wall > 0 else float("inf"),
-    }
-    if log:
-        row["log"] = events
-        row["log_overflow"] = bool(overflow)
-        row["misses_A"] = misses
-        row["hits_A"] = hits
-    return row
+    run = PolicyRun(name, cfg, acc.L, acc.E, expert_bytes or cfg.expert_bytes, layer_ahead=layer_ahead, log=log)
+    pred_off, pred_key = forecast if forecast is not None else (np.zeros(acc.num_accesses + 1, np.int64),
+                                                                 np.zeros(0, np.int64))
+    S, L = len(acc.step_ids), acc.L
+    ws = window_steps or max(S, 1)
+    for s in range(0, max(S, 1), ws):
+        lo, hi = s * L, min(S, s + ws) * L
+        r0, r1, m0, m1 = acc.req_off[lo], acc.req_off[hi], pred_off[lo], pred_off[hi]
+        run.feed(lo, acc.req_off[lo:hi + 1] - r0, acc.req_key[r0:r1], acc.req_tokens[r0:r1], acc.req_next[r0:r1],
+                 pred_off[lo:hi + 1] - m0, pred_key[m0:m1])
+    return run.result(acc.num_tokens)
 
 
 def add_gap_closed(rows: Sequence[dict[str, Any]]) -> None:
@@ -289,22 +324,72 @@ def add_gap_closed(rows: Sequence[dict[str, Any]]) -> None:
             r["gap_closed"] = (r["hit_ratio"] - lru) / (bel - lru)
 
 
-def replay(trace: Trace, policies: Sequence[str], cfg: ReplayConfig, *, pred_SLE: np.ndarray | None = None,
-           layer_ahead: bool = False) -> list[dict[str, Any]]:
-    """Run each policy over `trace` (LRU and Belady are always run: they anchor 'gap_closed').
+ORACLE = "oracle"  # pred_SLE="oracle": each step's true routing as the forecast (PLEC's upper bound)
 
-    pred_SLE: bool (S, L, E) forecast batch sets, one per step of the trace (needed by PLEC policies).
-    layer_ahead: the forecast is layer-horizon (layer l known at layer l-1's start).
+
+def replay(trace: Trace, policies: Sequence[str], cfg: ReplayConfig, *, pred_SLE: Any = None,
+           layer_ahead: bool = False, mask: np.ndarray | None = None, rows: int | None = None,
+           tmp_dir: str | Path | None = None, progress: bool = False) -> list[dict[str, Any]]:
+    """Run each policy over `trace`, streaming it window by window (LRU and Belady are always run: they
+    anchor 'gap_closed'); every policy advances through one window before the next is built.
+
+    pred_SLE: the forecast batch sets, one per replayed step (needed by PLEC policies): a bool (S, L, E)
+    array, a stream.PackedSets, or ORACLE. layer_ahead: the forecast is layer-horizon (layer l known at
+    layer l-1's start). mask: bool (T,) rows to replay (None = all). rows: trace rows per window (None =
+    stream.ACCESS_ROWS). tmp_dir:
+    where Belady's next-use file goes (a temporary directory inside it, removed at the end; None = the
+    system's). Memory: the policies' states plus one window, whatever the trace's length.
     """
     names = list(dict.fromkeys(["lru", *policies, "belady"]))
     for n in names:
         if n not in POLICIES:
             raise ConfigError(f"--policies holds {n!r}; expected names from {', '.join(POLICIES)}.")
-    acc = build_accesses(trace)
-    eb = cfg.expert_bytes or trace.spec.expert_bytes
-    fc = None if pred_SLE is None else forecast_entries(acc, pred_SLE)
-    rows = [run_policy(acc, n, cfg, forecast=fc, layer_ahead=layer_ahead, expert_bytes=eb) for n in names]
-    add_gap_closed(rows)
-    for r in rows:
+    if pred_SLE is None and any(POLICIES[n].forecast for n in names):
+        raise ConfigError(f"policies {', '.join(n for n in names if POLICIES[n].forecast)} need a forecast; "
+                          "pass --predictor NAME|DIR (or 'oracle').")
+    s = trace.spec
+    L, E = s.num_layers, s.num_experts
+    eb = cfg.expert_bytes or s.expert_bytes
+    runs = [PolicyRun(n, cfg, L, E, eb, layer_ahead=layer_ahead) for n in names]
+    rows = stream.ACCESS_ROWS if rows is None else rows
+    with tempfile.TemporaryDirectory(prefix="routecast-replay-", dir=tmp_dir) as tmp:
+        nu = NextUseFile(Path(tmp) / "next_use.f64", L * E)
+        try:
+            a0, sizes = 0, []  # first pass: each window's first access of every key (Belady's next use)
+            for win in access_windows(trace, rows, mask):
+                nu.add(first_use(win, a0, L * E))
+                sizes.append(len(win.step_ids))
+                a0 += len(win.step_ids) * L
+            nu.finish()
+            S = sum(sizes)
+            if isinstance(pred_SLE, str) or pred_SLE is None:
+                if pred_SLE not in (None, ORACLE):
+                    raise ConfigError(f"forecast is {pred_SLE!r}; expected sets or {ORACLE!r}.")
+            elif tuple(pred_SLE.shape) != (S, L, E):
+                raise ConfigError(f"forecast sets have shape {tuple(pred_SLE.shape)}; expected ({S}, {L}, {E}).")
+            a0, s0, tokens = 0, 0, 0
+            bar = tqdm(total=S, desc="cache replay", unit="step", disable=not progress, leave=False)
+            for w, win in enumerate(access_windows(trace, rows, mask)):
+                Sw = len(win.step_ids)
+                if w >= len(sizes) or Sw != sizes[w]:
+                    raise RuntimeError("cache replay: the trace's windows changed between the two passes")
+                req_next = next_use(win, a0, nu.after(w))
+                if pred_SLE is None:
+                    fc = None, None
+                elif isinstance(pred_SLE, str):
+                    fc = win.req_off, win.req_key
+                else:
+                    fc = forecast_window(np.asarray(pred_SLE[s0:s0 + Sw], bool))
+                comp = _compute_s(win.req_tokens, cfg, eb)
+                for r in runs:
+                    r.feed(a0, win.req_off, win.req_key, win.req_tokens, req_next, *fc, comp=comp)
+                a0, s0, tokens = a0 + Sw * L, s0 + Sw, tokens + win.num_tokens
+                bar.update(Sw)
+            bar.close()
+        finally:
+            nu.close()
+    out = [r.result(tokens) for r in runs]
+    add_gap_closed(out)
+    for r in out:
         r["shown"] = r["policy"] in policies
-    return rows
+    return out

@@ -79,13 +79,16 @@ def token_sets(predictor, test: Trace) -> np.ndarray:
 def batch_accuracy_rows(
     trace: Trace, names: Sequence[str], sizes: Sequence[int] = (8, 16, 32), *, train_fraction: float = 0.8,
     seed: int = 0, model_dir: str | Path | None = None, threads: int = 1, epochs: int | None = None,
-    split: str = "document", extra_train: Trace | None = None, perms: int = 8,
+    split: str = "document", extra_train: Trace | Sequence[Trace] | None = None, perms: int = 8,
+    expertflow: Any = None, save_expertflow: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """One row per predictor, fitted once on train_fraction of the documents (split="request": requests; by
-    request anyway when the trace records no documents) plus extra_train (another capture of disjoint
-    documents, see evaluate.with_extra_training; not for the lookahead, which needs router inputs) and run causally on the rest: 'batch_<B>' (eq. 7 over
-    decode batches of B requests), the per-step top-k accuracy, recall@2k and batch-level accuracy, fit_s
-    and the measured µs per token."""
+    request anyway when the trace records no documents) plus extra_train (other captures of disjoint
+    documents, see evaluate.with_extra_training; not for the lookahead, which needs router inputs) and run
+    causally on the rest: 'batch_<B>' (eq. 7 over decode batches of B requests), the per-step top-k accuracy,
+    recall@2k and batch-level accuracy, fit_s and the measured µs per token. expertflow: its ExpertFlowConfig
+    (None: the default); save_expertflow: a folder to save the fitted path predictor in (with the split it
+    was fitted on, so `cache replay --predictor DIR` and `predict eval` score it on the held-out part only)."""
     import time
 
     from routecast.predict.evaluate import (
@@ -95,6 +98,7 @@ def batch_accuracy_rows(
         heldout,
         make_predictor,
         parse_names,
+        trace_fingerprint,
         with_extra_training,
     )
     from routecast.predict.neural import torch_threads
@@ -103,7 +107,9 @@ def batch_accuracy_rows(
     if any(int(b) < 1 for b in sizes):
         raise ConfigError(f"batch sizes are {list(sizes)}; expected positive integers.")
     base, test, used = heldout(trace, split, train_fraction, seed)
-    train = base if extra_train is None else with_extra_training(base, extra_train, test)
+    train = base
+    for extra in [] if extra_train is None else [extra_train] if isinstance(extra_train, Trace) else extra_train:
+        train = with_extra_training(train, extra, test)
     E = trace.spec.num_experts
     true = multi_hot(test.experts_TLK, E)
     rows_RD = decode_rows_RD(test)
@@ -113,10 +119,17 @@ def batch_accuracy_rows(
         with torch_threads(threads):
             t0 = time.perf_counter()
             p = make_predictor(name, trace.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
-                               progress=False, epochs=epochs, model_path=_router_model(name, trace, model_dir))
+                               progress=False, epochs=epochs, model_path=_router_model(name, trace, model_dir),
+                               expertflow=expertflow)
             fit_on = base if name in NEEDS_ROUTER_INPUTS else train  # extra captures carry no router inputs
             p.fit(fit_on)
             fit_s = time.perf_counter() - t0
+            if name == "expertflow" and save_expertflow is not None:
+                from routecast.predict.store import save_predictor
+
+                save_predictor(p, save_expertflow, fitted_on={
+                    "trace": trace_fingerprint(trace), "split": used, "train_fraction": train_fraction, "seed": seed,
+                    "extra_tokens": fit_on.num_tokens - base.num_tokens})
             res = run_harness(p, test, collect=True)
         pred = np.zeros_like(true)
         for (_, fc), (_, idx) in zip(res.forecasts, test.batches(), strict=True):

@@ -138,12 +138,13 @@ def parse_names(names: str | Sequence[str]) -> list[str]:
 def make_predictor(
     name: str, spec: MoESpec, *, embeddings: np.ndarray | None = None, embedding_source: str = "",
     seed: int = 0, threads: int = 1, progress: bool = True, epochs: int | None = None,
-    model_path: str | Path | None = None,
+    model_path: str | Path | None = None, expertflow: Any = None,
 ) -> Predictor:
     """An unfitted predictor by name; neural ones use `embeddings` (V, D) when given, else learn their own.
 
     epochs: neural training epochs (None = the preset's, with early stopping). model_path: the checkpoint
-    whose routers the lookahead predictor clones (required for "lookahead").
+    whose routers the lookahead predictor clones (required for "lookahead"). expertflow: an ExpertFlowConfig
+    for "expertflow" (its seed, threads and progress are replaced by these arguments').
     """
     if name == "lookahead":
         from routecast.predict.lookahead import LookaheadConfig, LookaheadPredictor
@@ -159,7 +160,7 @@ def make_predictor(
 
         from routecast.predict.expertflow import ExpertFlowConfig, ExpertFlowPredictor
 
-        cfg = ExpertFlowConfig(seed=seed, threads=threads, progress=progress)
+        cfg = dataclasses.replace(expertflow or ExpertFlowConfig(), seed=seed, threads=threads, progress=progress)
         return ExpertFlowPredictor(spec, cfg if epochs is None else dataclasses.replace(cfg, epochs=epochs))
     if name == "smoe":
         from routecast.predict.smoe import SMoEPredictor
@@ -250,7 +251,7 @@ def evaluate(
                     raise ConfigError(f"{name}: predictor was fitted for L={ps.num_layers}, E={ps.num_experts}, "
                                       f"K={ps.top_k}; expected the trace's L={ts.num_layers}, E={ts.num_experts}, "
                                       f"K={ts.top_k}.")
-                _check_fitted_on(name, fitted_on)
+                check_fitted_on(name, fitted_on)
                 fitted = f"loaded from {name}"
             fit_s = time.perf_counter() - t0
             res = run_harness(pred, trace, rows=test, progress=progress)
@@ -272,7 +273,7 @@ def evaluate(
     return rows
 
 
-def _check_fitted_on(path: str, want: dict[str, Any]) -> None:
+def check_fitted_on(path: str, want: dict[str, Any]) -> None:
     """Refuse a saved predictor fitted on this trace under another split: it would be scored on its own data."""
     from routecast.predict.store import fitted_on
 
@@ -341,11 +342,12 @@ def rows_to_json(rows: Sequence[dict[str, Any]]) -> str:
 def fit_and_save(
     trace: Trace, name: str, out_dir: str | Path, *, model_dir: str | Path | None = None, seed: int = 0,
     threads: int = 1, progress: bool = True, epochs: int | None = None, split: str = "document",
-    train_fraction: float = 0.8,
+    train_fraction: float = 0.8, extra_train: Trace | Sequence[Trace] | None = None,
 ) -> Path:
     """Fit predictor `name` on the training part of the held-out split that evaluate() uses with the same split,
-    train_fraction and seed (split="none": the whole trace, for deployment) and save it to out_dir with what
-    it was fitted on (see store.save_predictor), so `predict eval` can score it on the held-out part only.
+    train_fraction and seed (split="none": the whole trace, for deployment), plus extra_train (another capture
+    on disjoint documents, see with_extra_training), and save it to out_dir with what it was fitted on (see
+    store.save_predictor), so `predict eval` and `cache replay` can score it on the held-out part only.
     """
     if name not in PREDICTOR_NAMES:
         raise ConfigError(f"--predictor is {name!r}; expected one of {', '.join(PREDICTOR_NAMES)}.")
@@ -358,13 +360,23 @@ def fit_and_save(
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=emb_source, seed=seed,
                               threads=threads, progress=progress, epochs=epochs,
                               model_path=_router_model(name, trace, model_dir))
-        pred.fit_rows(trace, rows)  # streams, or fits a bounded sample of whole requests (fit_note)
+        extras = [] if extra_train is None else [extra_train] if isinstance(extra_train, Trace) else list(extra_train)
+        if not extras or name in NEEDS_ROUTER_INPUTS:  # extra captures carry no router inputs
+            pred.fit_rows(trace, rows)  # streams, or fits a bounded sample of whole requests (fit_note)
+        else:
+            both, test = trace.select(rows), trace.select(~rows)
+            for x in extras:
+                both = with_extra_training(both, x, test)
+            pred.fit_rows(both, np.ones(both.num_tokens, bool))
+    extra = {} if not extras or name in NEEDS_ROUTER_INPUTS else {"extra_tokens": sum(x.num_tokens for x in extras)}
     return save_predictor(pred, out_dir, fitted_on={"trace": fingerprint, "split": used,
-                                                    "train_fraction": train_fraction, "seed": seed})
+                                                    "train_fraction": train_fraction, "seed": seed, **extra})
 
 
-def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool) -> Predictor:
-    """A predictor by name, fitted on `train`, or loaded from a folder written by `routecast predict fit`."""
+def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, threads: int, quiet: bool,
+                rows: np.ndarray | None = None) -> Predictor:
+    """A predictor by name, fitted on `train` (on its `rows` only, a bool (T,) mask streamed by fit_rows,
+    when given), or loaded from a folder written by `routecast predict fit`."""
     if name not in PREDICTOR_NAMES:
         if not is_predictor_dir(name):
             raise ConfigError(f"--predictor is {name!r}; expected 'oracle', one of {', '.join(PREDICTOR_NAMES)} "
@@ -374,7 +386,7 @@ def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, thread
     with torch_threads(threads):
         pred = make_predictor(name, train.spec, embeddings=emb, embedding_source=src, seed=seed, threads=threads,
                               progress=not quiet, model_path=_router_model(name, train, model))
-        return pred.fit(train)
+        return pred.fit(train) if rows is None else pred.fit_rows(train, rows)
 
 
 # ------------------------------------------------------------------------------------------- CLI handlers
@@ -405,15 +417,16 @@ def predict_eval_main(
 def predict_fit_main(
     trace_path: str | Path, predictor: str, out: str | Path, *, model: str | None = None, seed: int = 0,
     threads: int = 1, epochs: int | None = None, quiet: bool = False, split: str = "document",
-    train_fraction: float = 0.8,
+    train_fraction: float = 0.8, train_extra: str | Path | None = None,
 ) -> int:
     """`routecast predict fit TRACE --predictor NAME --out DIR [--split document|request|none]
-    [--model DIR|builtin|none]`: prints the path."""
+    [--model DIR|builtin|none] [--train-extra DIR]`: prints the path."""
     from routecast.trace.io import read_trace
 
     routers = predictor in NEEDS_ROUTER_INPUTS
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
+    extra = [read_trace(d.strip()) for d in str(train_extra or "").split(",") if d.strip()]
     path = fit_and_save(trace, predictor, out, model_dir=model, seed=seed, threads=threads, progress=not quiet,
-                        epochs=epochs, split=split, train_fraction=train_fraction)
+                        epochs=epochs, split=split, train_fraction=train_fraction, extra_train=extra)
     print(f"wrote {path}")
     return 0

@@ -71,3 +71,18 @@ def test_parse_budget_forms():
         with pytest.raises(ConfigError):
             parse_budget(bad, 32, 100)
     assert np.isfinite(parse_budget("100%", 32, 0))
+
+
+def test_make_forecast_is_reused_and_a_saved_predictor_must_not_have_trained_on_the_replay(small, tmp_path):
+    from routecast.cache.cli import make_forecast
+    from routecast.predict.evaluate import fit_and_save
+
+    fc = make_forecast(small, "conditional-token", split="request")
+    a = run_replay(small, budget="50%", policies=["plec"], forecast=fc)
+    b = run_replay(small, budget="50%", policies=["plec"], predictor="conditional-token", split="request")
+    assert [r["hit_ratio"] for r in a["rows"]] == [r["hit_ratio"] for r in b["rows"]]
+    same = fit_and_save(small, "conditional-token", tmp_path / "same", split="request", progress=False)
+    assert "loaded from" in make_forecast(small, str(same), split="request")[3]
+    whole = fit_and_save(small, "conditional-token", tmp_path / "whole", split="none", progress=False)
+    with pytest.raises(ConfigError, match="fitted on this trace"):
+        make_forecast(small, str(whole), split="request")

@@ -151,3 +151,87 @@ def test_evaluate_adds_the_extra_training_trace(routed_trace):
     more = evaluate(tr, ["conditional-token"], progress=False, split="request", extra_train=other)[0]
     assert "+ 210 of --train-extra" in more["fitted"] and "--train-extra" not in plain["fitted"]
     assert plain["top_k_accuracy"] == 1.0 > more["top_k_accuracy"]  # the extra routing was learned too
+
+
+def test_paper_preset_and_config_strings():
+    from routecast.predict.expertflow import paper_config, parse_config
+
+    p = paper_config()
+    assert (p.d_model, p.d_ff, p.lr, p.batch_size, p.weight_decay) == (32, 2048, 1e-3, 16, 0.01)
+    assert parse_config("paper,epochs=12") == paper_config(epochs=12)
+    assert parse_config("d_model=128,dec_layers=2,lr=0.001") == ExpertFlowConfig(d_model=128, dec_layers=2, lr=1e-3)
+    assert parse_config("default") == ExpertFlowConfig()
+    for bad, want in (("huge", "preset"), ("d_model=x", "not a number"), ("colour=3", "KEY=VALUE"),
+                      ("epochs=0", "positive"), ("lr=-1", "lr")):
+        with pytest.raises(ConfigError, match=want):
+            parse_config(bad)
+
+
+def test_length_batches_cover_every_request_once_with_less_padding():
+    import torch
+
+    from routecast.predict.expertflow import _length_batches
+
+    lengths = np.random.default_rng(0).integers(10, 200, 103)
+    batches = _length_batches(lengths, 8, 4, torch.Generator().manual_seed(0))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(103)) and len(batches) == 13
+    assert max(len(b) for b in batches) == 8
+    padded = sum(lengths[b].max() * len(b) for b in batches)
+    plain = sum(lengths[b].max() * len(b) for b in _length_batches(lengths, 8, 1, torch.Generator().manual_seed(0)))
+    assert padded < plain
+
+
+def test_batch_rows_save_the_path_predictor_with_its_split(split, tmp_path):
+    from routecast.predict.evaluate import check_fitted_on, trace_fingerprint
+    from routecast.predict.expertflow import paper_config
+    from routecast.predict.store import fitted_on
+
+    train, test = split
+    tr = Trace.concat([train, test])
+    cfg = paper_config(d_ff=32, epochs=1)
+    rows = batch_accuracy_rows(tr, ["expertflow"], sizes=(2,), split="request", expertflow=cfg,
+                               extra_train=[train, train], save_expertflow=tmp_path / "ef")
+    back = load_predictor(tmp_path / "ef")
+    have = fitted_on(tmp_path / "ef")
+    assert back.config.d_ff == 32 and back.config.d_model == 32 and have["extra_tokens"] == 2 * train.num_tokens
+    assert have["split"] == "request" and rows[0]["train_tokens"] > 2 * train.num_tokens
+    want = {"trace": trace_fingerprint(tr), "split": "request", "train_fraction": 0.8, "seed": 0}
+    check_fitted_on(str(tmp_path / "ef"), want)  # the same split: accepted
+    with pytest.raises(ConfigError, match="fitted on this trace"):
+        check_fitted_on(str(tmp_path / "ef"), dict(want, seed=1))
+
+
+def test_predict_fit_adds_the_extra_capture(routed_trace, tmp_path):
+    from routecast.predict.evaluate import fit_and_save
+    from routecast.predict.store import fitted_on
+
+    tr = routed_trace(num_requests=10, prompt_len=4, decode_len=3, seed=3)
+    other = routed_trace(num_requests=12, prompt_len=4, decode_len=3, seed=4)
+    for split in ("request", "none"):
+        d = fit_and_save(tr, "conditional-token", tmp_path / split, split=split, extra_train=other, progress=False)
+        assert fitted_on(d)["extra_tokens"] == other.num_tokens and fitted_on(d)["split"] == split
+    plain = load_predictor(fit_and_save(tr, "conditional-token", tmp_path / "plain", split="none", progress=False))
+    more = load_predictor(tmp_path / "none")
+    view = run_harness(plain, other, collect=True).forecasts[0][1].scores_TLE
+    assert not np.array_equal(view, run_harness(more, other, collect=True).forecasts[0][1].scores_TLE)
+
+
+def test_expertflow_kept_decoder_inputs_give_the_full_pass_logits(fitted):
+    """A request extended one token at a time (encoder memory and decoder inputs kept) = one full pass."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    prompt, gen = rng.integers(0, 20, 8).tolist(), rng.integers(0, 20, 6).tolist()
+    seq = prompt + gen
+    net = fitted._net
+    fitted.reset()
+    with torch.inference_mode():
+        full = net(torch.tensor([prompt]), torch.tensor([seq]))[0]
+        parts = [fitted._extend(1, prompt, prompt, len(prompt))]
+        parts += [fitted._extend(1, prompt, seq[:s], 1) for s in range(len(prompt) + 1, len(seq) + 1)]
+        assert fitted._cache[1]["S"] == len(seq)
+        again = fitted._extend(1, prompt, seq[:3] + [19, 19], 2)  # a different history: recomputed, not reused
+        ref = net(torch.tensor([prompt]), torch.tensor([seq[:3] + [19, 19]]))[0, -2:]
+    fitted.reset()
+    assert torch.allclose(torch.cat(parts), full, atol=1e-5)
+    assert torch.allclose(again, ref, atol=1e-5)

@@ -107,3 +107,27 @@ def test_cli_prints_the_figures(tmp_path, capsys) -> None:
     assert "tokens/s" in text and "hit ratio" in text and "bytes loaded" in text and "stall share" in text
     doc = json.loads(out.read_text())
     assert doc["budget"] == 16 and doc["new_tokens"] >= 1
+
+
+def test_preloaded_full_budget_reads_nothing_and_keeps_tokens(setup) -> None:
+    name, model, reqs, ref = setup
+    from routecast.trace.capture_arch import spec_from_model
+
+    s = spec_from_model(model)
+    got = run_config(name, reqs, budget=s.num_layers * s.num_experts, preload=True, cfg_kw={"check": True})
+    assert got["tokens"] == ref["tokens"] and got["reads"] == 0 and got["misses"] == 0 and got["hit_ratio"] == 1.0
+
+
+def test_batch_sets_are_the_union_of_each_tokens_top_k() -> None:
+    import numpy as np
+
+    from routecast.predict.forecast import Forecast
+    from routecast.runtime.offload.engine import _batch_sets
+
+    rng = np.random.default_rng(0)
+    scores = rng.random((5, 3, 16)).astype(np.float32)
+    scores /= scores.sum(-1, keepdims=True)
+    fc = Forecast(top_k=4, scores_TLE=scores)
+    assert np.array_equal(_batch_sets(fc, 5), fc.batch_active_LE(5))
+    dist = Forecast(top_k=4, dist_LE=scores[0])
+    assert np.array_equal(_batch_sets(dist, 5), dist.batch_active_LE(5))

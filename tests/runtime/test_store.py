@@ -206,3 +206,18 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
     for k in ("hits", "misses", "prefetch_issued", "prefetch_useful", "prefetch_cancelled", "prefetch_dropped",
               "evictions", "max_occupied"):
         assert got[k] == rep[k], k
+
+
+def test_preload_fills_free_slots_only_and_counts_no_access() -> None:
+    L, E = 2, 4
+    tier = MemTier(L, E)
+    store = ExpertStore(tier, StoreConfig(budget=3, check=True))
+    try:
+        store.preload(np.arange(L * E))
+        assert store.resident_keys().tolist() == [0, 1, 2] and tier.reads == [0, 1, 2]
+        store.check()
+        run_accesses(store, L, E, [(0, [1, 2]), (1, [0])])  # 2 hits on preloaded experts, 1 miss evicting the LRU 0
+        s = store.stats
+        assert (s["hits"], s["misses"], s["accesses"]) == (2, 1, 2) and 0 not in store.resident_keys()
+    finally:
+        store.close()

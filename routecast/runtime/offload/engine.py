@@ -8,7 +8,10 @@ and the experts run from the store's slot pools through the model's own experts 
 
 Exactness: as each group of a layer's experts becomes ready in the store (hits at once, misses when
 read), it is copied from its slots into a compact [n, ...] buffer in ascending expert order (n = the
-layer's distinct experts); the model's own experts function (eager, grouped_mm or batched_mm, as its
+layer's distinct experts; one buffer per fused param, kept between layers and grown to the largest n seen,
+filled by index_select from the pinned slots, so a layer allocates nothing; the layer's
+bookkeeping is numpy on its ids: bincount for the distinct experts, a rank table for the remap); the
+model's own experts function (eager, grouped_mm or batched_mm, as its
 config says) then runs once on that buffer with the ids remapped monotonically (expert -> rank), so every
 GEMM row, every reduction and the accumulation order are the model's. Tested: greedy generations are
 token-for-token identical to the all-resident model on both built-in models. The buffer is compute
@@ -83,6 +86,19 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def _batch_sets(fc, num_tokens: int) -> np.ndarray:
+    """The experts a forecast expects the step's num_tokens tokens to use: bool (l, E). Token-level: the union
+    over tokens of each token's K highest-scoring experts with a positive score (one partition per row; a tie
+    at the K-th score keeps every tied expert), as Forecast.batch_active_LE up to ties; distributions:
+    Forecast.batch_active_LE."""
+    s = fc.scores_TLE
+    if s is None:
+        return fc.batch_active_LE(num_tokens)
+    K = min(fc.top_k, s.shape[-1])
+    kth = -np.partition(-s, K - 1, axis=-1)[..., K - 1:K]
+    return ((s >= kth) & (s > 0)).any(axis=0)
+
+
 class OffloadedModel:
     """model (decoder-only, top-k routed, fused experts) with its routed experts in an ExpertStore.
 
@@ -118,6 +134,8 @@ class OffloadedModel:
                                                         keep_per_layer=self.K if cfg.fallback else 0))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}
+        self._compact_cap = 0
+        self._compact: dict[str, torch.Tensor] = {}
         for li, b in enumerate(self.blocks):
             for n in params:
                 p = b.experts._parameters.pop(n)
@@ -172,32 +190,55 @@ class OffloadedModel:
             self.blocks[li].experts.__dict__.pop("forward", None)
         self._kept = {}
 
+    def preload(self) -> None:
+        """Fill the fast tier before a run (layer-major, as many experts as the budget holds); the tier's
+        counters restart at 0, so the run's figures count only its own reads."""
+        self.store.preload(np.arange(self.L * self.E))
+        self.tier.bytes_read = self.tier.reads = 0
+        self.tier.read_s = 0.0
+
     # ------------------------------------------------------------------ the experts forward
+    def _compact_buffers(self, n: int) -> dict[str, torch.Tensor]:
+        """[n, ...] views of the compact buffers (one per fused param), grown to the largest n seen so far."""
+        if n > self._compact_cap:
+            self._compact_cap = max(n, min(self.E, 2 * self._compact_cap))
+            self._compact = {p: torch.empty((self._compact_cap, *t.shape[1:]), dtype=t.dtype)
+                             for p, t in self.store.pools.items()}
+        return {p: t[:n] for p, t in self._compact.items()}
+
     def _make_forward(self, li: int, mod: nn.Module):
         cls_forward = type(mod).forward
         store, E = self.store, self.E
+        rank_E = np.zeros(E, np.int64)
+        arange_E = np.arange(E, dtype=np.int64)
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
             if self.fallback is not None:
                 held, full = store.held_experts(li)
                 top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
                                                                    torch.from_numpy(held), full)
-            uniq, counts = torch.unique(top_k_index, return_counts=True)
-            self.log.append((li, uniq.numpy().astype(np.int64), counts.numpy().astype(np.int64)))
+            ids = top_k_index.numpy()
+            counts_E = np.bincount(ids.reshape(-1), minlength=E)
+            uniq = np.flatnonzero(counts_E)
+            n = len(uniq)
+            self.log.append((li, uniq, counts_E[uniq]))
             self._step_ids[li] = top_k_index
-            n = int(uniq.shape[0])
-            compact = {p: torch.empty((n, *t.shape[1:]), dtype=t.dtype) for p, t in store.pools.items()}
-            rank = torch.full((E,), -1, dtype=torch.long)
-            rank[uniq] = torch.arange(n)
+            compact = self._compact_buffers(n)
+            rank_E[uniq] = arange_E[:n]
 
-            def compute(exps: np.ndarray, slots: np.ndarray) -> None:
-                at = rank[torch.from_numpy(exps)]
+            def compute(exps: np.ndarray, slots: np.ndarray) -> None:  # slots pinned by the store: copies only
                 s = torch.from_numpy(slots)
-                for p, t in store.pools.items():
-                    compact[p][at] = t[s]
+                if len(exps) == n:  # the whole layer at once, already in expert order
+                    for p, t in store.pools.items():
+                        torch.index_select(t, 0, s, out=compact[p])
+                else:
+                    at = torch.from_numpy(rank_E[exps])
+                    for p, t in store.pools.items():
+                        compact[p].index_copy_(0, at, t.index_select(0, s))
 
-            store.access(li, uniq.tolist(), compute)
-            return cls_forward(_SlotView(mod, compact, n), hidden, rank[top_k_index], top_k_weights)
+            store.access(li, uniq, compute)
+            ranked = top_k_index if n == E else torch.from_numpy(rank_E[ids])
+            return cls_forward(_SlotView(mod, compact, n), hidden, ranked, top_k_weights)
 
         return forward
 
@@ -211,30 +252,30 @@ class OffloadedModel:
     def _view(self, layer: int | None = None, hidden: np.ndarray | None = None):
         from routecast.predict.harness import StepView
 
-        tok = self._tokens
-        T = tok.shape[0]
-        B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
-        return StepView(spec=self.spec, step=self.step, request=self._first + np.repeat(np.arange(B, dtype=np.int64), S),
-                        position=(self.position + np.tile(np.arange(S), B)).astype(np.int32), token_id=tok.astype(np.int32),
-                        phase=np.full(T, PREFILL if self.position == 0 else DECODE, np.int8),
-                        task=np.zeros(T, np.int16), layer=layer, hidden_TlH=hidden)
+        return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
     def _prefetch(self, fc, layers: list[int], current: int) -> None:
-        sets = fc.batch_active_LE(int(self._tokens.shape[0]))
-        keys = [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)]
-        self.store.prefetch(layers, keys, current_layer=current)
-        for i, lay in enumerate(layers):
-            self._pred[lay] = sets[i]
+        sets = _batch_sets(fc, int(self._tokens.shape[0]))
+        self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
+                            current_layer=current)
+        self._pred[layers] = sets
 
     def _step_start(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None or ids.ndim != 2:
             raise ConfigError("--offload: the forward got no input_ids [batch, tokens]; expected token ids.")
         self._shape = (int(ids.shape[0]), int(ids.shape[1]))
-        self._tokens = ids.reshape(-1).numpy()
+        self._tokens = tok = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
+        if self.predictor is None:
+            return
+        T = tok.shape[0]
+        B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
+        self._cols = dict(request=self._first + np.repeat(np.arange(B, dtype=np.int64), S),
+                          position=(self.position + np.tile(np.arange(S), B)).astype(np.int32), token_id=tok.astype(np.int32),
+                          phase=np.full(T, PREFILL if self.position == 0 else DECODE, np.int8), task=np.zeros(T, np.int16))
         self._pred = np.zeros((self.L, self.E), bool)
-        if self.predictor is not None and self.predictor.horizon != "layer":
+        if self.predictor.horizon != "layer":
             t0 = time.perf_counter()
             fc = self.predictor.predict(self._view())
             self._prefetch(fc, list(range(self.L)), -1)
@@ -245,9 +286,9 @@ class OffloadedModel:
             if li + 1 >= self.L:
                 return
             t0 = time.perf_counter()
-            h = args[0].detach().reshape(-1, args[0].shape[-1]).float().numpy()
+            h = args[0].detach().reshape(-1, args[0].shape[-1])
             hid = np.zeros((h.shape[0], li + 1, h.shape[1]), np.float32)
-            hid[:, li] = h  # the lookahead reads only the newest router input (layer li)
+            hid[:, li] = h.numpy()  # the lookahead reads only the newest router input (layer li)
             fc = self.predictor.predict(self._view(li + 1, hid))
             self._prefetch(fc, [li + 1], li)
             self.predict_s += time.perf_counter() - t0
@@ -258,15 +299,16 @@ class OffloadedModel:
         if self.predictor is not None:
             from routecast.predict.harness import StepRouting
 
+            t0 = time.perf_counter()
             T = self._tokens.shape[0]
-            ids = np.stack([(x.reshape(T, -1).numpy() if x is not None else np.full((T, self.K), -1))
-                            for x in self._step_ids], axis=1).astype(np.int16)
-            tok = self._view()
-            self.predictor.observe(StepRouting(spec=self.spec, step=self.step, request=tok.request,
-                                               position=tok.position, token_id=tok.token_id, phase=tok.phase,
-                                               task=tok.task, experts_TLK=ids,
-                                               weights_TLK=np.ones(ids.shape, np.float32) / self.K))
+            ids = np.full((T, self.L, self.K), -1, np.int16)
+            for li, x in enumerate(self._step_ids):
+                if x is not None:
+                    ids[:, li] = x.reshape(T, -1).numpy()
+            self.predictor.observe(StepRouting(spec=self.spec, step=self.step, **self._cols, experts_TLK=ids,
+                                               weights_TLK=np.full(ids.shape, 1.0 / self.K, np.float32)))
             self.pred_sets.append(self._pred)
+            self.predict_s += time.perf_counter() - t0
         self.position += self._shape[1]
         self.step += 1
 

@@ -144,9 +144,10 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
-               batch_size: int = 1) -> dict[str, Any]:
+               batch_size: int = 1, preload: bool = False) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
-    `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back."""
+    `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back.
+    preload: fill the fast tier before the timed run (OffloadedModel.preload)."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
@@ -163,6 +164,8 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
     off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
     try:
+        if preload:
+            off.preload()
         res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}",
                            batch_size=batch_size)
     finally:

@@ -164,6 +164,21 @@ class ExpertStore:
         for t in self.threads:
             t.join()
 
+    def preload(self, keys: Sequence[int] | np.ndarray) -> None:
+        """Read `keys` into free slots now, on the calling thread (a warm fast tier before a timed run; keys
+        beyond the free slots are skipped). Not counted as accesses, hits or prefetches."""
+        with self.cond:
+            for k in np.asarray(keys, np.int64).tolist():
+                p = self.slots.pool_of(k)
+                if self.slots.held[k] or not self.slots.free[p]:
+                    continue
+                slot = self.slots.free[p].pop()
+                self.slots._reserve(k, slot)
+                self.tier.read_into(k, {n: t[slot] for n, t in self.pools.items()})
+                self.ready[k] = True
+                self.events[k] = threading.Event()
+                self.events[k].set()
+
     # ------------------------------------------------------------------ prefetch
     def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> None:
         """Forecast keys of `layers` reserve their slots (SlotCache.prefetch: now up to `depth` layers ahead, the rest
