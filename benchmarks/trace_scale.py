@@ -1,4 +1,4 @@
-"""Traces larger than memory: synth, stats, predict eval, place compare and cache replay on a ~30 GB DeepSeek-V3 trace.
+"""Traces larger than memory: synth, stats, predict eval, place compare, cache replay and schedule cocluster on a ~30 GB DeepSeek-V3 trace.
 
 Stage replay: LRU, LFU, Belady over the whole trace; replay-plec: plec-correct (+ LRU, Belady) on the
 held-out 20% with the probability predictor's causal forecast.
@@ -20,8 +20,13 @@ at the end unless --keep.
 each copy's request ids, steps and arrival times shifted past the previous copy's (stage "tile", timed
 like the others). Use it where synthesising the large trace takes too long on a shared machine; the table says so.
 
+Stage "cocluster" runs `schedule cocluster --method M` (--cocluster-method, default smoe): the fit sees its
+--max-tokens sample of whole training requests (default 262,144 tokens), the scoring streams the whole trace;
+"none" (plain EP: no fit) times only the data path.
+
 Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
-       [--stages synth,tile,stats,eval,compare,replay,replay-plec] [--tile N] [--keep] [--out out/bench/trace_scale.json]
+       [--stages synth,tile,stats,eval,compare,replay,replay-plec,cocluster] [--tile N] [--keep]
+       [--out out/bench/trace_scale.json] [--cocluster-method smoe]
        [--merge OTHER.json ...]   (--stages "" --merge ...: only print the merged table of earlier runs)
 """
 
@@ -38,10 +43,10 @@ import time
 from pathlib import Path
 
 BYTES_PER_TOKEN = 58 * 8 * (2 + 4) + 37
-STAGES = ("synth", "tile", "stats", "eval", "compare", "replay", "replay-plec")
+STAGES = ("synth", "tile", "stats", "eval", "compare", "replay", "replay-plec", "cocluster")
 
 
-def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
+def _commands(trace: Path, tokens: int, scratch: Path, cocluster: str = "smoe") -> dict[str, list[str]]:
     return {
         "synth": ["synth", "--preset", "deepseek-v3", "--tokens", str(tokens), "--seed", "0", "--out", str(trace)],
         "stats": ["stats", str(trace), "--ep", "8", "--json"],
@@ -55,6 +60,8 @@ def _commands(trace: Path, tokens: int, scratch: Path) -> dict[str, list[str]]:
         # on disk), every policy replayed on those held-out rows.
         "replay-plec": ["cache", "replay", str(trace), "--budget", "50%", "--policies", "plec-correct",
                         "--predictor", "probability", "--quiet", "--out", str(scratch / f"replay-plec-{trace.name}.json")],
+        "cocluster": ["schedule", "cocluster", str(trace), "--ep", "8", "--method", cocluster, "--quiet", "--json",
+                      "--out", str(scratch / f"cocluster-{trace.name}.json")],
     }
 
 
@@ -125,6 +132,7 @@ def main() -> None:
     ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the size N times smaller")
     ap.add_argument("--out", default="out/bench/trace_scale.json", help="JSON output (merged with an existing one)")
     ap.add_argument("--merge", nargs="*", default=[], help="JSON outputs of other runs (run in parallel) to merge in")
+    ap.add_argument("--cocluster-method", default="smoe", help="stage cocluster's --method (none: the data path only)")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
 
@@ -140,7 +148,7 @@ def main() -> None:
     for gb in a.gb:
         tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
         trace = scratch / f"dsv3-{gb:g}gb"
-        cmds = _commands(trace, tokens, scratch)
+        cmds = _commands(trace, tokens, scratch, a.cocluster_method)
         small = scratch / f"dsv3-{gb / max(a.tile, 1):g}gb"  # --tile N: the trace N times smaller
         cmds["tile"] = ["tile", str(small), str(trace), str(a.tile)]
         for st in stages:
@@ -183,6 +191,8 @@ def main() -> None:
         for gb in a.gb:
             shutil.rmtree(scratch / f"dsv3-{gb:g}gb", ignore_errors=True)
             shutil.rmtree(scratch / f"compare-dsv3-{gb:g}gb", ignore_errors=True)
+            for f in scratch.glob(f"cocluster-dsv3-{gb:g}gb*.json"):
+                f.unlink()
     print(f"wrote {out}")
 
 

@@ -299,7 +299,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
                        hardware=load_hardware(a.hardware), expert_bytes=eb)
     res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, split=a.split, min_tokens=a.min_tokens,
-                      threads=a.threads, quiet=a.quiet)
+                      threads=a.threads, quiet=a.quiet, max_tokens=cocluster_cli.rebatch_max_tokens(a.max_tokens))
     rows = []
     for method, arm in res["arms"].items():
         r = next(x for x in replay(arm["trace"], [a.policy], cfg, pred_SLE=arm["pred_SLE"]) if x["policy"] == a.policy)
@@ -314,7 +314,8 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(_clean(out), indent=1))
         return 0
-    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at {cfg.budget} slots on {a.hardware}")
+    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at {cfg.budget} slots on {a.hardware}"
+          + "".join("\n" + note for note in res["settings"]["notes"]))
     print(f"{'method':<10} {'batches':>8} {'experts/batch':>14} {'eq.5 total':>11} {'hit':>6} {'µs/token':>9}")
     for r in rows:
         print(f"{r['method']:<10} {r['batches']:>8} {r['activated_per_batch']:>14.2f} {r['activated_total']:>11} "

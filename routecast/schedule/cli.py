@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from routecast.predict.batch_eval import token_sets
-from routecast.predict.evaluate import fit_or_load, heldout
+from routecast.predict.evaluate import fit_or_load, heldout_rows
 from routecast.predict.forecast import multi_hot
+from routecast.schedule.cocluster import fit_sample
 from routecast.schedule.rebatch import METHODS, activated_experts, rebatch
 from routecast.trace import Trace
+from routecast.trace.stats import column_chunks
 
 
 def step_sets(trace: Trace, paths_TLE: np.ndarray) -> np.ndarray:
@@ -27,11 +29,40 @@ def step_sets(trace: Trace, paths_TLE: np.ndarray) -> np.ndarray:
     return out
 
 
+def step_window(trace: Trace, rows: np.ndarray, max_tokens: int | None) -> tuple[np.ndarray, str]:
+    """bool (T,) `rows` limited to the first steps (in step order) holding at most max_tokens of them (at least
+    one step; None: no cap), and a one-sentence note when it cut ("" otherwise). Whole steps are kept, so every
+    kept step is re-batched as it ran; the token columns are read a chunk at a time."""
+    n = int(np.count_nonzero(rows))
+    if max_tokens is None or n <= max_tokens:
+        return rows, ""
+    parts = [np.unique(c["step"][rows[a:a + len(c["step"])]], return_counts=True) for a, c in column_chunks(trace)]
+    steps, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
+    per = np.zeros(steps.size, np.int64)
+    np.add.at(per, inv, np.concatenate([k for _, k in parts]))
+    k = max(1, int(np.count_nonzero(np.cumsum(per) <= max_tokens)))
+    out = np.zeros_like(rows)
+    for a, c in column_chunks(trace):
+        b = a + len(c["step"])
+        out[a:b] = rows[a:b] & (c["step"] <= steps[k - 1])
+    return out, (f"re-batched the held-out tokens of the first {k} of {steps.size} steps ({int(out.sum())} of {n} "
+                 f"tokens; --max-tokens {max_tokens})")
+
+
 def run_rebatch(trace: Trace, *, predictor: str = "conditional-token", model: str | None = None,
                 train_fraction: float = 0.8, seed: int = 0, split: str = "document", min_tokens: int = 4,
-                threads: int = 1, quiet: bool = True) -> dict[str, Any]:
-    """{'settings', 'arms': {method: {'trace', 'pred_SLE', 'activated_mean', 'activated_total', 'batches'}}}."""
-    train, test, used = heldout(trace, split, train_fraction, seed)
+                threads: int = 1, quiet: bool = True, max_tokens: int | None = None) -> dict[str, Any]:
+    """{'settings', 'arms': {method: {'trace', 'pred_SLE', 'activated_mean', 'activated_total', 'batches'}}}.
+
+    max_tokens (None: no cap) bounds memory on a large trace: the predictor is fitted on a seeded sample of
+    whole training requests of at most that many tokens, and the held-out tokens of the first steps up to it
+    are re-batched (settings['notes'] says so); only those rows are copied into memory.
+    """
+    train_m, test_m, used = heldout_rows(trace, split, train_fraction, seed)
+    train_m, fit_note = fit_sample(trace, train_m, max_tokens, seed)
+    test_m, test_note = step_window(trace, test_m, max_tokens)
+    train, test = trace.select(train_m), trace.select(test_m)
+    del train_m, test_m
     if predictor == "oracle":
         paths = multi_hot(test.experts_TLK, test.spec.num_experts)
     else:
@@ -42,6 +73,8 @@ def run_rebatch(trace: Trace, *, predictor: str = "conditional-token", model: st
         ae = activated_experts(t)
         arms[m] = {"trace": t, "pred_SLE": step_sets(t, paths), "activated_mean": float(ae.mean()),
                    "activated_total": int(ae.sum()), "batches": int(len(ae))}
-    return {"settings": {"predictor": predictor, "split": used, "test_tokens": test.num_tokens, "min_tokens": min_tokens},
+    notes = [x for x in (fit_note, test_note) if x]
+    return {"settings": {"predictor": predictor, "split": used, "test_tokens": test.num_tokens, "min_tokens": min_tokens,
+                         "max_tokens": max_tokens, "notes": notes},
             "arms": arms}
 

@@ -33,6 +33,7 @@ from routecast.common.errors import ConfigError
 from routecast.schedule import baselines
 from routecast.schedule.ceo import CEOConfig, ceo_cocluster
 from routecast.trace import Trace
+from routecast.trace.stats import column_chunks
 
 METHODS = ("smoe", "metis", "kmeans", "hypergraph", "random", "sts", "none")
 PLAN_VERSION = 1
@@ -110,21 +111,59 @@ def read_plan(path: str | Path) -> CoclusterPlan:
 
 
 # ------------------------------------------------------------------------------------------ affinity
+def fit_sample(trace: Trace, rows: np.ndarray | None, max_tokens: int | None, seed: int = 0) -> tuple[np.ndarray, str]:
+    """The rows a plan is fitted on: bool (T,) `rows` (None = all), limited to max_tokens rows (None: no cap).
+
+    Over the cap, a seeded sample of whole requests (permuted with seed, taken while their rows fit) replaces
+    the rows, and the note says so in one sentence ("" when every row is kept). The fit copies its rows'
+    routing into memory (L x K int16 a row), so the cap bounds its memory on a trace of any size. Requests
+    and their sizes are counted one chunk at a time; the result is a bool (T,) mask like `rows`.
+    """
+    T = trace.num_tokens
+    m = np.ones(T, bool) if rows is None else np.asarray(rows, bool)
+    n = int(np.count_nonzero(m))
+    if max_tokens is None or n <= max_tokens:
+        return m, ""
+    # The token columns a chunk at a time: no per-token temporaries of the whole trace.
+    parts = [np.unique(c["request"][m[a:a + len(c["request"])]], return_counts=True) for a, c in column_chunks(trace)]
+    ids, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
+    sizes = np.zeros(ids.size, np.int64)
+    np.add.at(sizes, inv, np.concatenate([c for _, c in parts]))
+    order = np.random.default_rng(seed).permutation(ids.size)
+    take = max(1, int(np.count_nonzero(np.cumsum(sizes[order]) <= max_tokens)))
+    keep = np.sort(ids[order[:take]])
+    out = np.zeros(T, bool)
+    for a, c in column_chunks(trace):
+        r = c["request"]
+        pos = np.minimum(np.searchsorted(keep, r), keep.size - 1)
+        out[a:a + len(r)] = m[a:a + len(r)] & (keep[pos] == r)
+    cut = np.flatnonzero(out)[max_tokens:]  # one request longer than the cap: its first max_tokens rows
+    out[cut] = False
+    return out, (f"fitted on a seeded sample of {int(out.sum())} of {n} training tokens ({take} whole requests; "
+                 f"--max-tokens {max_tokens})")
+
+
+def _layer_affinity(inv_T: np.ndarray, experts_TK: np.ndarray, U: int, E: int) -> sp.csr_matrix:
+    """W_UE of one layer: routed-slot counts of token key index inv_T (T,) to the experts of experts_TK (T, K)."""
+    e_TK = np.asarray(experts_TK, np.int64)
+    ok = e_TK >= 0
+    r = np.broadcast_to(inv_T[:, None], e_TK.shape)[ok]
+    return sp.csr_matrix((np.ones(r.size), (r, e_TK[ok])), shape=(U, E))
+
+
+def _profile(trace: Trace, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token_keys_U sorted int64, key index of each profiled row (T',), experts_TLK int16 (T', L, K)):
+    the rows in the mask, gathered once (only those rows are read from a lazy trace)."""
+    idx = np.arange(trace.num_tokens) if rows is None else np.flatnonzero(np.asarray(rows, bool))
+    keys, inv = np.unique(np.asarray(trace.token_id[idx], np.int64), return_inverse=True)
+    return keys, inv.reshape(-1), trace.experts_TLK[idx]
+
+
 def affinity(trace: Trace, rows: np.ndarray | None = None) -> tuple[np.ndarray, list[sp.csr_matrix]]:
     """(token_keys_U sorted int64, per layer W_UE csr float64): routed-slot counts of token id u to expert e."""
     s = trace.spec
-    tid = np.asarray(trace.token_id, np.int64)
-    m = np.ones(trace.num_tokens, bool) if rows is None else np.asarray(rows, bool)
-    keys, inv = np.unique(tid[m], return_inverse=True)
-    U, E = keys.size, s.num_experts
-    ex = np.asarray(trace.experts_TLK[m], np.int64)  # (T', L, K)
-    out = []
-    for layer in range(s.num_layers):
-        e_TK = ex[:, layer]
-        ok = e_TK >= 0
-        r = np.broadcast_to(inv[:, None], e_TK.shape)[ok]
-        out.append(sp.csr_matrix((np.ones(r.size), (r, e_TK[ok])), shape=(U, E)))
-    return keys, out
+    keys, inv, ex = _profile(trace, rows)
+    return keys, [_layer_affinity(inv, ex[:, layer], keys.size, s.num_experts) for layer in range(s.num_layers)]
 
 
 def topk_sets(experts_TK: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,31 +185,26 @@ def cocluster(trace: Trace, ep: int, method: str = "smoe", *, rows: np.ndarray |
     if type(ep) is not int or ep < 1 or s.num_experts % ep:
         raise ConfigError(f"--ep is {ep!r}; expected a positive divisor of the trace's {s.num_experts} experts.")
     cfg = config or CEOConfig()
-    keys, W_L = affinity(trace, rows)
+    keys, inv, ex_TLK = _profile(trace, rows)  # only the profiled rows' routing is held, as int16
     L, E, U = s.num_layers, s.num_experts, keys.size
     unit_E = np.arange(E)  # the unit each expert is placed with: itself, or its router group
+    agg = None
     if respect_groups and s.n_group > 1:
         if s.n_group % ep:
             raise ConfigError(f"--respect-groups: the router's {s.n_group} expert groups cannot be split evenly over "
                               f"--ep {ep} ranks; expected an ep that divides {s.n_group}.")
         unit_E = np.arange(E) // (E // s.n_group)
         agg = sp.csr_matrix((np.ones(E), (np.arange(E), unit_E)), shape=(E, s.n_group))
-        W_L = [sp.csr_matrix(W @ agg) for W in W_L]
     n_units = int(unit_E.max()) + 1
     eg = np.zeros((L, E), np.int32)
     tg = np.zeros((L, U), np.int32)
     tc = np.ones((L, U), np.float32)
     fit_s, hist = [], []
-    ex = None if method != "hypergraph" else np.asarray(
-        trace.experts_TLK if rows is None else trace.experts_TLK[np.asarray(rows, bool)]).astype(np.int64)
-    if ex is not None and n_units != E:  # the hyperedges run over groups: a token's distinct groups
-        ex = np.where(ex >= 0, unit_E[np.maximum(ex, 0)], -1)
-        srt = np.sort(ex, axis=-1)
-        dup = np.concatenate([np.zeros(srt.shape[:-1] + (1,), bool), srt[..., 1:] == srt[..., :-1]], axis=-1)
-        ex = np.where(dup, -1, srt)
     ug = np.zeros((L, n_units), np.int32)
     for layer in tqdm(range(L), desc=f"cocluster {method}", disable=not progress, leave=False):
-        W = W_L[layer]
+        # One layer's affinity at a time: W_UE for every layer at once would grow with L x the profile.
+        W = _layer_affinity(inv, ex_TLK[:, layer], U, E)
+        W = W if agg is None else sp.csr_matrix(W @ agg)
         t0 = time.perf_counter()
         if method == "smoe":
             ug[layer], tg[layer], conf, h = ceo_cocluster(W, ep, cfg)
@@ -181,7 +215,12 @@ def cocluster(trace: Trace, ep: int, method: str = "smoe", *, rows: np.ndarray |
         elif method == "kmeans":
             ug[layer], tg[layer] = baselines.kmeans_groups(W, ep, cfg.beta, cfg.seed)
         elif method == "hypergraph":
-            sets, n = topk_sets(ex[:, layer])
+            ex = np.asarray(ex_TLK[:, layer], np.int64)
+            if n_units != E:  # the hyperedges run over groups: a token's distinct groups
+                srt = np.sort(np.where(ex >= 0, unit_E[np.maximum(ex, 0)], -1), axis=-1)
+                dup = np.concatenate([np.zeros((len(srt), 1), bool), srt[:, 1:] == srt[:, :-1]], axis=-1)
+                ex = np.where(dup, -1, srt)
+            sets, n = topk_sets(ex)
             ug[layer], tg[layer] = baselines.hypergraph_groups(W, sets, n, ep, cfg.beta, cfg.seed)
         elif method == "random":
             ug[layer], tg[layer] = baselines.random_groups(W, ep, cfg.beta, cfg.seed + layer)
@@ -218,43 +257,64 @@ def home_ranks(step_T: np.ndarray, G: int) -> np.ndarray:
 
 def evaluate_plan(plan: CoclusterPlan, trace: Trace, *, rows: np.ndarray | None = None,
                   act_bytes: int = 2) -> dict[str, Any]:
-    """LAR, imbalances and a2a bytes of `plan` on the rows of trace (see the module docstring); per layer + mean."""
+    """LAR, imbalances and a2a bytes of `plan` on the rows of trace (see the module docstring); per layer + mean.
+
+    Streams the trace a window of whole steps at a time (Trace.step_chunks): every metric is a sum over
+    steps, so only (L, G) totals persist and memory is bounded by the window, not the trace.
+    """
     s = trace.spec
     if plan.expert_group_LE.shape != (s.num_layers, s.num_experts):
         raise ConfigError(f"plan has expert groups of shape {plan.expert_group_LE.shape}; expected the trace's "
                           f"({s.num_layers}, {s.num_experts}).")
-    sel = trace if rows is None else trace.select(np.asarray(rows, bool))
-    G, H = plan.ep, s.hidden_size
-    home = home_ranks(sel.step, G)
-    ex = np.asarray(sel.experts_TLK, np.int64)
-    step_idx = np.unique(sel.step, return_inverse=True)[1]
-    out: dict[str, list[float]] = {k: [] for k in ("lar", "expert_imbalance", "token_imbalance", "remote_assignments",
-                                                   "a2a_bytes", "a2a_bytes_dedup", "a2a_max_rank_bytes", "seen_share")}
-    seen = np.isin(np.asarray(sel.token_id, np.int64), plan.token_keys_U)
-    for layer in range(s.num_layers):
-        rank_T = plan.token_ranks(sel.token_id, home, layer)
-        e_TK = ex[:, layer]
-        ok = e_TK >= 0
-        grp_TK = plan.expert_group_LE[layer][np.where(ok, e_TK, 0)]
-        local = (grp_TK == rank_T[:, None]) & ok
-        remote = ok & ~local
-        n_ok = max(int(ok.sum()), 1)
-        out["lar"].append(float(local.sum() / n_ok))
-        load_G = np.bincount(grp_TK[ok], minlength=G)
-        out["expert_imbalance"].append(float(load_G.max() / max(load_G.mean(), 1e-12)))
-        per = np.bincount(step_idx * G + rank_T, minlength=(step_idx.max() + 1) * G).reshape(-1, G)
-        out["token_imbalance"].append(float(per.max(axis=1).sum() * G / max(per.sum(), 1)))
-        out["remote_assignments"].append(float(remote.sum()))
-        out["a2a_bytes"].append(float(remote.sum() * H * act_bytes))
-        # Deduplicated: one copy per distinct remote rank of a token.
-        rg = np.where(remote, grp_TK, -1)
-        srt = np.sort(rg, axis=1)
-        distinct = ((srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] >= 0)).sum(axis=1) + (srt[:, 0] >= 0)
-        out["a2a_bytes_dedup"].append(float(distinct.sum() * H * act_bytes))
-        recv_G = np.bincount(grp_TK[remote], minlength=G)
-        out["a2a_max_rank_bytes"].append(float(recv_G.max() * H * act_bytes))
-        out["seen_share"].append(float(seen.mean()) if plan.token_keys_U.size else 0.0)
+    G, H, L = plan.ep, s.hidden_size, s.num_layers
+    m_T = None if rows is None else np.asarray(rows, bool)
+    z = lambda *shape: np.zeros(shape, np.int64)  # noqa: E731
+    tot = {"local": z(L), "ok": z(L), "load": z(L, G), "step_max": z(L), "placed": z(L), "remote": z(L),
+           "distinct": z(L), "recv": z(L, G)}
+    n_tok = n_seen = 0
+    for a, ch in trace.step_chunks():
+        m = slice(None) if m_T is None else m_T[a:a + ch.num_tokens]
+        step, tid = ch.tokens["step"][m], ch.tokens["token_id"][m]
+        if not len(step):
+            continue
+        ex = np.asarray(ch.experts_TLK[m], np.int64)
+        home = home_ranks(step, G)
+        step_idx = np.unique(step, return_inverse=True)[1].reshape(-1)
+        n_tok += len(step)
+        n_seen += int(np.count_nonzero(np.isin(np.asarray(tid, np.int64), plan.token_keys_U)))
+        for layer in range(L):
+            rank_T = plan.token_ranks(tid, home, layer)
+            e_TK = ex[:, layer]
+            ok = e_TK >= 0
+            grp_TK = plan.expert_group_LE[layer][np.where(ok, e_TK, 0)]
+            local = (grp_TK == rank_T[:, None]) & ok
+            remote = ok & ~local
+            tot["local"][layer] += int(local.sum())
+            tot["ok"][layer] += int(ok.sum())
+            tot["load"][layer] += np.bincount(grp_TK[ok], minlength=G)
+            per = np.bincount(step_idx * G + rank_T, minlength=(step_idx.max() + 1) * G).reshape(-1, G)
+            tot["step_max"][layer] += int(per.max(axis=1).sum())
+            tot["placed"][layer] += int(per.sum())
+            tot["remote"][layer] += int(remote.sum())
+            # Deduplicated: one copy per distinct remote rank of a token.
+            srt = np.sort(np.where(remote, grp_TK, -1), axis=1)
+            tot["distinct"][layer] += int((((srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] >= 0)).sum(axis=1)
+                                           + (srt[:, 0] >= 0)).sum())
+            tot["recv"][layer] += np.bincount(grp_TK[remote], minlength=G)
+        del ch  # before the next window maps the next shard
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: dict[str, list[float]] = {
+            "lar": (tot["local"] / np.maximum(tot["ok"], 1)).tolist(),
+            "expert_imbalance": (tot["load"].max(axis=1) / np.maximum(tot["load"].mean(axis=1), 1e-12)).tolist(),
+            "token_imbalance": (tot["step_max"] * G / np.maximum(tot["placed"], 1)).tolist(),
+            "remote_assignments": tot["remote"].astype(float).tolist(),
+            "a2a_bytes": (tot["remote"] * H * act_bytes).astype(float).tolist(),
+            "a2a_bytes_dedup": (tot["distinct"] * H * act_bytes).astype(float).tolist(),
+            "a2a_max_rank_bytes": (tot["recv"].max(axis=1) * H * act_bytes).astype(float).tolist(),
+            "seen_share": [float(n_seen / n_tok) if plan.token_keys_U.size and n_tok else
+                           (0.0 if plan.token_keys_U.size == 0 else float("nan"))] * L,
+        }
     res: dict[str, Any] = {k: float(np.mean(v)) for k, v in out.items()}
     res["per_layer"] = out
-    res["tokens"] = sel.num_tokens
+    res["tokens"] = n_tok
     return res

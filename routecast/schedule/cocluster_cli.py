@@ -13,6 +13,14 @@ from typing import Any
 import numpy as np
 
 METHOD_HELP = "smoe, metis, kmeans, hypergraph, random, sts (token shuffling only), none (plain EP)"
+# Training tokens a plan is fitted on at most (a seeded sample of whole requests beyond): their routing is
+# copied into memory, 243 MB at DeepSeek-V3 geometry (58 layers x top-8 int16), as predict fit's cap.
+MAX_FIT_TOKENS = 262144
+# Tokens `schedule rebatch` fits on and re-batches at most: it holds each held-out token's predicted and true
+# paths (L x E booleans, 15 KB a token at DeepSeek-V3 geometry: 486 MB each at this cap).
+MAX_REBATCH_TOKENS = 32768
+
+
 def add_cocluster_flags(p: argparse.ArgumentParser) -> None:
     """Flags of `routecast schedule cocluster` (the `schedule` parser is shared with `rebatch`)."""
     p.add_argument("--ep", type=int, default=8, help="cocluster: EP ranks = co-clusters (default 8)")
@@ -23,6 +31,27 @@ def add_cocluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--respect-groups", action="store_true",
                    help="cocluster: place whole router groups (needed to permute a grouped-router checkpoint)")
     p.add_argument("--in-sample", action="store_true", help="cocluster: fit on the whole trace (no held-out split)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"bounds memory on large traces (0 = no cap): cocluster fits on a seeded sample of whole "
+                        f"training requests of at most this many tokens (default {MAX_FIT_TOKENS}); rebatch fits on "
+                        f"such a sample and re-batches the held-out tokens of the first steps up to it "
+                        f"(default {MAX_REBATCH_TOKENS})")
+
+
+def check_max_tokens(value: int | None, default: int) -> int | None:
+    """--max-tokens as a cap: None -> default, 0 -> None (no cap); ConfigError for a negative value."""
+    from routecast.common.errors import ConfigError
+
+    if value is None:
+        return default
+    if type(value) is not int or value < 0:
+        raise ConfigError(f"--max-tokens is {value!r}; expected a non-negative number of tokens (0 = no cap).")
+    return value or None
+
+
+def rebatch_max_tokens(value: int | None) -> int | None:
+    """`schedule rebatch`'s --max-tokens cap (check_max_tokens with its own default)."""
+    return check_max_tokens(value, MAX_REBATCH_TOKENS)
 
 
 def cocluster_main(a: argparse.Namespace) -> int:
@@ -32,7 +61,7 @@ def cocluster_main(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file, write_atomic
     from routecast.predict.evaluate import heldout_rows
     from routecast.schedule.ceo import CEOConfig
-    from routecast.schedule.cocluster import METHODS, cocluster, evaluate_plan
+    from routecast.schedule.cocluster import METHODS, cocluster, evaluate_plan, fit_sample
     from routecast.trace.io import read_trace
 
     if a.method not in METHODS:
@@ -45,6 +74,7 @@ def cocluster_main(a: argparse.Namespace) -> int:
         raise ConfigError(f"--beta is {a.beta}; expected a number >= 1 (the token-load bound as a multiple of the mean).")
     if not 0 < a.rho <= 1:
         raise ConfigError(f"--rho is {a.rho}; expected a share in (0, 1].")
+    max_tokens = check_max_tokens(a.max_tokens, MAX_FIT_TOKENS)
     cfg = CEOConfig(beta=a.beta, rho=a.rho, seed=a.seed)
     trace = read_trace(a.trace, load_hidden=False, load_logits=False)
     if type(a.ep) is not int or a.ep < 1 or trace.spec.num_experts % a.ep:
@@ -53,16 +83,21 @@ def cocluster_main(a: argparse.Namespace) -> int:
         train, test, used = np.ones(trace.num_tokens, bool), None, "none"
     else:
         train, test, used = heldout_rows(trace, a.split, 0.8, a.seed)
+    # The fit holds its rows' routing: over --max-tokens it sees a sample of whole requests (and says so);
+    # the scoring streams the trace a window of steps at a time, in sample on the fitted rows.
+    fit_rows, note = fit_sample(trace, train, max_tokens, a.seed)
+    del train
     rows = []
     for m in dict.fromkeys(("none", a.method)):
-        plan = cocluster(trace, a.ep, m, rows=train, config=cfg, progress=not a.quiet, respect_groups=a.respect_groups)
-        r = {"method": m, "fit_s": float(sum(plan.fit_s)), "in_sample": evaluate_plan(plan, trace, rows=train)}
+        plan = cocluster(trace, a.ep, m, rows=fit_rows, config=cfg, progress=not a.quiet, respect_groups=a.respect_groups)
+        r = {"method": m, "fit_s": float(sum(plan.fit_s)), "in_sample": evaluate_plan(plan, trace, rows=fit_rows)}
         if test is not None:
             r["held_out"] = evaluate_plan(plan, trace, rows=test)
         rows.append(r)
     base = rows[0].get("held_out", rows[0]["in_sample"])["a2a_bytes"]
     res = {"settings": {"trace": str(a.trace), "ep": a.ep, "method": a.method, "split": used, "beta": a.beta,
-                        "rho": a.rho, "seed": a.seed, "respect_groups": a.respect_groups, "plan": plan_path},
+                        "rho": a.rho, "seed": a.seed, "respect_groups": a.respect_groups, "plan": plan_path,
+                        "max_tokens": max_tokens, "fit_tokens": int(fit_rows.sum()), "fit_note": note},
            "rows": rows}
     write_atomic(plan_path, plan.to_json(), "--plan")
     write_atomic(out, json.dumps(res, indent=1, default=float), "--out")
@@ -72,11 +107,13 @@ def cocluster_main(a: argparse.Namespace) -> int:
     where = "held_out" if test is not None else "in_sample"
     print(f"{trace!r}; EP {a.ep}; fitted on {'all tokens' if test is None else f'80% of the {used}s'}, "
           f"scored on {'the same tokens' if test is None else 'the held-out rest'} (in-sample LAR in brackets)")
+    if note:
+        print(note)
     print(f"{'method':<11} {'LAR':>6} {'(in)':>7} {'exp.imb':>8} {'tok.imb':>8} {'a2a MB/layer':>13} {'vs EP':>7} {'fit s':>7}")
     for r in rows:
         e = r[where]
         print(f"{r['method']:<11} {e['lar']:>6.3f} ({r['in_sample']['lar']:.3f}) {e['expert_imbalance']:>8.3f} "
-              f"{e['token_imbalance']:>8.3f} {e['a2a_bytes'] / 1e6:>13.4f} {e['a2a_bytes'] / base - 1:>+7.1%} "
+              f"{e['token_imbalance']:>8.3f} {e['a2a_bytes'] / 1e6:>13.4f} {e['a2a_bytes'] / base - 1 if base else np.nan:>+7.1%} "
               f"{r['fit_s']:>7.2f}")
     print(f"wrote {out} and the plan {plan_path}")
     return 0

@@ -142,14 +142,15 @@ def task_expert_freq(trace: Trace, num_tasks: int, num_layers: int) -> np.ndarra
     """(num_tasks, num_layers, E) per-task expert frequencies f_i (eMoE eq. 2) from a trace's routing, task ids as
     Requests.from_trace numbers them (requests of no known task last); the trace's L_t MoE layers are repeated to
     fill num_layers (a profile deeper than the traced model). A task with no routed tokens gets uniform rows."""
+    from routecast.trace.stats_kernels import add_group_counts
+
     E = trace.spec.num_experts
-    task = np.asarray(trace.task, dtype=np.int64)
-    task = np.where(task < 0, num_tasks - 1, task)
-    out = np.full((num_tasks, trace.spec.num_layers, E), 1.0 / E)
-    for k in range(num_tasks):
-        c = trace.counts_LE(task == k).astype(np.float64)
-        tot = c.sum(1, keepdims=True)
-        out[k] = np.where(tot > 0, c / np.maximum(tot, 1.0), 1.0 / E)
+    c = np.zeros((num_tasks, trace.spec.num_layers, E), np.int64)
+    for _, ch in trace.chunks():  # one chunk of routing at a time (a lazy trace's shards are never joined)
+        task = ch.tokens["task"].astype(np.int64)
+        add_group_counts(ch.experts_TLK, np.where(task < 0, num_tasks - 1, task), c)
+    tot = c.sum(2, keepdims=True).astype(np.float64)
+    out = np.where(tot > 0, c / np.maximum(tot, 1.0), 1.0 / E)
     return out[:, np.arange(num_layers) % trace.spec.num_layers]
 
 

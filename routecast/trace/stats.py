@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import routecast.trace.trace as trace_mod
 from routecast.common.errors import ConfigError
 from routecast.trace.stats_kernels import (  # noqa: F401 (top1_TL re-exported)
     add_group_counts,
@@ -251,22 +252,70 @@ def default_window(num_steps: int) -> int:
     return max(1, num_steps // 16)
 
 
+def column_chunks(trace: Trace) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """(first row, token columns of CHUNK_ROWS rows as views) over the trace: passes that need no routing
+    read the columns alone (Trace.chunks would also map every routing shard)."""
+    rows = trace_mod.CHUNK_ROWS
+    for a in range(0, trace.num_tokens, rows):
+        yield a, {k: v[a:a + rows] for k, v in trace.tokens.items()}
+
+
+def step_runs(trace: Trace) -> tuple[bool, int]:
+    """(steps never decrease in row order, number of runs of equal step values), one chunk at a time.
+
+    When the first is True the second is the number of distinct steps S (every step one contiguous run).
+    """
+    ok, runs, prev = True, 0, None
+    for _, cols in column_chunks(trace):
+        st = cols["step"]
+        if prev is not None:
+            ok &= bool(st[0] >= prev)
+            runs += int(st[0] != prev)
+        else:
+            runs = 1
+        ok &= bool((st[1:] >= st[:-1]).all())
+        runs += int(np.count_nonzero(st[1:] != st[:-1]))
+        prev = st[-1]
+    return ok, runs
+
+
+def _step_blocks(trace: Trace, sorted_steps: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(experts_TLK, dense step rank from 0, steps of the block) per block of whole steps, in step order.
+
+    Steps in row order (synth, capture): one block per Trace.step_chunks window, so memory is bounded by
+    the chunk. Otherwise the trace is one block regrouped by step (a copy of its routing, in memory).
+    """
+    if sorted_steps:
+        for _, ch in trace.step_chunks():
+            vals, rank, _ = dense_ranks(ch.tokens["step"])
+            ex = ch.experts_TLK
+            del ch  # hold no view of this shard while the next one is mapped (two shards' pages resident)
+            yield ex, rank, vals
+            del ex
+        return
+    vals, rank, order = dense_ranks(trace.tokens["step"])
+    yield (trace.experts_TLK if order is None else trace.experts_TLK[order]), rank, vals
+
+
 def step_stats(trace: Trace, *, ep: int = 8, window: int | None = None) -> StepStats:
     """Skewness and IR per step and layer, whole-trace counts and window-to-window drift, in one pass.
 
     A step is one forward pass (`trace.step`); steps are ordered by value. window: steps per drift window
-    (None = default_window); a trailing incomplete window is left out of the drift.
+    (None = default_window); a trailing incomplete window is left out of the drift. Steps in row order are
+    streamed a window of whole steps at a time (Trace.step_chunks); other row orders are regrouped in memory.
     """
     s = trace.spec
     E, L = s.num_experts, s.num_layers
     check_ep(ep, E)
-    steps, rank, order = dense_ranks(trace.tokens["step"])
-    S = len(steps)
+    sorted_steps, S = step_runs(trace)
+    blocks = _step_blocks(trace, sorted_steps)
+    if not sorted_steps:  # one block, regrouped by step: its step values give S
+        blocks = list(blocks)
+        S = len(blocks[0][2])
     if window is None:
         window = default_window(S)
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
         raise ConfigError(f"window is {window!r}; expected a positive number of steps.")
-    ex = trace.experts_TLK if order is None else trace.experts_TLK[order]
     skew = np.full((S, L), np.nan)
     ir = np.full((S, L), np.nan)
     counts = np.zeros((L, E), np.int64)
@@ -274,60 +323,44 @@ def step_stats(trace: Trace, *, ep: int = 8, window: int | None = None) -> StepS
     drift = np.full((max(n_windows - 1, 0), L), np.nan)
     cur = np.zeros((L, E), np.int64)
     prev = None
-    for g0, c in iter_group_counts(ex, rank, E):
-        n = len(c)
-        # einsum's summing loop measured ~2x faster than .sum(-1) over the short E/ep axis.
-        loads = np.einsum("nlrj->nlr", c.reshape(n, L, ep, E // ep))
-        tot = loads.sum(axis=-1)
-        skew[g0 : g0 + n] = _ratio(c.max(axis=-1), tot, E)
-        ir[g0 : g0 + n] = _ratio(loads.max(axis=-1), tot, ep)
-        # Windows are consecutive step ranks; sum each window's rows inside this block (slices, since
-        # np.add.reduceat measured ~7x slower than sum on these strided blocks).
-        w = (g0 + np.arange(n)) // window
-        cuts = np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1, n].tolist()
-        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            wid = int(w[a])
-            part = c[a:b].sum(axis=0)
-            counts += part
-            cur += part
-            if g0 + b >= (wid + 1) * window or g0 + b == S:
-                # Window wid is finished (its last step is in this block, or the trace ended).
-                if wid < n_windows:
-                    if prev is not None:
-                        drift[wid - 1] = l1_distance(prev, cur)
-                    prev = cur.copy()
-                cur[:] = 0
-        # Drop the block before the generator's next bincount so its buffer can be reused (holding
-        # it measured ~2x slower: every chunk then faulted in fresh pages).
-        del c
+    steps, tokens, base = [], [], 0
+    for ex, rank, vals in blocks:
+        steps.append(np.asarray(vals, np.int64))
+        tokens.append(np.bincount(rank, minlength=len(vals)))
+        for b0, c in iter_group_counts(ex, rank, E):
+            g0, n = base + b0, len(c)
+            # einsum's summing loop measured ~2x faster than .sum(-1) over the short E/ep axis.
+            loads = np.einsum("nlrj->nlr", c.reshape(n, L, ep, E // ep))
+            tot = loads.sum(axis=-1)
+            skew[g0 : g0 + n] = _ratio(c.max(axis=-1), tot, E)
+            ir[g0 : g0 + n] = _ratio(loads.max(axis=-1), tot, ep)
+            # Windows are consecutive step ranks; sum each window's rows inside this block (slices, since
+            # np.add.reduceat measured ~7x slower than sum on these strided blocks).
+            w = (g0 + np.arange(n)) // window
+            cuts = np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1, n].tolist()
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+                wid = int(w[a])
+                part = c[a:b].sum(axis=0)
+                counts += part
+                cur += part
+                if g0 + b >= (wid + 1) * window or g0 + b == S:
+                    # Window wid is finished (its last step is in this block, or the trace ended).
+                    if wid < n_windows:
+                        if prev is not None:
+                            drift[wid - 1] = l1_distance(prev, cur)
+                        prev = cur.copy()
+                    cur[:] = 0
+            # Drop the block before the generator's next bincount so its buffer can be reused (holding
+            # it measured ~2x slower: every chunk then faulted in fresh pages).
+            del c
+        base += len(vals)
+        del ex  # before the next block maps the next shard
 
-    tokens = np.bincount(rank, minlength=S) if S else np.zeros(0, np.int64)
+    cat = (lambda xs: np.concatenate(xs)) if steps else (lambda xs: np.zeros(0, np.int64))
     return StepStats(
-        steps_S=np.asarray(steps, np.int64), tokens_S=tokens, skew_SL=skew, ir_SL=ir, counts_LE=counts,
-        ep=int(ep), window=int(window), drift_WL=drift,
+        steps_S=cat(steps), tokens_S=cat(tokens).astype(np.int64, copy=False), skew_SL=skew, ir_SL=ir,
+        counts_LE=counts, ep=int(ep), window=int(window), drift_WL=drift,
     )
-
-
-def sequence_skewness(trace: Trace, seq_len: int = 512) -> np.ndarray:
-    """MoE-GPS skewness of each seq_len-token sequence (request, position // seq_len) at each layer.
-
-    Sequences with fewer than seq_len // 2 tokens (tails, short requests) are left out: their skewness
-    measures sampling noise more than routing. Returns float64 (N, L), N sequences in (request, chunk) order.
-    """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-        raise ConfigError(f"seq_len is {seq_len!r}; expected a positive number of tokens.")
-    _, req_rank = np.unique(trace.tokens["request"], return_inverse=True)
-    chunk = trace.tokens["position"].astype(np.int64) // seq_len
-    chunk -= chunk.min(initial=0)
-    key = req_rank.astype(np.int64) * (int(chunk.max(initial=0)) + 1) + chunk
-    _, rank, order = dense_ranks(key)
-    ex = trace.experts_TLK if order is None else trace.experts_TLK[order]
-    sizes = np.bincount(rank) if rank.size else np.zeros(0, np.int64)
-    out = np.full((len(sizes), trace.spec.num_layers), np.nan)
-    E = trace.spec.num_experts
-    for g0, c in iter_group_counts(ex, rank, E):
-        out[g0 : g0 + len(c)] = _ratio(c.max(axis=-1), c.sum(axis=-1), E)
-    return out[sizes >= max(1, seq_len // 2)]
 
 
 # ---------------------------------------------------------------------------------------- token level
@@ -346,12 +379,6 @@ def half_masks(trace: Trace, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     else:
         fit = np.arange(trace.num_tokens) < trace.num_tokens // 2
     return fit, ~fit
-
-
-def sample_indices(mask_T: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices of mask_T's true entries, at most cap of them drawn without replacement, sorted."""
-    idx = np.flatnonzero(mask_T)
-    return idx if len(idx) <= cap else np.sort(rng.choice(idx, cap, replace=False))
 
 
 def token_table_accuracy(
@@ -445,50 +472,33 @@ def transition_accuracy(
     return acc
 
 
-def task_distances(trace: Trace, *, seed: int = 0) -> dict[str, np.ndarray | list[str]]:
-    """Per-task expert distributions compared pairwise, and each task's two halves as the reference.
-
-    A task's requests are shuffled with seed and dealt alternately into two halves. Returns
-    `tasks` (names, known tasks present), `l1_nnL` float64 (n, n, L) pairwise L1 between tasks and
-    `half_l1_nL` (n, L) L1 between the halves of each task (NaN for a task with one request).
-    """
-    task = trace.tokens["task"].astype(np.int64)
-    req = trace.tokens["request"]
-    known = task >= 0
-    L, E = trace.spec.num_layers, trace.spec.num_experts
-    names = [trace.task_names[i] for i in np.unique(task[known]).tolist()]
-    if not known.any():
-        return {"tasks": [], "l1_nnL": np.zeros((0, 0, L)), "half_l1_nL": np.zeros((0, L))}
-    _, req_rank = np.unique(req[known], return_inverse=True)
-    pair = task[known] * (int(req_rank.max()) + 1) + req_rank
-    pairs, pair_rank = np.unique(pair, return_inverse=True)
-    ptask = pairs // (int(req_rank.max()) + 1)
-    shuffled = np.random.default_rng(seed).permutation(len(pairs))
-    by_task = shuffled[np.argsort(ptask[shuffled], kind="stable")]
-    first = np.searchsorted(ptask[by_task], ptask[by_task])
-    half = np.empty(len(pairs), np.int64)
-    half[by_task] = (np.arange(len(pairs)) - first) % 2
-    key = np.full(trace.num_tokens, -1, np.int64)  # group task * 2 + half per token; -1 = unknown task
-    key[known] = task[known] * 2 + half[pair_rank]
-    tasks_u = np.unique(task[known])
-    dense = np.searchsorted(tasks_u, np.maximum(key, 0) // 2) * 2 + np.maximum(key, 0) % 2
-    dense[key < 0] = -1
-    c = np.zeros((2 * len(tasks_u), L, E), np.int64)
-    for a, ch in trace.chunks():  # streamed: one chunk (or shard) of routing in memory at a time
-        add_group_counts(ch.experts_TLK, dense[a:a + ch.num_tokens], c)
-    halves = c.reshape(len(tasks_u), 2, L, E)
-    whole = halves.sum(axis=1)
-    return {
-        "tasks": names,
-        "l1_nnL": l1_distance(whole[:, None], whole[None, :]),
-        "half_l1_nL": l1_distance(halves[:, 0], halves[:, 1]),
-    }
-
-
 # ---------------------------------------------------------------------------------------- grouped routing
 def _topk_sets(score_TE: np.ndarray, k: int) -> np.ndarray:
     """Sorted ids of each row's k largest scores: int64 (T, k) (ties broken by numpy's partition)."""
     return np.sort(np.argpartition(-score_TE, k - 1, axis=-1)[:, :k], axis=-1)
+
+
+def grouped_choice_counts(logits_TLE: np.ndarray, experts_TLK: np.ndarray, bias_LE: np.ndarray) -> dict[str, np.ndarray]:
+    """The counts behind grouped_choice_effect, to be summed over chunks: int64 (L,) each.
+
+    "group_changed", "bias_changed": tokens whose executed set differs (see grouped_choice_effect);
+    "scored": tokens with no dropped slot at the layer.
+    """
+    T, L, K = experts_TLK.shape
+    out = {k: np.zeros(L, np.int64) for k in ("group_changed", "bias_changed", "scored")}
+    for li in range(L):
+        ids = np.asarray(experts_TLK[:, li], np.int64)
+        ok = (ids >= 0).all(-1)
+        if not ok.any():
+            continue
+        executed = np.sort(ids[ok], axis=-1)
+        s = 1.0 / (1.0 + np.exp(-np.asarray(logits_TLE[:, li])[ok].astype(np.float64)))
+        free = _topk_sets(s + bias_LE[li][None, :], K)
+        plain = _topk_sets(s, K)
+        out["group_changed"][li] = np.count_nonzero((free != executed).any(-1))
+        out["bias_changed"][li] = np.count_nonzero((plain != executed).any(-1))
+        out["scored"][li] = executed.shape[0]
+    return out
 
 
 def grouped_choice_effect(logits_TLE: np.ndarray, experts_TLK: np.ndarray, bias_LE: np.ndarray) -> dict[str, np.ndarray]:
@@ -498,19 +508,13 @@ def grouped_choice_effect(logits_TLE: np.ndarray, experts_TLK: np.ndarray, bias_
     e_score_correction_bias. Returns float64 (L,) shares of tokens whose executed set differs from
     "group_changed": the unconstrained top-K of sigmoid + bias (the group limit alone),
     "bias_changed": the unconstrained top-K of the plain sigmoid scores (group limit and bias together).
-    Rows with a dropped slot (-1) are left out.
+    Rows with a dropped slot (-1) are left out. A trace read in chunks sums grouped_choice_counts instead.
     """
-    T, L, K = experts_TLK.shape
-    out = {"group_changed": np.full(L, np.nan), "bias_changed": np.full(L, np.nan)}
-    for li in range(L):
-        ids = experts_TLK[:, li].astype(np.int64)
-        ok = (ids >= 0).all(-1)
-        if not ok.any():
-            continue
-        executed = np.sort(ids[ok], axis=-1)
-        s = 1.0 / (1.0 + np.exp(-logits_TLE[ok, li].astype(np.float64)))
-        free = _topk_sets(s + bias_LE[li][None, :], K)
-        plain = _topk_sets(s, K)
-        out["group_changed"][li] = (free != executed).any(-1).mean()
-        out["bias_changed"][li] = (plain != executed).any(-1).mean()
-    return out
+    return grouped_choice_shares(grouped_choice_counts(logits_TLE, experts_TLK, bias_LE))
+
+
+def grouped_choice_shares(counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """grouped_choice_counts (summed over chunks) -> the float64 (L,) shares (NaN where nothing scored)."""
+    n = counts["scored"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {k: np.where(n > 0, counts[k] / np.maximum(n, 1), np.nan) for k in ("group_changed", "bias_changed")}

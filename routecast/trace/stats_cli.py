@@ -17,21 +17,19 @@ from routecast.common.errors import ConfigError
 from routecast.trace.stats import (
     entropy_bits,
     fixed_set_kurtosis,
-    grouped_choice_effect,
-    half_masks,
+    grouped_choice_counts,
+    grouped_choice_shares,
     imbalance_ratio,
     popularity_curve,
-    sample_indices,
-    sequence_skewness,
     skewness,
     step_stats,
-    task_distances,
     token_kurtosis,
     token_table_accuracy,
     top1_TL,
     transition_accuracy,
     transition_matrix,
 )
+from routecast.trace.stats_stream import distinct, half_sample, sequence_skewness, task_distances
 
 if TYPE_CHECKING:
     from routecast.trace.trace import Trace
@@ -158,22 +156,24 @@ def routing_stats(
         bias_LE = np.asarray(bias, dtype=np.float64)
         if bias_LE.shape != (L, E):
             raise ConfigError(f"provenance router_correction_bias_LE has shape {bias_LE.shape}; expected ({L}, {E}).")
-        per.update(grouped_choice_effect(np.asarray(trace.logits_TLE), trace.experts_TLK, bias_LE))
+        gc = {k: np.zeros(L, np.int64) for k in ("group_changed", "bias_changed", "scored")}
+        for _, ch in trace.chunks():  # logits are E floats a token per layer: one chunk at a time
+            for k, v in grouped_choice_counts(ch.logits_TLE, ch.experts_TLK, bias_LE).items():
+                gc[k] += v
+        per.update(grouped_choice_shares(gc))
     if seq_len is not None:
         per["skewness_seq_mean"] = _nan_reduce(np.nanmean, sequence_skewness(trace, seq_len), axis=0)
 
     # Token-level statistics on a capped sample: fit on one half of the documents (requests), score on the other.
     rng = np.random.default_rng(seed)
-    fit_m, eval_m = half_masks(trace, seed=seed)
-    fit = sample_indices(fit_m, max_tokens // 2, rng)
-    ev = sample_indices(eval_m, max_tokens // 2, rng)
+    fit, ev = half_sample(trace, max_tokens // 2, rng, seed=seed)
     tok = trace.tokens["token_id"]
     # Only the sampled rows are read (a gather per shard of a lazy trace), never a (T, L) array.
     both = np.sort(np.concatenate([fit, ev]))
     ex_b = trace.experts_TLK[both]
     top1_b = top1_TL(ex_b, trace.weights_TLK[both])
     fit_b, ev_b = np.searchsorted(both, fit), np.searchsorted(both, ev)
-    if len(fit) and len(ev) and (tok >= 0).any():
+    if len(fit) and len(ev) and int(tok.max(initial=-1)) >= 0:
         per.update(token_table_accuracy(tok[fit], top1_b[fit_b], tok[ev], top1_b[ev_b], ex_b[ev_b], E))
     else:
         per.update({k: np.full(L, np.nan) for k in ("table_top1", "table_hit", "global_top1")})
@@ -198,7 +198,7 @@ def routing_stats(
     out = {
         "schema": "routecast.stats/1",
         "model": s.name, "num_layers": L, "num_experts": E, "top_k": K, "layer_ids": list(s.layer_ids),
-        "num_tokens": trace.num_tokens, "num_requests": int(len(np.unique(trace.tokens["request"]))),
+        "num_tokens": trace.num_tokens, "num_requests": int(len(distinct(trace, lambda c: c["request"]))),
         "num_steps": int(len(st.steps_S)), "ep": int(ep), "window": st.window, "seq_len": seq_len,
         "token_sample": {"fit": int(len(fit)), "scored": int(len(ev)), "kurtosis_ids": int(known_k.sum()),
                          "split": "document" if trace.has_documents else "request"},

@@ -312,6 +312,7 @@ class Trace:
         held = None  # first row of a step that started in an earlier chunk and is not finished yet
         for a, ch in self.chunks(rows):
             b = a + ch.num_tokens
+            del ch  # no view of this shard may outlive the loop body: the next shard is mapped before it is dropped
             if held is not None:
                 end = a + int(np.searchsorted(st[a:b], st[a - 1], side="right"))  # where the held step ends
                 if end == b and b < T:

@@ -164,12 +164,14 @@ def test_synth_writes_shard_by_shard(tmp_path):
 
 
 def test_reading_under_a_memory_cap_smaller_than_the_trace(tmp_path):
-    """A regression to whole-trace loading fails loudly: stats run under RLIMIT_AS below the trace's size."""
+    """A regression to whole-trace loading fails loudly: stats (the full pass, sequence skewness included) and
+    schedule cocluster's fit sample, plan and streamed scoring run under RLIMIT_AS below the trace's size."""
     T, L, E, K = 60000, 32, 64, 8
     rng = np.random.default_rng(0)
     ex = np.argsort(rng.random((4096, L, E)), axis=-1)[..., :K].astype(np.int16)[np.arange(T) % 4096]
+    # 100 requests of 600 tokens interleaved (as decode steps are): sequences are not contiguous row ranges.
     tr = Trace(spec=MoESpec(num_layers=L, num_experts=E, top_k=K), tokens=make_columns(
-        T, request=np.arange(T) // 600, position=np.arange(T) % 600, step=np.arange(T) // 256,
+        T, request=np.arange(T) % 100, position=np.arange(T) // 100, step=np.arange(T) // 256,
         token_id=np.arange(T) % 101), experts_TLK=ex, weights_TLK=np.full(ex.shape, 1 / K, np.float32))
     d = tmp_path / "big"
     write_trace(tr, d, shard_tokens=4096)
@@ -185,13 +187,23 @@ def test_reading_under_a_memory_cap_smaller_than_the_trace(tmp_path):
         warm = Trace(spec=MoESpec(num_layers=2, num_experts=4, top_k=2), tokens=make_columns(8),
                      experts_TLK=np.zeros((8, 2, 2), np.int16) + np.arange(2, dtype=np.int16),
                      weights_TLK=np.ones((8, 2, 2), np.float32))
-        routing_stats(warm, ep=2)  # compile the numba kernels before the cap
+        routing_stats(warm, ep=2, seq_len=4)  # compile the numba kernels before the cap
+        from routecast.schedule.ceo import CEOConfig
+        from routecast.schedule.cocluster import cocluster, evaluate_plan, fit_sample
+        cfg = CEOConfig(n_steps=3, samples=8)
+        evaluate_plan(cocluster(warm, 2, "smoe", config=cfg), warm)  # imports, compiles
         tr = read_trace({str(d)!r})
         vm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmSize")) * 1024
         cap = vm + {size} // 3
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-        d = routing_stats(tr, ep=8, max_tokens=2048)
-        assert d["num_tokens"] == {T}
+        d = routing_stats(tr, ep=8, max_tokens=2048, seq_len=512)
+        assert d["num_tokens"] == {T} and d["per_layer"]["skewness_seq_mean"][0] is not None
+        # schedule cocluster's path: held-out masks, a capped fit sample, the streamed scoring of both sides
+        (train, test), _, _ = tr.heldout_masks("request", (0.8, 0.2), seed=0)
+        fit, note = fit_sample(tr, train, 2048)
+        plan = cocluster(tr, 8, "smoe", rows=fit, config=cfg)
+        ev = [evaluate_plan(plan, tr, rows=r) for r in (fit, test)]
+        assert note and ev[1]["tokens"] == test.sum() and ev[0]["tokens"] <= 2048
         try:
             np.asarray(tr.weights_TLK)
         except MemoryError:

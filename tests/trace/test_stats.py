@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from routecast.common.errors import ConfigError
 from routecast.trace import MoESpec, Trace, make_columns
 from routecast.trace import stats as rs
+from routecast.trace import stats_stream as ss
 from routecast.trace.stats_cli import format_stats, routing_stats
 
 
@@ -70,7 +71,7 @@ def test_bad_ep_and_window_are_one_sentence_config_errors():
     with pytest.raises(ConfigError, match=r"window is 0; expected a positive number of steps\."):
         rs.step_stats(tr, ep=2, window=0)
     with pytest.raises(ConfigError, match="seq_len is -4"):
-        rs.sequence_skewness(tr, -4)
+        ss.sequence_skewness(tr, -4)
 
 
 def test_entropy_and_popularity_bounds():
@@ -152,7 +153,7 @@ def test_sequence_skewness_cuts_requests_and_drops_short_tails():
     ex = (np.arange(1100) % 4).reshape(1100, 1, 1)
     ex[:512] = 0  # first sequence all on expert 0 -> skewness 4
     tr = make_trace(ex, 4, request=np.zeros(1100), position=np.arange(1100))
-    out = rs.sequence_skewness(tr, 512)
+    out = ss.sequence_skewness(tr, 512)
     assert out.shape == (2, 1) and out[0, 0] == pytest.approx(4.0) and out[1, 0] == pytest.approx(1.0)
 
 
@@ -236,7 +237,7 @@ def test_task_distances_disjoint_tasks_and_identical_halves():
     req = np.arange(T) // 10
     task = req % 2
     tr = make_trace(task.reshape(T, 1, 1), 4, request=req, task=task, task_names=("a", "b"))
-    d = rs.task_distances(tr, seed=0)
+    d = ss.task_distances(tr, seed=0)
     assert d["tasks"] == ["a", "b"]
     assert d["l1_nnL"][0, 1, 0] == pytest.approx(2.0) and d["l1_nnL"][0, 0, 0] == 0.0
     assert np.allclose(d["half_l1_nL"], 0.0)
