@@ -480,9 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-fraction", type=float, default=0.8,
                    help="share of documents (or requests) to fit on (default 0.8)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
-    p.add_argument("--train-extra", default=None, help="eval (one DIR) and fit (DIR[,DIR...]): another trace of "
-                   "the same model on documents disjoint from the held-out ones (e.g. captured from corpus:train), "
-                   "added to every predictor's training")
+    p.add_argument("--train-extra", default=None, help="eval (one DIR), fit (DIR[,DIR...]): traces of the same model "
+                   "on documents disjoint from the held-out ones (e.g. corpus:train), added to every predictor's training")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
