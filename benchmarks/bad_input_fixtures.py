@@ -11,7 +11,25 @@ import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+SENTINEL = "KEEP-user-file.txt"
+SENTINEL_TEXT = "a file the user wrote; routecast must not delete it\n"
+
+
+@dataclass(kw_only=True)
+class Row:
+    """One command line. cls: the class of bad input; sentinels: files that must survive the run."""
+
+    cmd: str
+    cls: str
+    argv: list[str]
+    timeout: float = 0.0  # 0: the sweep's default
+    sentinels: list[Path] = field(default_factory=list)
+    valid: bool = False  # exit 0 is the right answer (e.g. --overwrite onto routecast's own output)
+    may_assume: bool = False  # exit 0 is fine when the output states what was assumed
+    marker: Path | None = None  # a file whose existence means custom model code ran
 
 
 def _run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> None:

@@ -29,10 +29,12 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from bad_input_fixtures import (  # a sibling script: benchmarks/ is sys.path[0]
+    SENTINEL,
+    SENTINEL_TEXT,
+    Row,
     _can_mknod,
     build_logs,
     build_misc,
@@ -41,24 +43,7 @@ from bad_input_fixtures import (  # a sibling script: benchmarks/ is sys.path[0]
     build_specs,
     build_traces,
 )
-
-SENTINEL = "KEEP-user-file.txt"
-SENTINEL_TEXT = "a file the user wrote; routecast must not delete it\n"
-
-
-@dataclass(kw_only=True)
-class Row:
-    """One command line. cls: the class of bad input; sentinels: files that must survive the run."""
-
-    cmd: str
-    cls: str
-    argv: list[str]
-    timeout: float = 0.0  # 0: the sweep's default
-    sentinels: list[Path] = field(default_factory=list)
-    valid: bool = False  # exit 0 is the right answer (e.g. --overwrite onto routecast's own output)
-    may_assume: bool = False  # exit 0 is fine when the output states what was assumed
-    marker: Path | None = None  # a file whose existence means custom model code ran
-
+from bad_input_rows_recent import build_recent, recent_rows
 
 # ------------------------------------------------------------------------------------------ rows
 WRITERS = {  # command -> (argv with {OUT}, output kind, extra flags that make it quick)
@@ -356,7 +341,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per row unless the row says more (default 20)")
     ap.add_argument("--json", default="out/bad_input_sweep.json", help="where to write every row's outcome")
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir, removed at the end)")
-    ap.add_argument("--only", default=None, help="run only rows whose command contains this string")
+    ap.add_argument("--only", default=None, help="run only rows whose command contains one of these comma-separated strings")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
 
@@ -373,11 +358,13 @@ def main() -> int:
         logs, specs, prompts = build_logs(fxd), build_specs(fxd), build_prompts(fxd)
         models = build_models(fxd, env)
         misc = build_misc(fxd, env, traces, models, prompts)
+        misc.update(build_recent(fxd, env, traces["good"]))
         fx = {"trace_good": traces["good"], "log_good": logs["good"], "prompts_good": prompts["good"], **misc,
               "full": _can_mknod(fxd)}
         rows = writer_rows(ws, fx) + trace_rows(ws, traces) + input_rows(ws, fx, logs, specs, prompts, models)
+        rows += recent_rows(ws, fx, traces)
         if a.only:
-            rows = [r for r in rows if a.only in r.cmd]
+            rows = [r for r in rows if any(s in r.cmd for s in a.only.split(","))]
         print(f"fixtures built in {time.perf_counter() - t0:.0f} s; running {len(rows)} rows, {a.jobs} at a time",
               flush=True)
         cwd = ws / "cwd"
@@ -392,15 +379,15 @@ def main() -> int:
     for r in results:
         by_cmd[r["cmd"]][r["outcome"]] += 1
     kinds = ["clean", "assumed", "ok", "traceback", "hang", "data_loss", "silent", "executed"]
-    print(f"\n{'command':<16}" + "".join(f"{k:>10}" for k in ["tried", *kinds]))
+    print(f"\n{'command':<20}" + "".join(f"{k:>10}" for k in ["tried", *kinds]))
     for cmd, c in sorted(by_cmd.items()):
-        print(f"{cmd:<16}{sum(c.values()):>10}" + "".join(f"{c[k]:>10}" for k in kinds))
-    print(f"{'all':<16}{len(results):>10}" + "".join(f"{counts[k]:>10}" for k in kinds))
+        print(f"{cmd:<20}{sum(c.values()):>10}" + "".join(f"{c[k]:>10}" for k in kinds))
+    print(f"{'all':<20}{len(results):>10}" + "".join(f"{counts[k]:>10}" for k in kinds))
     bad = [r for r in results if r["outcome"] not in ("clean", "assumed", "ok")]
     if bad:
         print("\nrows that did not end cleanly:")
         for r in bad:
-            print(f"  {r['outcome']:<10} {r['cmd']:<14} {r['class']:<44} rc={r['rc']} {r['stderr_last'][:110]}")
+            print(f"  {r['outcome']:<10} {r['cmd']:<18} {r['class']:<44} rc={r['rc']} {r['stderr_last'][:110]}")
     info = machine_info()
     print(f"\n{len(results)} inputs in {time.perf_counter() - t0:.0f} s on {info.get('cpu', info)}; "
           f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}")
