@@ -11,8 +11,9 @@ from pathlib import Path
 from bad_input_fixtures import SENTINEL, SENTINEL_TEXT, Row, _run_cli
 
 
-def build_recent(fx: Path, env: dict[str, str], trace_good: Path) -> dict[str, Path]:
-    """Fixtures of these rows: a saved predictor and a co-clustering plan of other models than the rows use."""
+def build_recent(fx: Path, env: dict[str, str], trace_good: Path, prompts_good: Path) -> dict[str, Path]:
+    """Fixtures of these rows: a saved predictor and a co-clustering plan of other models than the rows use,
+    bad plan files, and a small capture of builtin with hidden states."""
     other = fx / "switch-trace"
     _run_cli(["synth", "--preset", "switch-128", "--requests", "10", "--out", str(other)], env)
     pred_other = fx / "pred-switch"  # 12 layers x 128 experts, top-1: not the 8-expert trace nor builtin
@@ -24,7 +25,10 @@ def build_recent(fx: Path, env: dict[str, str], trace_good: Path) -> dict[str, P
     bad_json.write_text("{ not json")
     not_obj = fx / "plan-array.json"
     not_obj.write_text("[1, 2, 3]")
-    return {"pred_other": pred_other, "plan_other": plan_dir / "co-plan.json", "plan_bad_json": bad_json,
+    cap = fx / "cap-hidden"  # `ep run` replays a capture with hidden states
+    _run_cli(["capture", "--model", "builtin", "--prompts", str(prompts_good), "--max-new-tokens", "2", "--hidden",
+              "--quiet", "--out", str(cap)], env)
+    return {"cap_hidden": cap, "pred_other": pred_other, "plan_other": plan_dir / "co-plan.json", "plan_bad_json": bad_json,
             "plan_array": not_obj}
 
 
@@ -50,7 +54,7 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
     run = ["run", "--model", "builtin", "--prompts", str(fx["prompts_good"]), "--max-new-tokens", "2"]
     off = [*run, "--offload"]
     rows += _rows("run", off, {
-        "--budget 0": ["--budget", "0"], "--budget -5%": ["--budget", "-5%"], "--budget 200%": ["--budget", "200%"],
+        "--budget 0": ["--budget", "0"], "--budget -5%": ["--budget=-5%"], "--budget 200%": ["--budget", "200%"],
         "--budget abc": ["--budget", "abc"], "--budget 0%": ["--budget", "0%"], "--budget nan%": ["--budget", "nan%"],
         "--prefetch unknown": ["--prefetch", "nope"], "--prefetch-top -1": ["--prefetch", "lookahead", "--prefetch-top", "-1"],
         "--prefetch-top above experts": ["--prefetch", "lookahead", "--prefetch-top", "999"],
@@ -85,7 +89,7 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
     lru = ["--policies", "lru", "--quiet"]
     rows += _rows("cache replay", [*cr, trace], {
         "--budget 0": [*lru, "--budget", "0"], "--budget 0%": [*lru, "--budget", "0%"],
-        "--budget -5%": [*lru, "--budget", "-5%"], "--budget abc": [*lru, "--budget", "abc"],
+        "--budget -5%": [*lru, "--budget=-5%"], "--budget abc": [*lru, "--budget", "abc"],
         "--budget above all experts": [*lru, "--budget", "100000"], "--budget 150%": [*lru, "--budget", "150%"],
         "--budget nan%": [*lru, "--budget", "nan%"],
         "--policies unknown": ["--policies", "nope", "--quiet"], "--policies empty": ["--policies", "", "--quiet"],
@@ -94,7 +98,7 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
         "--predictor unknown name": ["--policies", "plec", "--predictor", "nope", "--quiet"],
         "--plec-depth 0": ["--policies", "plec", "--plec-depth", "0", "--quiet"],
         "--dense-us -1": [*lru, "--dense-us", "-1"], "--dense-us nan": [*lru, "--dense-us", "nan"],
-        "--expert-bytes 0": [*lru, "--expert-bytes", "0"], "--train-fraction 1.5": [*lru, "--train-fraction", "1.5"],
+        "--expert-bytes -5": [*lru, "--expert-bytes", "-5"], "--train-fraction 1.5": [*lru, "--train-fraction", "1.5"],
         "--hardware unknown": [*lru, "--hardware", "nope"], "--hardware bad TOML": [*lru, "--hardware", str(fx["hw_bad"])],
         "--threads 0": [*lru, "--threads", "0"],
     }, may_assume=True)
@@ -118,9 +122,9 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
     })
     rb = ["schedule", "rebatch", trace, "--predictor", "oracle", "--quiet"]
     rows += _rows("schedule rebatch", rb, {
-        "--max-tokens -1": ["--max-tokens", "-1"], "--budget 0": ["--budget", "0"], "--budget -5%": ["--budget", "-5%"],
+        "--max-tokens -1": ["--max-tokens", "-1"], "--budget 0": ["--budget", "0"], "--budget -5%": ["--budget=-5%"],
         "--budget abc": ["--budget", "abc"], "--budget 200%": ["--budget", "200%"],
-        "--policy unknown": ["--policy", "nope"], "--min-tokens -1": ["--min-tokens", "-1"],
+        "--policy unknown": ["--policy", "nope"], "--min-tokens -1": ["--min-tokens", "-1"], "--min-tokens 1": ["--min-tokens", "1"],
         "--predictor of another model": ["--predictor", str(fx["pred_other"])],
     }, may_assume=True)
     for name, t in corrupt.items():
@@ -148,7 +152,7 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
         "--rates with 0": ["--rates", "1,0"], "--scheduler unknown": ["--scheduler", "nope"],
         "--scheduler empty": ["--scheduler", ""], "--requests 0": ["--requests", "0"],
         "--budget 0%": ["--budget", "0%"], "--budget 150%": ["--budget", "150%"], "--budget abc": ["--budget", "abc"],
-        "--cv 0 (gamma)": ["--arrival", "gamma", "--cv", "0"], "--gpus 0": ["--gpus", "0"],
+        "--cv 0 (gamma)": ["--arrival", "gamma", "--cv", "0"], "--gpus 0": ["--gpus", "0"], "--gpus -2": ["--gpus", "-2"],
         "--period 0": ["--period", "0"], "--slo-target 1.5": ["--slo-target", "1.5"],
         "--model-profile unknown": ["--model-profile", "nope"], "--hardware bad TOML": ["--hardware", str(fx["hw_bad"])],
     }, may_assume=True)
@@ -168,16 +172,25 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
     eq = ["emoe", "quality", "--model", "builtin", "--per-task", "1", "--seq-len", "8", "--quiet"]
     rows += _rows("emoe quality", eq, {
         "--budget 0%": ["--budget", "0%"], "--budget 150%": ["--budget", "150%"], "--budget abc": ["--budget", "abc"],
-        "--budget -10%": ["--budget", "-10%"], "--residency unknown": ["--residency", "nope"],
+        "--budget -10%": ["--budget=-10%"], "--residency unknown": ["--residency", "nope"],
         "--period 0": ["--period", "0"], "--reuse with a word": ["--reuse", "5,abc"],
     }, timeout=45)
 
-    # ep run
-    ep = ["ep", "run", "--trace", trace, "--steps", "1", "--repeats", "1"]
+    # ep run / forward / calibrate: refused before torchrun starts
+    ep = ["ep", "run", "--model", "builtin", "--trace", str(fx["cap_hidden"]), "--steps", "1", "--repeats", "1"]
     rows += _rows("ep run", ep, {
         "--nproc 0": ["--nproc", "0", "--out", out()], "--nproc -1": ["--nproc", "-1", "--out", out()],
+        "--nproc 3 (8 experts)": ["--nproc", "3", "--out", out()],
         "--steps 0": ["--steps", "0", "--out", out()], "--plans unknown": ["--plans", "nope", "--out", out()],
+        "--timeout 0": ["--timeout", "0", "--out", out()], "--repeats 0": ["--repeats", "0", "--out", out()],
+        "--trace without hidden states": ["--trace", trace, "--out", out()],
         "--trace corrupt": ["--trace", corrupt["json_invalid"], "--out", out()],
-        "--timeout 0": ["--timeout", "0", "--out", out()],
+        "--shuffle-plan not JSON": ["--shuffle-plan", str(fx["plan_bad_json"]), "--out", out()],
     }, timeout=60)
+    rows.append(Row(cmd="ep forward", cls="--nproc 0", timeout=60,
+                    argv=["ep", "forward", "--model", "builtin", "--trace", str(fx["cap_hidden"]), "--nproc", "0",
+                          "--out", out()]))
+    for k in ("0", "1"):
+        rows.append(Row(cmd="ep calibrate", cls=f"--nproc {k}", timeout=60,
+                        argv=["ep", "calibrate", "--nproc", k, "--repeats", "1", "--out", out(".toml")]))
     return rows

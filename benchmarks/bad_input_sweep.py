@@ -358,7 +358,7 @@ def main() -> int:
         logs, specs, prompts = build_logs(fxd), build_specs(fxd), build_prompts(fxd)
         models = build_models(fxd, env)
         misc = build_misc(fxd, env, traces, models, prompts)
-        misc.update(build_recent(fxd, env, traces["good"]))
+        misc.update(build_recent(fxd, env, traces["good"], prompts["good"]))
         fx = {"trace_good": traces["good"], "log_good": logs["good"], "prompts_good": prompts["good"], **misc,
               "full": _can_mknod(fxd)}
         rows = writer_rows(ws, fx) + trace_rows(ws, traces) + input_rows(ws, fx, logs, specs, prompts, models)

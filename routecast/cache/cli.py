@@ -162,6 +162,10 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
     from routecast.sim.hardware import load_hardware
 
     names = parse_policies(policies)
+    if not 0 < train_fraction < 1:  # NaN fails too; checked even when no policy fits a predictor
+        raise ConfigError(f"--train-fraction is {train_fraction}; expected a share strictly between 0 and 1.")
+    if expert_bytes < 0:
+        raise ConfigError(f"--expert-bytes is {expert_bytes}; expected a positive byte count (0 = the trace's spec).")
     eb = expert_bytes or trace.spec.expert_bytes
     s = trace.spec
     slots = parse_budget(budget, s.num_layers * s.num_experts, eb)
@@ -201,9 +205,12 @@ def _clean(v: Any) -> Any:
 def cache_replay_main(trace_path: str | Path, *, out: str | Path | None = None, as_json: bool = False,
                       **kw: Any) -> int:
     """`routecast cache replay TRACE --budget 50% --policies ...`: prints the table (or JSON), writes JSON."""
+    from routecast.common.outputs import check_out_file, write_atomic
     from routecast.predict.evaluate import NEEDS_ROUTER_INPUTS
     from routecast.trace.io import read_trace
 
+    if out:  # before any work: a directory or an unwritable place is refused, nothing left behind
+        check_out_file(out, "--out")
     routers = kw.get("predictor") in NEEDS_ROUTER_INPUTS
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
     if out:
@@ -211,11 +218,7 @@ def cache_replay_main(trace_path: str | Path, *, out: str | Path | None = None, 
     res = run_replay(trace, tmp_dir=Path(out).parent if out else None, **kw)
     text = json.dumps(_clean(res), indent=1)
     if out:
-        p = Path(out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(p)
+        write_atomic(out, text, "--out")
     if as_json:
         print(text)
     else:

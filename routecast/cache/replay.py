@@ -15,6 +15,7 @@ already in memory (tests, benchmarks, the runtime's log), in one window or sever
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 import time
@@ -97,8 +98,10 @@ class ReplayConfig:
             raise ConfigError(f"plec_fallback is {self.plec_fallback!r}; expected 'lfu' or 'lru'.")
         if self.plec_depth < 1:
             raise ConfigError(f"plec_depth is {self.plec_depth}; expected at least 1 layer.")
-        if self.dense_us < 0:
-            raise ConfigError(f"dense_us is {self.dense_us}; expected a non-negative number of microseconds.")
+        if not math.isfinite(self.dense_us) or self.dense_us < 0:  # NaN would price every step as NaN
+            raise ConfigError(f"dense_us is {self.dense_us}; expected a finite non-negative number of microseconds.")
+        if self.expert_bytes < 0:
+            raise ConfigError(f"expert_bytes is {self.expert_bytes}; expected a positive byte count (0 = the trace's spec).")
         if self.hardware.h2d_bandwidth <= 0:
             raise ConfigError(
                 f"hardware '{self.hardware.name}' has no host-to-device link (h2d_gbps = 0); expected a GPU profile."

@@ -81,6 +81,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def check_prefetch_top(top: int, top_k: int) -> None:
+    """--prefetch-top keeps each token's `top` most likely experts of its top-k forecast: 0 (= top-k) to top_k."""
+    if not 0 <= top <= top_k:
+        raise ConfigError(f"--prefetch-top is {top}; expected 0 (the model's top-k) to {top_k} (its top-k).")
+
+
 def run_main(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -95,6 +101,7 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
     if not a.offload:
         return run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
+    check_prefetch_top(a.prefetch_top, spec.top_k)
     budget = parse_budget(a.budget, spec.num_layers * spec.num_experts, spec.expert_bytes)
     pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
                           threads=a.threads)

@@ -16,7 +16,7 @@ from routecast.predict.batch_eval import token_sets
 from routecast.predict.evaluate import fit_or_load, heldout_rows
 from routecast.predict.forecast import multi_hot
 from routecast.schedule.cocluster import fit_sample
-from routecast.schedule.rebatch import METHODS, activated_experts, rebatch
+from routecast.schedule.rebatch import METHODS, activated_experts, check_min_tokens, rebatch
 from routecast.trace import Trace
 from routecast.trace.stats import column_chunks
 
@@ -58,6 +58,7 @@ def run_rebatch(trace: Trace, *, predictor: str = "conditional-token", model: st
     whole training requests of at most that many tokens, and the held-out tokens of the first steps up to it
     are re-batched (settings['notes'] says so); only those rows are copied into memory.
     """
+    check_min_tokens(min_tokens)  # before the predictor is fitted
     train_m, test_m, used = heldout_rows(trace, split, train_fraction, seed)
     train_m, fit_note = fit_sample(trace, train_m, max_tokens, seed)
     test_m, test_note = step_window(trace, test_m, max_tokens)

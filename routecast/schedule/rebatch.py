@@ -37,12 +37,19 @@ def split_step(paths_TX: np.ndarray, method: str, seed: int = 0) -> np.ndarray:
     return km.fit_predict(paths_TX.astype(np.float64)).astype(np.int64)
 
 
+def check_min_tokens(min_tokens: int) -> None:
+    """min_tokens: a step is split into two batches, so it needs at least 2 tokens (ConfigError otherwise)."""
+    if min_tokens < 2:
+        raise ConfigError(f"--min-tokens is {min_tokens}; expected at least 2 (a re-batched step is split in two).")
+
+
 def rebatch(trace: Trace, paths_TLE: np.ndarray, method: str, *, seed: int = 0, min_tokens: int = 4) -> Trace:
     """A copy of trace whose decode steps of >= min_tokens tokens are each split into two batches.
 
     paths_TLE: bool (T, L, E) predicted paths of trace's tokens (trace order). New step ids: 2·s + half,
     in the original step order (half 0 first).
     """
+    check_min_tokens(min_tokens)
     if paths_TLE.shape != (trace.num_tokens, trace.spec.num_layers, trace.spec.num_experts):
         raise ConfigError(f"paths have shape {paths_TLE.shape}; expected "
                           f"({trace.num_tokens}, {trace.spec.num_layers}, {trace.spec.num_experts}).")

@@ -168,7 +168,7 @@ def add_parser(sub: Any) -> None:
                    help="a token whose expert is not resident: fallback (eMoE) or load it on demand (default fallback)")
     p.add_argument("--period", type=int, default=40, help="eMoE reloads the predicted experts every P prompts (default 40)")
     p.add_argument("--lar", type=float, default=None, help="local activation rate of the all-to-all (default 1/G)")
-    p.add_argument("--gpus", type=int, default=0, help="GPUs of the engine (default: smallest power of two that fits)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs of the engine (default: smallest power of two that fits)")
     p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="GPU-GPU link (default nvlink)")
     p.add_argument("--link-gbps", type=float, default=None,
                    help="override the link's per-direction bandwidth in GB/s (e.g. 20.8: a UPI hop)")
@@ -193,6 +193,8 @@ def serve_sim_main(a: argparse.Namespace) -> int:
         raise ConfigError(f"--requests is {a.requests}; expected a positive integer.")
     if not isinstance(a.period, int) or a.period < 1:
         raise ConfigError(f"--period is {a.period}; expected a positive number of prompts.")
+    if a.gpus is not None and a.gpus < 1:  # EngineConfig's 0 means automatic: leaving --gpus out says that
+        raise ConfigError(f"--gpus is {a.gpus}; expected a positive number of GPUs (leave it out for the smallest that fits).")
     if not (math.isfinite(a.slo_target) and 0 < a.slo_target <= 1):
         raise ConfigError(f"--slo-target is {a.slo_target}; expected a fraction in (0, 1].")
     for flag, v in (("--lar", a.lar), ("--cv", a.cv), ("--skewness", a.skewness), ("--link-gbps", a.link_gbps)):
@@ -201,7 +203,7 @@ def serve_sim_main(a: argparse.Namespace) -> int:
     parse_slo(a.slo_ttft, "--slo-ttft")
     parse_slo(a.slo_tpot, "--slo-tpot")
     check_out_file(a.out, "--out")
-    cfg = EngineConfig(model=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link, link_gbps=a.link_gbps,
+    cfg = EngineConfig(model=a.model_profile, hardware=a.hardware, gpus=a.gpus or 0, link=a.link, link_gbps=a.link_gbps,
                        budget=parse_fraction(a.budget, "--budget"), miss=a.miss, lar=a.lar, skewness=a.skewness,
                        max_seqs=a.max_seqs, token_budget=a.token_budget, seed=a.seed)
     trace_req, freq, freq_note = None, None, "synthetic"
