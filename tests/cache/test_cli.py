@@ -40,7 +40,9 @@ def test_bad_input_is_one_line_exit_2(small, tmp_path, capsys):
     d = write_trace(small, tmp_path / "t")
     for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"), (["--budget", "150%"], "1..24"),
                        (["--budget", "nan"], "--budget"), (["--policies", "lru,arc"], "arc"), (["--policies", ","], "--policies"),
-                       (["--predictor", "nosuch"], "--predictor"), (["--hardware", "nosuch"], "hardware")):
+                       (["--predictor", "nosuch"], "--predictor"), (["--hardware", "nosuch"], "hardware"),
+                       (["--dense-us", "nan"], "dense_us is nan"), (["--expert-bytes", "-5"], "--expert-bytes is -5"),
+                       (["--policies", "lru", "--train-fraction", "1.5"], "--train-fraction is 1.5")):
         assert main(["cache", "replay", str(d), "--quiet", "--out", str(tmp_path / "x.json"), *args]) == 2
         err = capsys.readouterr().err.strip()
         assert want in err and len(err.splitlines()) == 1, err
@@ -86,3 +88,13 @@ def test_make_forecast_is_reused_and_a_saved_predictor_must_not_have_trained_on_
     whole = fit_and_save(small, "conditional-token", tmp_path / "whole", split="none", progress=False)
     with pytest.raises(ConfigError, match="fitted on this trace"):
         make_forecast(small, str(whole), split="request")
+
+
+def test_out_naming_a_directory_is_refused_before_the_replay_and_leaves_nothing(small, tmp_path, capsys):
+    d = write_trace(small, tmp_path / "t")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["cache", "replay", str(d), "--quiet", "--policies", "lru", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a directory; expected a file path" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t"]  # no stray out.tmp beside it

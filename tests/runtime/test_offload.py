@@ -84,6 +84,7 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--fallback"], "expected --offload"),
     (["--offload", "--prefetch-min-prob", "nan"], "--prefetch-min-prob is nan"),
     (["--offload", "--prefetch-top", "-1"], "--prefetch-top is -1"),
+    (["--offload", "--prefetch-top", "99"], "--prefetch-top is 99"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2
@@ -179,3 +180,13 @@ def test_gated_prefetch_keeps_tokens_and_replay_agreement(setup) -> None:
     rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, pred_SLE=got["pred_sets"], layer_ahead=True)
     assert (rep["hits"], rep["misses"], rep["prefetch_issued"], rep["prefetch_cancelled"]) == \
         (got["hits"], got["misses"], got["prefetch_issued"], got["prefetch_cancelled"])
+
+
+def test_prefetch_top_above_the_models_top_k_is_refused() -> None:
+    from routecast.runtime.cli import check_prefetch_top
+
+    check_prefetch_top(0, 2)
+    check_prefetch_top(2, 2)
+    for top in (-1, 3, 99):  # above top-k it was silently clamped to top-k
+        with pytest.raises(ConfigError, match=f"--prefetch-top is {top}; expected 0 .* to 2"):
+            check_prefetch_top(top, 2)

@@ -3,10 +3,12 @@
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routecast.cli import main
+from routecast.common.errors import ConfigError
 from routecast.predict.forecast import multi_hot
 from routecast.schedule.rebatch import activated_experts, rebatch, split_step
 from routecast.trace import DECODE, MoESpec, Trace, make_columns
@@ -64,3 +66,18 @@ def test_cli_rebatch_with_the_oracle_paths(tmp_path, capsys):
     assert (clu["activated_per_batch"], arr["activated_per_batch"]) == (4.0, 8.0)  # seed 3: 4 + 4 of each kind
     assert main(["schedule", "rebatch", str(d), "--budget", "0", "--out", str(out)]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+def test_min_tokens_below_two_is_one_sentence_exit_2(tmp_path, capsys):
+    tr = two_kinds(steps=3, per_step=1)  # decode steps of one token each
+    paths = multi_hot(tr.experts_TLK, tr.spec.num_experts)
+    for m in (1, 0, -1):  # a one-token step cannot be split in two (it raised a bare sklearn ValueError)
+        with pytest.raises(ConfigError, match=f"--min-tokens is {m}; expected at least 2"):
+            rebatch(tr, paths, "clustered", min_tokens=m)
+    assert rebatch(tr, paths, "clustered", min_tokens=2).num_tokens == 3
+    d = write_trace(two_kinds(steps=10, per_step=40), tmp_path / "t")
+    assert main(["schedule", "rebatch", str(d), "--predictor", "oracle", "--quiet", "--min-tokens", "-1",
+                 "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("routecast schedule: error: --min-tokens is -1")
+    assert not (tmp_path / "r.json").exists()

@@ -25,7 +25,7 @@ def test_serve_sim_sweep_writes_json(tmp_path, capsys):
 @pytest.mark.parametrize("args", [
     ["--scheduler", "sjf"], ["--rate", "0"], ["--rate", "nan"], ["--rates", "1,-2"], ["--rate", "1e-300"], ["--model-profile", "nope"],
     ["--hardware", "nope"], ["--budget", "0%"], ["--budget", "nan"], ["--lar", "nan"], ["--lar", "2"],
-    ["--requests", "0"], ["--link-gbps", "0"], ["--slo-ttft", "abc"], ["--slo-tpot", "0"], ["--period", "0"], ["--token-budget", "8"],
+    ["--requests", "0"], ["--gpus", "0"], ["--gpus", "-2"], ["--link-gbps", "0"], ["--slo-ttft", "abc"], ["--slo-tpot", "0"], ["--period", "0"], ["--token-budget", "8"],
 ])
 def test_serve_sim_bad_input(args, tmp_path, capsys):
     rc = main(["serve-sim", "--requests", "20", "--out", str(tmp_path / "x.json"), "--quiet", *args])
