@@ -189,6 +189,7 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
     }, timeout=60)
     rows.append(Row(cmd="ep forward", cls="--nproc 0", timeout=60,
                     argv=["ep", "forward", "--model", "builtin", "--trace", str(fx["cap_hidden"]), "--nproc", "0",
+                          "--requests", "1", "--tokens", "2",
                           "--out", out()]))
     for k in ("0", "1"):
         rows.append(Row(cmd="ep calibrate", cls=f"--nproc {k}", timeout=60,

@@ -79,17 +79,18 @@ class CoclusterPlan:
         })
 
 
-def read_plan(path: str | Path) -> CoclusterPlan:
-    """A plan file written by `routecast schedule cocluster`, checked: ConfigError naming the field otherwise."""
+def read_plan(path: str | Path, flag: str = "--plan") -> CoclusterPlan:
+    """A plan file written by `routecast schedule cocluster`, checked: ConfigError naming the field (and
+    `flag`, the option that named the file) otherwise."""
     p = Path(path)
     try:
         d = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--plan {p}: no such file; expected a plan written by `routecast schedule cocluster`.") from None
+        raise ConfigError(f"{flag} {p}: no such file; expected a plan written by `routecast schedule cocluster`.") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--plan {p}: not a readable JSON plan ({e}); expected a `routecast schedule cocluster` plan.") from None
+        raise ConfigError(f"{flag} {p}: not a readable JSON plan ({e}); expected a `routecast schedule cocluster` plan.") from None
     if not isinstance(d, dict) or d.get("version") != PLAN_VERSION:
-        raise ConfigError(f"--plan {p}: version {d.get('version') if isinstance(d, dict) else None!r}; expected {PLAN_VERSION}.")
+        raise ConfigError(f"{flag} {p}: version {d.get('version') if isinstance(d, dict) else None!r}; expected {PLAN_VERSION}.")
     try:
         ep = int(d["ep"])
         eg = np.asarray(d["expert_group_LE"], np.int64)
@@ -97,14 +98,14 @@ def read_plan(path: str | Path) -> CoclusterPlan:
         tg = np.asarray(d["token_group_LU"], np.int64).reshape(eg.shape[0], keys.size)
         tc = np.asarray(d["token_conf_LU"], np.float64).reshape(tg.shape)
     except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"--plan {p}: field {e} is missing or malformed; expected a `routecast schedule cocluster` plan.") from None
+        raise ConfigError(f"{flag} {p}: field {e} is missing or malformed; expected a `routecast schedule cocluster` plan.") from None
     L, E = eg.shape if eg.ndim == 2 else (0, 0)
     if eg.ndim != 2 or ep < 1 or E % ep:
-        raise ConfigError(f"--plan {p}: expert_group_LE has shape {eg.shape} for ep {ep}; expected (L, E) with E divisible by ep.")
+        raise ConfigError(f"{flag} {p}: expert_group_LE has shape {eg.shape} for ep {ep}; expected (L, E) with E divisible by ep.")
     if eg.min() < 0 or eg.max() >= ep or np.any(np.stack([np.bincount(r, minlength=ep) for r in eg]) != E // ep):
-        raise ConfigError(f"--plan {p}: expert_group_LE does not put exactly {E // ep} experts on each of {ep} ranks per layer.")
+        raise ConfigError(f"{flag} {p}: expert_group_LE does not put exactly {E // ep} experts on each of {ep} ranks per layer.")
     if keys.size and (np.any(np.diff(keys) <= 0) or tg.min() < 0 or tg.max() >= ep or not np.isfinite(tc).all()):
-        raise ConfigError(f"--plan {p}: token tables are unsorted or hold a rank outside 0..{ep - 1}; expected a valid plan.")
+        raise ConfigError(f"{flag} {p}: token tables are unsorted or hold a rank outside 0..{ep - 1}; expected a valid plan.")
     return CoclusterPlan(method=str(d.get("method", "")), ep=ep, expert_group_LE=eg.astype(np.int32),
                          token_keys_U=keys, token_group_LU=tg.astype(np.int32), token_conf_LU=tc.astype(np.float32),
                          beta=float(d.get("beta", 1.1)), fit_s=tuple(d.get("fit_s", ())), meta=dict(d.get("meta", {})))

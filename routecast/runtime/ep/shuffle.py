@@ -36,7 +36,7 @@ def load_shuffle(path: str | Path, trace: Any, nproc: int) -> tuple[CoclusterPla
     is for another EP size or trace geometry, or moves experts between router groups."""
     if not Path(path).is_file():
         raise ConfigError(f"--shuffle-plan {path}: no such file; expected a plan written by `routecast schedule cocluster`.")
-    plan = read_plan(path)
+    plan = read_plan(path, "--shuffle-plan")
     s = trace.spec
     if plan.ep != nproc:
         raise ConfigError(f"--shuffle-plan {path} is for --ep {plan.ep}; expected a plan made with --ep {nproc} "

@@ -71,6 +71,10 @@ def test_bad_shuffle_plans_are_refused(shuffled, tmp_path):
         load_shuffle(bad, grouped, G)
     with pytest.raises(ConfigError, match="no such file"):
         load_shuffle(tmp_path / "none.json", t, G)
+    junk = tmp_path / "junk.json"
+    junk.write_text("{ not json")
+    with pytest.raises(ConfigError, match="^--shuffle-plan .*junk.json: not a readable JSON plan"):  # it said --plan
+        load_shuffle(junk, t, G)
 
 
 def _child(rank: int, port: int, out: str, t, slots, tok_NL) -> None:
