@@ -124,6 +124,8 @@ def run_forward(*, model: str, trace_dir: str, out: str | Path, nproc: int, meth
     if requests < nproc or tokens < 1:
         raise ConfigError(f"--requests {requests} --tokens {tokens}; expected at least one sequence per rank ({nproc}).")
     trace = read_trace(trace_dir, verify=False)
+    if nproc < 1 or trace.spec.num_experts % nproc:  # before the output folder is made
+        raise ConfigError(f"--nproc {nproc}: expected a positive divisor of the {trace.spec.num_experts} experts.")
     ids = prompt_tokens(trace, requests, tokens)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -164,3 +164,16 @@ def test_bad_plans_are_refused(slots, msg):
     s = np.array(slots)
     with pytest.raises(ConfigError, match=msg):
         SlotPlan(slots_LS=s, share_LS=np.ones(s.shape), num_ranks=2, num_experts=3, layer_ids=(0,)).validate()
+
+
+@pytest.mark.parametrize("nproc", [0, -1, 3])
+def test_forward_refuses_a_bad_nproc_before_making_its_output(nproc, tmp_path):
+    from routecast.common.errors import ConfigError
+    from routecast.runtime.ep.forward import run_forward
+    from routecast.trace.io import write_trace
+    from tests.conftest import build_small_trace
+
+    d = write_trace(build_small_trace(num_experts=8), tmp_path / "t")
+    with pytest.raises(ConfigError, match=f"--nproc {nproc}: expected a positive divisor of the 8 experts"):
+        run_forward(model="builtin", trace_dir=str(d), out=tmp_path / "out" / "static", nproc=nproc, requests=4, tokens=2)
+    assert not (tmp_path / "out").exists()  # it used to make the plan's folder first
