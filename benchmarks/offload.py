@@ -50,10 +50,13 @@ sys.path.insert(0, str(ROOT))
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
-from routecast.runtime.offload.run import accesses_from_log, encode_prompts, make_predictor, run_config  # noqa: E402
+from routecast.runtime.offload.run import (  # noqa: E402
+    accesses_from_log,
+    load_run,
+    make_predictor,
+    run_config,
+)
 from routecast.sim.hardware import load_hardware  # noqa: E402
-from routecast.trace.capture_arch import spec_from_model  # noqa: E402
-from routecast.trace.capture_inputs import load_model, load_prompts  # noqa: E402
 
 
 def main() -> None:
@@ -84,10 +87,8 @@ def main() -> None:
     t_start = time.time()
     loads = [os.getloadavg()[0]]
 
-    model, tok = load_model(a.model)
-    spec = spec_from_model(model)
+    model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
     L, E = spec.num_layers, spec.num_experts
-    requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
     predictors = {"lookahead": make_predictor("lookahead", model, a.model)}
     for name, d in (("ffn", a.ffn), ("expertflow", a.expertflow)):
         if d:

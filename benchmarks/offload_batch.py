@@ -23,9 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from routecast.common.machine import machine_info  # noqa: E402
-from routecast.runtime.offload.run import encode_prompts, make_predictor, run_config  # noqa: E402
-from routecast.trace.capture_arch import spec_from_model  # noqa: E402
-from routecast.trace.capture_inputs import load_model, load_prompts  # noqa: E402
+from routecast.runtime.offload.run import load_run, make_predictor, run_config  # noqa: E402
 
 
 def main() -> None:
@@ -40,10 +38,8 @@ def main() -> None:
     a = ap.parse_args()
     t_start = time.time()
     loads = [os.getloadavg()[0]]
-    model, tok = load_model(a.model)
-    spec = spec_from_model(model)
+    model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
     budget = int(round(a.budget / 100 * spec.num_layers * spec.num_experts))
-    requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
     look = make_predictor("lookahead", model, a.model)
     del model
     sizes = [int(x) for x in a.batch_sizes.split(",")]

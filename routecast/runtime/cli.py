@@ -91,14 +91,10 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from routecast.cache.replay import parse_budget
-    from routecast.runtime.offload.run import encode_prompts, make_predictor, run_config
-    from routecast.trace.capture_arch import spec_from_model
-    from routecast.trace.capture_inputs import load_model, load_prompts
+    from routecast.runtime.offload.run import load_run, make_predictor, run_config
 
     torch.set_num_threads(a.threads)
-    model, tok = load_model(a.model)
-    spec = spec_from_model(model)
-    requests = encode_prompts(tok, load_prompts(a.prompts, tok), a.max_new_tokens)
+    model, _, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
     if not a.offload:
         return run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
     check_prefetch_top(a.prefetch_top, spec.top_k)

@@ -33,6 +33,15 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[dict[str, Any]], max_new_to
     return out
 
 
+def load_run(model_name: str, prompts: str, max_new_tokens: int | None) -> tuple[Any, Any, Any, list[tuple[list[int], int]]]:
+    """`--model` and `--prompts` of a run -> (model, tokenizer, its TraceSpec, encoded requests)."""
+    from routecast.trace.capture_arch import spec_from_model
+    from routecast.trace.capture_inputs import load_model, load_prompts
+
+    model, tok = load_model(model_name)
+    return model, tok, spec_from_model(model), encode_prompts(tok, load_prompts(prompts, tok), max_new_tokens)
+
+
 def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[list[int], int]], *,
                  offloaded: OffloadedModel | None = None, progress: bool = False, desc: str = "generate",
                  batch_size: int = 1, switch_s: float = SWITCH_S) -> dict[str, Any]:
