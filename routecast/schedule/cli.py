@@ -18,7 +18,7 @@ from routecast.predict.forecast import multi_hot
 from routecast.schedule.cocluster import fit_sample
 from routecast.schedule.rebatch import METHODS, activated_experts, check_min_tokens, rebatch
 from routecast.trace import Trace
-from routecast.trace.stats import column_chunks
+from routecast.trace.stats import column_chunks, masked_value_counts
 
 
 def step_sets(trace: Trace, paths_TLE: np.ndarray) -> np.ndarray:
@@ -36,10 +36,7 @@ def step_window(trace: Trace, rows: np.ndarray, max_tokens: int | None) -> tuple
     n = int(np.count_nonzero(rows))
     if max_tokens is None or n <= max_tokens:
         return rows, ""
-    parts = [np.unique(c["step"][rows[a:a + len(c["step"])]], return_counts=True) for a, c in column_chunks(trace)]
-    steps, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
-    per = np.zeros(steps.size, np.int64)
-    np.add.at(per, inv, np.concatenate([k for _, k in parts]))
+    steps, per = masked_value_counts(trace, "step", rows)
     k = max(1, int(np.count_nonzero(np.cumsum(per) <= max_tokens)))
     out = np.zeros_like(rows)
     for a, c in column_chunks(trace):

@@ -33,7 +33,7 @@ from routecast.common.errors import ConfigError
 from routecast.schedule import baselines
 from routecast.schedule.ceo import CEOConfig, ceo_cocluster
 from routecast.trace import Trace
-from routecast.trace.stats import column_chunks
+from routecast.trace.stats import column_chunks, masked_value_counts
 
 METHODS = ("smoe", "metis", "kmeans", "hypergraph", "random", "sts", "none")
 PLAN_VERSION = 1
@@ -126,10 +126,7 @@ def fit_sample(trace: Trace, rows: np.ndarray | None, max_tokens: int | None, se
     if max_tokens is None or n <= max_tokens:
         return m, ""
     # The token columns a chunk at a time: no per-token temporaries of the whole trace.
-    parts = [np.unique(c["request"][m[a:a + len(c["request"])]], return_counts=True) for a, c in column_chunks(trace)]
-    ids, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
-    sizes = np.zeros(ids.size, np.int64)
-    np.add.at(sizes, inv, np.concatenate([c for _, c in parts]))
+    ids, sizes = masked_value_counts(trace, "request", m)
     order = np.random.default_rng(seed).permutation(ids.size)
     take = max(1, int(np.count_nonzero(np.cumsum(sizes[order]) <= max_tokens)))
     keep = np.sort(ids[order[:take]])

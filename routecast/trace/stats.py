@@ -260,6 +260,16 @@ def column_chunks(trace: Trace) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         yield a, {k: v[a:a + rows] for k, v in trace.tokens.items()}
 
 
+def masked_value_counts(trace: Trace, column: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values (U,), their counts (U,)) of token column `column` over the bool (T,) `rows`, read a
+    chunk at a time (no per-token temporary of the whole trace)."""
+    parts = [np.unique(c[column][rows[a:a + len(c[column])]], return_counts=True) for a, c in column_chunks(trace)]
+    ids, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
+    counts = np.zeros(ids.size, np.int64)
+    np.add.at(counts, inv, np.concatenate([k for _, k in parts]))
+    return ids, counts
+
+
 def step_runs(trace: Trace) -> tuple[bool, int]:
     """(steps never decrease in row order, number of runs of equal step values), one chunk at a time.
 
