@@ -186,8 +186,8 @@ def _read_tokens(file: Path, T: int, version: int = SCHEMA_VERSION) -> dict[str,
         col = table.column(c)
         try:
             have = np.dtype(col.type.to_pandas_dtype())
-        except (NotImplementedError, TypeError):
-            have = col.type
+        except (NotImplementedError, TypeError):  # an Arrow type with no numpy dtype (struct, dictionary)
+            have = col.type  # never equal to a numpy dtype: refused below under its Arrow name
         if have != dt:
             raise TraceError(f"{file}: token column '{c}' has dtype {have}; expected {dt}.")
         if col.null_count:

@@ -272,6 +272,9 @@ CASES = {
     "column dtype": (lambda d: _rewrite_tokens(d / "tokens.parquet",
                                                _set_col("position", lambda a: a.astype(np.int64))),
                      ["tokens.parquet", "'position'", "int64", "expected int32"]),
+    "column struct": (lambda d: _rewrite_tokens(d / "tokens.parquet", lambda t: t.set_column(
+        1, "position", pa.array([{"a": i} for i in range(40)], pa.struct([("a", pa.int32())])))),
+        ["tokens.parquet", "'position'", "struct<a: int32>", "expected int32"]),
     "column length": (lambda d: _rewrite_tokens(d / "tokens.parquet", lambda t: t.slice(0, 39)),
                       ["tokens.parquet", "39 rows", "num_tokens = 40"]),
     "column missing": (lambda d: _rewrite_tokens(d / "tokens.parquet", lambda t: t.drop_columns(["step"])),
