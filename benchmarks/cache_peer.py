@@ -16,7 +16,7 @@ moe-policylang is never a routecast dependency: it runs from its own virtual env
 created with `python -m venv` + `pip install moe-policylang` when missing); when it cannot be installed the
 benchmark prints why and exits 0 having compared nothing.
 
-Run: python benchmarks/cache_peer.py --trace DIR [--peer-venv /tmp/moe-policylang-venv] [--requests 40]
+Run: python benchmarks/cache_peer.py [--trace DIR] [--peer-venv DIR] [--requests 40] [--quick]
 Writes out/bench/cache_peer.json; ends with one line per policy and budget:
 `POLICY budget F: routecast X, moe-policylang Y (difference D)`.
 """
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from routecast.cache.replay import ReplayConfig, build_accesses, run_policy
+from routecast.common.bench import table, write_bench
 from routecast.common.machine import machine_info
 from routecast.sim.hardware import load_hardware
 from routecast.trace import MoESpec, Trace, make_columns
@@ -121,13 +122,20 @@ def ours(trace: Trace, frac: float) -> dict[str, tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True, help="trace directory")
+    ap.add_argument("--trace", default=None, help="trace directory (default: the standard trace 'builtin')")
+    ap.add_argument("--quick", action="store_true", help="first 10 requests only")
     ap.add_argument("--requests", type=int, default=40, help="first N requests of the trace (moe-policylang is slow)")
     ap.add_argument("--peer-venv", default=str(Path(tempfile.gettempdir()) / "moe-policylang-venv"),
                     help="throwaway virtual environment for moe-policylang (created when missing)")
     ap.add_argument("--out", default="out/bench/cache_peer.json", help="JSON output")
     a = ap.parse_args()
     from routecast.trace.io import read_trace
+    from routecast.trace.standard import standard_trace
+
+    if a.trace is None:
+        a.trace = standard_trace("builtin")
+    if a.quick:
+        a.requests = min(a.requests, 10)
 
     trace = read_trace(a.trace, mmap=False, load_hidden=False, load_logits=False)
     if (trace.experts_TLK < 0).any():
@@ -136,6 +144,8 @@ def main() -> None:
     trace = trace.select(np.isin(trace.request, keep))
     py = peer_python(Path(a.peer_venv))
     if py is None:
+        write_bench("cache_peer", title="Cache replay beside moe-policylang", quick=a.quick, path=a.out,
+                    headline=["moe-policylang could not be installed; nothing compared"])
         return
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "trace.jsonl"
@@ -158,12 +168,13 @@ def main() -> None:
     for r in rows:
         print(f"{r['policy']:<10} {r['fraction']:>6.2f} {r['routecast_hit']:>10.4f} {r['peer_hit']:>15.4f} "
               f"{r['routecast_accesses']:>12}/{r['peer_accesses']}")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=1))
+    head = [f"{r['policy']} budget {r['fraction']:.2f}: routecast {r['routecast_hit']:.4f}, moe-policylang "
+            f"{r['peer_hit']:.4f} (difference {r['routecast_hit'] - r['peer_hit']:+.4f})" for r in rows]
+    write_bench("cache_peer", title="Cache replay beside moe-policylang on identical input", headline=head,
+                tables=[table(f"hit ratio, {trace.num_tokens} tokens of {len(keep)} requests; per-layer caches, "
+                              "cold per prompt", rows)], quick=a.quick, path=a.out)
     print(f"machine: {machine_info().get('cpu', '?')}; wrote {a.out}")
-    for r in rows:
-        print(f"{r['policy']} budget {r['fraction']:.2f}: routecast {r['routecast_hit']:.4f}, moe-policylang "
-              f"{r['peer_hit']:.4f} (difference {r['routecast_hit'] - r['peer_hit']:+.4f})")
+    print("\n".join(head))
 
 
 if __name__ == "__main__":
