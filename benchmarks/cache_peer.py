@@ -13,7 +13,8 @@ can, then counts a miss); routecast's Belady may stream a miss without caching i
 is needed sooner, which makes it optimal (moe-policylang's can be beaten).
 
 moe-policylang is never a routecast dependency: it runs from its own virtual environment (--peer-venv,
-created with `python -m venv` + `pip install moe-policylang` when missing); when it cannot be installed the
+created with `python -m venv` + `pip install --no-deps moe-policylang lark` when missing, reading torch,
+numpy and pyarrow from this environment); when it cannot be installed the
 benchmark prints why and exits 0 having compared nothing.
 
 Run: python benchmarks/cache_peer.py [--trace DIR] [--peer-venv DIR] [--requests 40] [--quick]
@@ -27,6 +28,7 @@ import argparse
 import json
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -49,16 +51,23 @@ print(json.dumps([{"label": r.label, "budget": r.budget, "frac": r.budget_frac, 
 """
 
 
-def peer_python(venv: Path) -> Path | None:
-    """The peer venv's python, creating the venv and installing moe-policylang when missing; None if impossible."""
+def peer_python(venv: Path, timeout: float = 1800) -> Path | None:
+    """The peer venv's python, creating the venv and installing moe-policylang when missing; None if impossible.
+
+    timeout: seconds the install may take (a machine without a reachable package index fails after it)."""
     py = venv / "bin" / "python"
     probe = [str(py), "-c", "import moe_policylang.benchmark.replay"]
     if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return py
     try:
+        # Only moe-policylang and lark go into the throwaway venv; its other dependencies (torch, numpy, pyarrow)
+        # are read from this environment through a .pth file (seconds instead of a fresh torch download).
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "moe-policylang"], check=True, capture_output=True,
-                       timeout=1800)
+        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "_routecast_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "moe-policylang", "lark"], check=True,
+                       capture_output=True, timeout=timeout)
     except (subprocess.SubprocessError, OSError) as e:
         print(f"moe-policylang could not be installed into {venv} ({type(e).__name__}); nothing compared.")
         return None
@@ -142,7 +151,7 @@ def main() -> None:
         trace = trace.select(~(trace.experts_TLK < 0).any(axis=(1, 2)))  # moe-policylang has no dropped slots
     keep = np.unique(trace.request)[: a.requests]
     trace = trace.select(np.isin(trace.request, keep))
-    py = peer_python(Path(a.peer_venv))
+    py = peer_python(Path(a.peer_venv), timeout=240 if a.quick else 1800)
     if py is None:
         write_bench("cache_peer", title="Cache replay beside moe-policylang", quick=a.quick, path=a.out,
                     headline=["moe-policylang could not be installed; nothing compared"])
