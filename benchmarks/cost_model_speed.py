@@ -83,8 +83,8 @@ def main() -> None:
             "mean_total_us": float(res.total.mean() * 1e6),
         })
     h = results[HEADLINE]
-    head = [f"headline: {h['row']} ({h['model']} on {h['ranks']} x {h['hardware']}, C = {h['configs']}), "
-            "target >= 100,000", f"{h['evals_per_s']:.0f} layer evaluations/s"]
+    head = [f"{h['evals_per_s']:.0f} layer evaluations/s: {h['row']} ({h['model']} on {h['ranks']} x "
+            f"{h['hardware']}, C = {h['configs']}), target >= 100,000"]
     write_bench("cost_model_speed", title="Cost model speed: vectorised layer evaluations per second",
                 headline=head, tables=[table(f"median of {args.reps} calls per row, one thread (CPU time)", results)],
                 data={"reps": args.reps, "scale": args.scale}, quick=args.quick,

@@ -101,7 +101,7 @@ def main() -> None:
         print("  ".join(f"{c:>14}" if i else f"{c:<20}" for i, c in enumerate(cells)))
     by = {r["predictor"]: r for r in rows}
     lines = [f"{r['predictor']}: batch acc 8 / 16 / 32 = " + " / ".join(f"{r[f'batch_{b}']:.3f}" for b in SIZES)
-             for r in rows]
+             for r in sorted(rows, key=lambda r: r["predictor"] != "expertflow")]
     if "expertflow" in by:
         for base in ("tlp", "slp"):
             if base in by:

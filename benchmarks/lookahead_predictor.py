@@ -17,7 +17,7 @@ top-k accuracy (layers >= 1) per window of --window steps, and the cost: the pre
 the built-in model's ``model.layers[l].mlp``) timed in this run on the same step batches of held-out
 tokens, one thread, best of --repeat.
 
-Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|builtin-fine|DIR] [--split document|request] [--epochs 8]
+Usage: python benchmarks/lookahead_predictor.py [--trace DIR] [--quick] [--model builtin|builtin-fine|DIR] [--split document|request] [--epochs 8]
        [--window 25] [--repeat 3] [--out out/bench/lookahead_predictor.json]
 Prints a table and writes the JSON; the machine is stated in both.
 """
