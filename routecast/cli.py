@@ -553,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="build --out DIR --gensim-wheel WHL [--sample-out DIR] ...")
     p.set_defaults(fn=cmd_corpus)
 
-    from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
+    from routecast.serve.cli import add_parser as add_serve_sim  # parser + handler live in serve/
     add_serve_sim(sub)
     return ap
 
