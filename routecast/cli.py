@@ -533,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedule)
     cocluster_cli.add_permute_parser(sub)
 
-    from routecast.cache.emoe_cli import add_parser as add_emoe_parser  # light: argparse only
+    from routecast.runtime.emoe.cli import add_parser as add_emoe_parser  # light: argparse only
 
     add_emoe_parser(sub)
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
