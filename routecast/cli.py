@@ -290,7 +290,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
         return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
-    from routecast.schedule.cli import run_rebatch
+    from routecast.schedule.rebatch import run_rebatch
     from routecast.sim.hardware import load_hardware
     from routecast.trace.io import read_trace
     _threads(a.threads)
