@@ -1,4 +1,4 @@
-"""Serving-simulation figures and the demo report's serving section (numbers from routecast.serve.loop*).
+"""Serving-simulation figures and the demo report's serving section (numbers from the serving simulator, routecast.serve).
 
     plot_rates(rows, png, title)      mean end-to-end latency and SLO attainment vs arrival rate, per scheduler
     plot_lar(rows, png, title)        throughput under SLO vs local activation rate (Speculative MoE end to end)
