@@ -11,7 +11,7 @@ running requests). Measured, best of --repeat runs each, on one core:
   against float16 min/max (best of 3: it is slow).
 The table quotes each check's share of the read and the new routing scan against the previous one.
 
-Usage: python benchmarks/trace_checks.py [--tokens 262144] [--shards 4] [--repeat 5] [--dir /tmp/x]
+Usage: python benchmarks/trace_checks.py [--tokens 262144] [--shards 4] [--repeat 5] [--dir DIR]
 Writes out/bench/trace_checks.json.
 """
 
