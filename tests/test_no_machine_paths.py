@@ -30,3 +30,9 @@ def test_no_absolute_machine_path():
             if MACHINE_PATH.search(line):
                 bad.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}")
     assert not bad, "absolute machine paths (use standard_trace or a relative path):\n" + "\n".join(bad)
+
+
+def test_readme_is_short_and_its_figures_are_rendered():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, "README.md is over 250 lines: move detail to docs/"
+    assert "<!-- results:summary -->" in text and "<!-- /results -->" in text  # the one generated table
