@@ -53,7 +53,7 @@ def main() -> int:
     if a.trace is None:
         from routecast.trace.standard import standard_trace
 
-        a.trace = standard_trace("fine")
+        a.trace = str(standard_trace("fine"))
     head, rows = [], []
     plans = a.plans.split(",")
     work = {"prefill": {"first_step": 0, "steps": a.prefill_steps, "min_tokens": 17},
