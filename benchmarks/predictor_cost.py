@@ -134,9 +134,13 @@ def main() -> None:
               f"{model['decode_us_per_token']:.1f} µs/token")
 
     rows = []
-    for name in [n.strip() for n in a.predictors.split(",") if n.strip()]:
+    names = [n.strip() for n in a.predictors.split(",") if n.strip()]
+    if "lookahead" in names and (trace.hidden_TLH is None or model_dir is None):
+        names.remove("lookahead")  # it reads the router inputs of a captured trace and the model's routers
+        print("note: lookahead left out: it needs a trace captured with --hidden --logits and its model.")
+    for name in names:
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=str(model_dir or ""), seed=a.seed,
-                              threads=a.threads, progress=False, epochs=a.epochs)
+                              threads=a.threads, progress=False, epochs=a.epochs, model_path=model_dir)
         t0 = time.perf_counter()
         pred.fit(train)
         fit_s = time.perf_counter() - t0
