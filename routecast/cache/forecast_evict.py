@@ -12,7 +12,8 @@ Two forecasts, both causal (they use only routing already observed and what the 
 
 ForecastEvictPolicy (a, "fc-evict") evicts the resident key whose predicted next use is farthest: keys
 forecast for a later layer of this step are needed at that layer (nearest kept); every other key at its
-expected next use above. Keys of the access being served are never its own victims. No prefetch: the bytes
+expected next use above. Keys of the access being served go last (only when the pool is smaller than the
+access, as in the kernel). No prefetch: the bytes
 moved are the demand loads only.
 
 PrefetchAdmission (b, "+admit"): a forecast key k of the next layer is fetched ahead only when
@@ -172,8 +173,12 @@ class ForecastEvictPolicy(BasePolicy):
         if len(keys) == 0:
             return -1
         d = self.next_use(keys, layer)
-        for k in keys[np.lexsort((self.last[keys], -d))].tolist():  # farthest first, then least recent
+        order = keys[np.lexsort((self.last[keys], -d))].tolist()  # farthest first, then least recent
+        for k in order:
             if k not in self.cur and not pinned(k):
+                return k
+        for k in order:  # a pool smaller than the access: a computed key of it goes (the driver pins the others)
+            if not pinned(k):
                 return k
         return -1
 
