@@ -8,10 +8,13 @@ rewrites its replica buffer each layer). For layer l of step t, knowing a foreca
 the attention of layer l), the planner repeats, in every step at once:
 
     take the rank the forecast says finishes last; take its forecast-active expert with the most compute
-    that has not moved yet; copy it to the rank (with a free slot) on which the forecast maximum is lowest;
-    keep the move only when the forecast gain (old maximum - new maximum, seconds) exceeds the exposed
-    transfer time the move adds on either end: max(0, (k + 1) t_x - W_g) - max(0, k t_x - W_g), with k the
-    copies that rank already receives (or sends) in this layer, t_x = expert bytes / link bandwidth.
+    that has not moved yet;
+    copy it to the rank (with a free slot) that gives the lowest smooth maximum (tau log sum_g exp(time_g /
+    tau), tau half a weight read: it also falls when one of several tied slowest ranks speeds up); keep the
+    move when that falls and the move hides in both ranks' windows, or, when it would be exposed, only when
+    the forecast gain of the hard maximum (seconds) exceeds the exposed transfer time it adds on either end:
+    max(0, (k + 1) t_x - W_g) - max(0, k t_x - W_g), with k the copies that rank already receives (or sends)
+    in this layer, t_x = expert bytes / link bandwidth.
 
 The moved expert's tokens then all run on its new copy. Forecast counts may be fractional (expected
 counts): an expert counts as active with probability 1 - exp(-n) (at least one of n expected Poisson
@@ -41,6 +44,7 @@ def step_hosts(plan: CoactPlan, lay: int, decide_TE: np.ndarray, window_TG: np.n
     moved = np.zeros((T, E), bool)
     rows = np.arange(T)
     cand_ok = X >= 0.5
+    tau = 0.5 * price.t_read
     for _ in range(G * R):
         times = price.time(Fs, Xs, As)
         gm = np.argmax(times, axis=1)
@@ -52,22 +56,27 @@ def step_hosts(plan: CoactPlan, lay: int, decide_TE: np.ndarray, window_TG: np.n
         fe, xe, ae = F[rows, e], X[rows, e], A[rows, e]
         t_to = price.time(Fs + fe[:, None], Xs + xe[:, None], As + ae[:, None])  # (T, G) if e went to g
         t_from = price.time(Fs[rows, gm] - fe, Xs[rows, gm] - xe, As[rows, gm] - ae)
-        others = times.copy()
-        others[rows, gm] = -np.inf
-        new_max = np.empty((T, G))
-        for g in range(G):  # max over the ranks other than gm and g, with gm and g changed
-            rest = others.copy()
-            rest[:, g] = -np.inf
-            new_max[:, g] = np.maximum(rest.max(axis=1), np.maximum(t_from, t_to[:, g]))
-        new_max[(n_in >= R)] = np.inf
-        new_max[rows, gm] = np.inf
-        g = np.argmin(new_max, axis=1)
-        gain = times.max(axis=1) - new_max[rows, g]
+        # smooth maximum (tau log sum exp) of every candidate target g: it falls when one of several tied
+        # slowest ranks speeds up, which the hard maximum does not see
+        z = np.exp((times - times.max(axis=1, keepdims=True)) / tau)
+        m0 = times.max(axis=1)
+        zf = np.exp((t_from - m0) / tau)
+        zt = np.exp((t_to - m0[:, None]) / tau)
+        rest = z.sum(axis=1)[:, None] - z[rows, gm][:, None] - z
+        soft = m0[:, None] + tau * np.log(np.maximum(rest, 0.0) + zf[:, None] + zt)
+        soft[(n_in >= R)] = np.inf
+        soft[rows, gm] = np.inf
+        g = np.argmin(soft, axis=1)
+        gain = m0 + tau * np.log(z.sum(axis=1)) - soft[rows, g]
+        hard = m0 - np.maximum(np.where(np.arange(G) == gm[:, None], -np.inf,
+                                        np.where(np.arange(G) == g[:, None], t_to[rows, g][:, None], times)).max(axis=1),
+                               t_from)
         w_to, w_from = window_TG[rows, g], window_TG[rows, gm]
         k_to, k_from = n_in[rows, g], n_out[rows, gm]
         exp_to = np.maximum(0.0, (k_to + 1) * t_xfer - w_to) - np.maximum(0.0, k_to * t_xfer - w_to)
         exp_from = np.maximum(0.0, (k_from + 1) * t_xfer - w_from) - np.maximum(0.0, k_from * t_xfer - w_from)
-        take = ok & np.isfinite(gain) & (gain > np.maximum(exp_to, exp_from) + 1e-12)
+        cost = np.maximum(exp_to, exp_from)
+        take = ok & np.isfinite(gain) & (gain > 1e-12 * tau) & ((cost <= 0) | (hard > cost))
         moved[rows, e] |= ok  # tried: not offered again this step
         t = rows[take]
         et, gt, st = e[take], g[take], gm[take]

@@ -109,12 +109,14 @@ def _step_moves(plan, loads, decide, work, attn_T, model, hw, link, price) -> tu
 
 
 def evaluate(train: Trace, held: Trace, *, ep: int, replicas_per_rank: int, hw: Hardware, model: ModelProfile,
-             link: str = "nvlink", decay: float = 0.8, seed: int = 0, methods: tuple[str, ...] | None = None
-             ) -> dict[str, Any]:
+             link: str = "nvlink", decay: float = 0.8, seed: int = 0, methods: tuple[str, ...] | None = None,
+             forecast_TLE: np.ndarray | None = None) -> dict[str, Any]:
     """Every method on the held-out steps, plans and forecasts from the training steps -> results dict.
 
     train / held: traces whose steps are batches (e.g. trace.decode_batches of training and held-out
-    documents). Returns {"moe_s_TL": {method: (T, L) s}, "bytes_T": {method: (T,)}, "bounds": step_bounds,
+    documents). forecast_TLE: the held-out steps' forecast counts that PROBE and coact plan on (e.g.
+    compare.lookahead_counts of a predictor fitted on the training documents); None = the transition
+    forecast, warmed on the training steps. Returns {"moe_s_TL": {method: (T, L) s}, "bytes_T": {method: (T,)}, "bounds": step_bounds,
     "regime_T", "tokens_T", "plan": the coact SlotPlan, "settings"}.
     """
     if model.num_experts != held.spec.num_experts or ep < 2 or held.spec.num_experts % ep:
@@ -125,9 +127,13 @@ def evaluate(train: Trace, held: Trace, *, ep: int, replicas_per_rank: int, hw: 
     train_loads, _, _ = step_loads(train)
     T, L, E = loads.shape
     work = step_work(held)
-    # the forecast runs over the training steps, then the held-out ones: keep their request ids apart
-    shifted = dict(held.tokens, request=held.tokens["request"] + int(train.tokens["request"].max()) + 1)
-    forecast = _transition_after(train, dataclasses.replace(held, tokens=shifted), decay)
+    if forecast_TLE is None:  # over the training steps, then the held-out ones: keep their request ids apart
+        shifted = dict(held.tokens, request=held.tokens["request"] + int(train.tokens["request"].max()) + 1)
+        forecast = _transition_after(train, dataclasses.replace(held, tokens=shifted), decay)
+    else:
+        forecast = np.asarray(forecast_TLE)
+        if forecast.shape != loads.shape:
+            raise ConfigError(f"forecast_TLE has shape {forecast.shape}; expected {loads.shape} like the held-out loads.")
     res = compare_methods(held, ep=ep, hw=hw, model=model, predicted={"probe_pred": forecast}, eplb_redundant=R,
                           max_redundant=max(R, 1), decay=decay, link=link, keep_loads=False)
     moe = {k: v["moe_s_TL"] for k, v in res["methods"].items()}
