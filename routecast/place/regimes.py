@@ -18,8 +18,11 @@ Each adds the all-to-all at perfectly even assignments (the busiest rank receive
 assignments) and the per-rank shared-expert and fixed work, which no placement changes.
 
 Methods (all with the same R replica slots per rank):
-  static, eplb_once, eplb_window, probe_oracle, probe_pred   as place.compare (PROBE's forecast: the
-             layer-ahead transition forecast, warmed on the training steps);
+  static, eplb_window, probe_oracle, probe_pred   as place.compare (EPLB's statistics window and rebalance
+             interval scaled to the steps: interval T / 2, so one rebalance, charged, falls inside them; PROBE
+             plans on the forecast below);
+  eplb_once  EPLB on the training steps' total loads, placed before serving (no move charged), tokens split
+             evenly over an expert's copies;
   moe_gps    MoE-GPS Algorithm 1 on the training steps' total loads (duplication, shares kept);
   coact      place.coact fitted on the training steps, replicated experts dispatched by the forecast;
   coact_step the coact home placement with per-step replica moves (place.coact_step) from the forecast;
@@ -37,8 +40,8 @@ from routecast.common.errors import ConfigError
 from routecast.place.coact import RankPrice, coact_counts, fit_coact
 from routecast.place.coact_step import step_hosts
 from routecast.place.compare import _price, _transition_after, _windows, compare_methods, step_loads, step_work
-from routecast.place.compare_stream import assignment
-from routecast.place.slot_plans import moegps_plan
+from routecast.place.compare_stream import assignment, eplb_shares
+from routecast.place.slot_plans import eplb_plan, moegps_plan
 from routecast.sim.cost import Workload, attention_time, layer_cost, probe_options
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
@@ -135,12 +138,16 @@ def evaluate(train: Trace, held: Trace, *, ep: int, replicas_per_rank: int, hw: 
         if forecast.shape != loads.shape:
             raise ConfigError(f"forecast_TLE has shape {forecast.shape}; expected {loads.shape} like the held-out loads.")
     res = compare_methods(held, ep=ep, hw=hw, model=model, predicted={"probe_pred": forecast}, eplb_redundant=R,
-                          max_redundant=max(R, 1), decay=decay, link=link, keep_loads=False)
+                          max_redundant=max(R, 1), decay=decay, link=link, keep_loads=False,
+                          interval=max(1, T // 2))
     moe = {k: v["moe_s_TL"] for k, v in res["methods"].items()}
     byt = {k: v["bytes_T"] for k, v in res["methods"].items()}
     want = EXTRA if methods is None else tuple(m for m in EXTRA if m in methods)
     attn = attention_time(model, hw, work, probe_options(link), ep, T)[0]
     price = RankPrice.of(model, hw)
+    once = eplb_plan(train_loads.sum(axis=0), ep, redundant_per_rank=R)
+    moe["eplb_once"] = _price_layers(assignment(loads, eplb_shares(once.slots_LS, E, ep)), work, attn, model, hw, link)
+    byt["eplb_once"] = np.zeros(T)
     if "moe_gps" in want:
         mg = moegps_plan(train_loads.sum(axis=0), ep, redundant_per_rank=R)
         share = np.zeros((L, E, ep))
