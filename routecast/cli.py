@@ -213,10 +213,11 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 def cmd_place_compare(a: argparse.Namespace) -> int:
     from routecast.place.compare_cli import compare_main
+    from routecast.report.placement import plot_throughput
 
     _threads(a.threads)
     _positive(a.ep, "--ep")
-    return compare_main(a)
+    return compare_main(a, plot_throughput)
 
 
 def cmd_train_builtin(a: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """`routecast place compare`: static EP, EPLB and PROBE on a trace's own steps, each step priced by its regime.
 
-The parser stays in routecast/cli.py (it shares the package's flag helpers); this module runs the command:
+The parser stays in routecast/cli.py (it shares the package's flag helpers, and hands in report/'s plot);
+this module runs the command:
 the per-method summary of place.compare (IR, skew, latency, bytes, planner time), then prefill, decode and
 mixed steps apart with each method's saving against static EP and the bounds of both objectives
 (place.regimes), the throughput plot, summary.json and regimes.json.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from routecast.common.errors import ConfigError
@@ -31,11 +33,12 @@ def profile_for(trace: Any, load_model: Any) -> Any:
     return load_model(name)
 
 
-def compare_main(a: argparse.Namespace) -> int:
+def compare_main(a: argparse.Namespace, plot_throughput: Callable[..., str]) -> int:
+    """Run the command; plot_throughput: report.placement's plot (handed in by routecast/cli.py, as place/ sits
+    below report/)."""
     from routecast.common.outputs import check_out_dir, os_error, write_atomic
     from routecast.place.compare import compare_methods, summarize
     from routecast.place.regimes import compare_regimes, regime_lines
-    from routecast.report.placement import plot_throughput
     from routecast.sim.hardware import capacity_note, load_hardware
     from routecast.sim.models import load_model
     from routecast.trace.io import read_trace

@@ -23,8 +23,8 @@ def test_every_step_holds_one_decode_token_per_running_request(src, batch):
         m = d.tokens["request"] == r
         assert (np.diff(d.tokens["step"][m]) == 1).all() and (np.diff(d.tokens["position"][m]) == 1).all()
     # every row's routing is its source token's routing
-    key = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(src.tokens["document"], src.tokens["position"]))}
-    rows = [key[(int(a), int(b))] for a, b in zip(d.tokens["document"], d.tokens["position"])]
+    key = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(src.tokens["document"], src.tokens["position"], strict=True))}
+    rows = [key[(int(a), int(b))] for a, b in zip(d.tokens["document"], d.tokens["position"], strict=True)]
     np.testing.assert_array_equal(d.experts_TLK, src.experts_TLK[rows])
     again = decode_batches(src, batch=batch, steps=30, seed=1)
     np.testing.assert_array_equal(again.experts_TLK, d.experts_TLK)
