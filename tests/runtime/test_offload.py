@@ -13,7 +13,13 @@ from routecast.cache.replay import ReplayConfig, run_policy
 from routecast.cache.slots import replay_slots
 from routecast.cli import main
 from routecast.common.errors import ConfigError
-from routecast.runtime.offload.run import accesses_from_log, encode_prompts, logits_match, make_predictor, run_config
+from routecast.runtime.offload.run import (
+    accesses_from_log,
+    encode_prompts,
+    logits_match,
+    make_predictor,
+    run_config,
+)
 from routecast.sim.hardware import load_hardware
 from routecast.trace.capture_inputs import load_model
 
