@@ -56,7 +56,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from routecast.cache.policy import POLICIES  # noqa: E402
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
@@ -69,6 +68,7 @@ from routecast.runtime.offload.run import (  # noqa: E402
     make_predictor,
     run_config,
 )
+from routecast.runtime.offload.store import RUNTIME_POLICIES  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def main() -> None:
                     help="interleaved rounds (default 5, --quick 2; >= 2: the first half fits the cost model)")
     ap.add_argument("--predictors", default=None, help="prefetch predictors (default lookahead,ffn; --quick lookahead); "
                     "ffn / expertflow are fitted on first use on the standard 'fine' trace into --scratch")
-    ap.add_argument("--policies", default=None, help="demand replacement policies (default: every cache/policy.py POLICIES)")
+    ap.add_argument("--policies", default=None, help="demand replacement policies (default: every cache/zoo.py policy object)")
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
     ap.add_argument("--scratch", default="out/bench_offload")
     ap.add_argument("--gate", default="", help="extra confidence-gated prefetch rows, comma-separated: 'pX' = a token "
@@ -119,7 +119,7 @@ def main() -> None:
     L, E = spec.num_layers, spec.num_experts
     predictors = {n: fitted_predictor(n, model, a.model, scratch) for n in a.predictors.split(",") if n}
     del model
-    policies = a.policies.split(",") if a.policies else sorted(POLICIES)
+    policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
 
     # -- the disk tier's bandwidth -> the CPU profile the cost model and `cache replay` use
     base = a.hardware
@@ -188,7 +188,7 @@ def main_geometry(a) -> None:
     tokens = a.geometry_tokens or (8 if q else 24)
     repeats = a.repeats or (1 if q else 3)
     budgets = [int(x) for x in (a.budgets or ("50" if q else "25,50,75")).split(",")]
-    policies = a.policies.split(",") if a.policies else sorted(POLICIES)
+    policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
     geom = geometry(a.geometry, layers)
     t_start, loads = time.time(), [os.getloadavg()[0]]
     path = write_weights(Path(a.scratch) / "geometry", geom)

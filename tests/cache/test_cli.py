@@ -39,7 +39,7 @@ def test_replay_table_json_and_gap(small, tmp_path, capsys):
 def test_bad_input_is_one_line_exit_2(small, tmp_path, capsys):
     d = write_trace(small, tmp_path / "t")
     for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"), (["--budget", "150%"], "1..24"),
-                       (["--budget", "nan"], "--budget"), (["--policies", "lru,arc"], "arc"), (["--policies", ","], "--policies"),
+                       (["--budget", "nan"], "--budget"), (["--policies", "lru,nosuch"], "nosuch"), (["--policies", ","], "--policies"),
                        (["--predictor", "nosuch"], "--predictor"), (["--hardware", "nosuch"], "hardware"),
                        (["--dense-us", "nan"], "dense_us is nan"), (["--expert-bytes", "-5"], "--expert-bytes is -5"),
                        (["--policies", "lru", "--train-fraction", "1.5"], "--train-fraction is 1.5")):

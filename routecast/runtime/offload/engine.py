@@ -59,7 +59,8 @@ class OffloadConfig:
     eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot.
     prefetch_top, prefetch_min_prob: confidence gate on a token-level forecast (_batch_sets): each token prefetches
     only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob.
-    policy: the replacement policy of the slots (cache/policy.py POLICIES: the same objects as the replay's)."""
+    policy: the replacement policy of the slots (cache/zoo.py: lru, lfu, arc, s3fifo, lirs, fc-evict; the same
+    objects as the replay's)."""
 
     budget: int
     per_layer: bool = False
@@ -181,6 +182,7 @@ class OffloadedModel:
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
+        self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe), on the compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
 
@@ -277,6 +279,8 @@ class OffloadedModel:
         self._tokens = tok = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
         if self.predictor is None:
+            if self._profiles:
+                self.store.begin_step(self._first + np.arange(self._shape[0], dtype=np.int64), None)
             return
         T = tok.shape[0]
         B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
@@ -288,7 +292,12 @@ class OffloadedModel:
             t0 = time.perf_counter()
             fc = self.predictor.predict(self._view())
             self.predict_s += time.perf_counter() - t0
-            self._prefetch(fc, list(range(self.L)), -1)
+            if self._profiles:  # fc-evict sees the step's forecast sets before they are prefetched
+                sets = _batch_sets(fc, T, self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
+                self.store.begin_step(self._cols["request"][::S], sets)
+                self._prefetch(fc, list(range(self.L)), -1, sets)
+            else:
+                self._prefetch(fc, list(range(self.L)), -1)
             self.issue_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
@@ -337,8 +346,25 @@ class OffloadedModel:
             self.issue_s += time.perf_counter() - t0
         return hook
 
+    def _step_use(self):
+        """The step's routing per request (batch row) as a cache.forecast_evict.StepUse (fc-evict's profiles)."""
+        from routecast.cache.forecast_evict import StepUse
+
+        B, S = self._shape
+        keys_R, counts_R = [], []
+        for r in range(B):
+            ks = np.concatenate([li * self.E + x.reshape(B, S, -1)[r].reshape(-1).numpy()
+                                 for li, x in enumerate(self._step_ids) if x is not None])
+            u, c = np.unique(ks, return_counts=True)
+            keys_R.append(u)
+            counts_R.append(c)
+        off = np.concatenate([[0], np.cumsum([len(k) for k in keys_R])]).astype(np.int64)
+        return StepUse(requests=self._first + np.arange(B, dtype=np.int64), off=off,
+                       keys=np.concatenate(keys_R).astype(np.int64), counts=np.concatenate(counts_R).astype(np.int64),
+                       tokens=np.full(B, S, np.int64))
+
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
-        self.store.end_step()
+        self.store.end_step(self._step_use() if self._profiles else None)
         if self.lookahead is not None and not self.lookahead.config.online:  # its observe would do nothing
             self.pred_sets.append(self._pred)
         elif self.predictor is not None:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from routecast.cache.slots import Load, SlotCache
+from routecast.cache.zoo import DESCRIBE, split_name
 from routecast.common.errors import ConfigError
 
 _DEMAND = -1.0
@@ -44,7 +45,7 @@ class StoreConfig:
     check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
     depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one.
     keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k).
-    policy: the slots' replacement policy (cache/policy.py POLICIES, the replay's own objects)."""
+    policy: the slots' replacement policy (cache/zoo.py RUNTIME_POLICIES: the replay's own objects)."""
 
     budget: int
     per_layer: bool = False
@@ -59,6 +60,21 @@ class StoreConfig:
             raise ConfigError(f"budget is {self.budget!r} expert slots; expected at least 1.")
         if self.loader_threads < 1:
             raise ConfigError(f"loader_threads is {self.loader_threads}; expected at least 1.")
+        check_runtime_policy(self.policy)
+
+
+RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit runs in the replay only
+
+
+def check_runtime_policy(name: str) -> None:
+    """--policy NAME for the runtime: a cache/zoo.py policy object (prefetch admission, NAME+admit, is timed by the
+    replay's link model and is not run here)."""
+    if name.removesuffix("+admit") not in DESCRIBE:
+        raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(RUNTIME_POLICIES)}.")
+    _base, admit = split_name(name)
+    if admit:
+        raise ConfigError(f"--policy is {name!r}; prefetch admission (+admit) runs in `routecast cache replay` only; "
+                          f"expected one of {', '.join(RUNTIME_POLICIES)}.")
 
 
 class ExpertStore:
@@ -197,10 +213,16 @@ class ExpertStore:
             loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
 
-    def end_step(self) -> None:
-        """The forward step finished: its forecast marks are dropped (reads already issued go on)."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        """A forward step starts: its requests and forecast sets go to the policies that use them (fc-evict)."""
         with self.cond:
-            self.slots.end_step()
+            self.slots.begin_step(requests, forecast_LE)
+
+    def end_step(self, observed=None) -> None:
+        """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
+        cache.forecast_evict.StepUse, the step's routing per request) updates the policies' request profiles."""
+        with self.cond:
+            self.slots.end_step(observed)
 
     # ------------------------------------------------------------------ the access
     def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
