@@ -249,3 +249,28 @@ def test_swapping_two_experts_of_one_layer_is_caught_by_logits(tmp_path) -> None
     assert logits_match(ref["logits"], good["logits"])[0]
     ok, diff = logits_match(ref["logits"], bad["logits"])
     assert not ok and diff > 1e-3
+
+
+@pytest.mark.parametrize("policy", ["lfu", "arc", "s3fifo", "lirs", "fc-evict"])
+def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> None:
+    """The runtime drives cache/zoo.py's policy objects: logits equal all-resident's, the budget holds, and for the
+    demand policies the slot replay of the run's own access log counts the same hits (the same objects decide)."""
+    name = "builtin-fine"
+    model, tok = load_model(name)
+    reqs = encode_prompts(tok, PROMPTS, 4)
+    ref = run_config(name, reqs, budget=None, logits=True)
+    budget = 80  # 25% of builtin-fine's 320 routed experts
+    got = run_config(name, reqs, budget=budget, cfg_kw={"check": True, "policy": policy}, logits=True)
+    assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
+    assert got["policy"] == policy and got["max_occupied"] <= budget and got["misses"] > 0
+    if policy != "fc-evict":  # (fc-evict also learns from per-request profiles the slot replay does not feed)
+        acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
+        rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, policy=policy)
+        assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
+
+
+def test_admission_policies_are_refused_by_the_runtime() -> None:
+    from routecast.runtime.offload.store import StoreConfig
+
+    with pytest.raises(ConfigError, match=r"\+admit\) runs in `routecast cache replay` only"):
+        StoreConfig(budget=4, policy="lru+admit")
