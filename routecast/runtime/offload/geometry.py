@@ -79,7 +79,7 @@ def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{geom.name}-{geom.layers}layers.safetensors"
-    meta = {**asdict(geom), "seed": seed, "note": WEIGHT_NOTE}
+    meta = {**asdict(geom), "seed": seed, "note": WEIGHT_NOTE, "aligned": 4096}
     side = path.with_suffix(".json")
     if path.is_file() and side.is_file() and json.loads(side.read_text()) == meta:
         return path
@@ -97,7 +97,7 @@ def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
             head[f"layers.{li}.experts.{p}"] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
             off += n
     raw = json.dumps(head).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw += b" " * (-(8 + len(raw)) % 4096)  # data on a page boundary: every expert is read straight into its slot
     tmp = path.with_name(f".{path.name}.partial")
     rng = np.random.default_rng(seed)
     with open(tmp, "wb") as f:
@@ -195,7 +195,7 @@ class GeometryRun:
         s = dict(self.store.stats)
         asked = s["hits"] + s["misses"]
         s.update(hit_ratio=s["hits"] / max(asked, 1), bytes_read=self.tier.bytes_read, reads=self.tier.reads,
-                 read_s=self.tier.read_s, tier_mode=self.tier.mode,
+                 read_s=self.tier.read_s, direct_reads=self.tier.direct_reads, tier_mode=self.tier.mode,
                  compute_s_per_expert=float(np.median(self.compute_s)) if self.compute_s else 0.0)
         return s
 

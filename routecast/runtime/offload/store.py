@@ -23,6 +23,7 @@ late, prefetch_loaded, reads_skipped and stall seconds (the compute thread waiti
 from __future__ import annotations
 
 import heapq
+import mmap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -88,7 +89,8 @@ class ExpertStore:
         self.L, self.E = lay.num_layers, lay.num_experts
         self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer, cfg.policy)
         n_keys = self.L * self.E
-        self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
+        self._maps: list[mmap.mmap] = []
+        self.pools = {p: self._pool(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}
         # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
         self._bytes = {p: t.view(torch.uint8).numpy().reshape(cfg.budget, -1) for p, t in self.pools.items()} \
             if getattr(tier, "accepts_bytes", False) else None
@@ -110,6 +112,14 @@ class ExpertStore:
                         for i in range(cfg.loader_threads)]
         for t in self.threads:
             t.start()
+
+    def _pool(self, n: int, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
+        """[n, *shape] of dt on page-aligned anonymous memory: a slot whose size is a whole number of pages starts
+        on a page, so the tier can read an aligned expert straight into it with O_DIRECT (no copy)."""
+        nbytes = n * int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+        buf = mmap.mmap(-1, max(nbytes, 1))
+        self._maps.append(buf)
+        return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(dt).view(n, *shape)
 
     @property
     def capacity(self) -> list[int]:
