@@ -51,6 +51,21 @@ class StepUse:
     counts: np.ndarray
     tokens: np.ndarray
 
+    @classmethod
+    def from_routing(cls, request_T: np.ndarray, experts_TLK: np.ndarray, E: int) -> StepUse:
+        """One step's StepUse from its tokens' request ids (T,) and routed experts (T, L, K) (-1 = dropped slot):
+        what the runtime hands SlotCache.end_step after a forward step."""
+        req = np.asarray(request_T, np.int64)
+        ex = np.asarray(experts_TLK, np.int64)
+        T, L, _ = ex.shape
+        reqs, r_idx, tok = np.unique(req, return_inverse=True, return_counts=True)
+        ok = ex >= 0
+        keys = (np.arange(L, dtype=np.int64)[None, :, None] * E + ex)[ok]
+        rows = np.broadcast_to(r_idx.reshape(T, 1, 1), ex.shape)[ok]
+        u, cnt = np.unique(rows * (L * E) + keys, return_counts=True)
+        off = np.searchsorted(u // (L * E), np.arange(len(reqs) + 1)).astype(np.int64)
+        return cls(requests=reqs, off=off, keys=u % (L * E), counts=cnt.astype(np.float64), tokens=tok)
+
 
 class ReuseForecast:
     """Per-request decayed expert profiles over K keys -> next-step use probability q (K,) (module docstring).

@@ -157,3 +157,15 @@ def test_compare_ranks_by_time_and_anchors_the_gap():
         compare_policies(tr, budget="50%", hardware=HW, policies=["fc-evict"])
     with pytest.raises(ConfigError, match="nosuch"):
         compare_policies(tr, budget="50%", hardware=HW, policies=["nosuch"])
+
+
+def test_step_use_from_routing_equals_the_replays_per_step_uses():
+    tr = tiny_trace(5, 2, 6, 2, 6, 3)
+    steps, uses = step_uses(tr)
+    step = np.asarray(tr.step)
+    for i, s in enumerate(steps.tolist()):
+        m = step == s
+        got = StepUse.from_routing(np.asarray(tr.tokens["request"])[m], np.asarray(tr.experts_TLK)[m], 6)
+        want = uses[i]
+        for f in ("requests", "off", "keys", "counts", "tokens"):
+            assert np.array_equal(getattr(got, f), getattr(want, f)), f
