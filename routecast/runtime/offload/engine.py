@@ -2,27 +2,24 @@
 
 ``OffloadedModel(model, model_dir, cfg, predictor)`` finds the MoE blocks with the capture adapters
 (trace/capture_arch.py), maps every expert to its bytes in the checkpoint (tier.ExpertLayout), checks
-those bytes against the loaded weights, frees the fused expert tensors and replaces each experts
+those bytes against the loaded weights (when the model was loaded with them; load.py loads it without), frees the
+fused expert tensors and replaces each experts
 module's forward: the router's choice is turned into one store access (the layer's distinct experts),
 and the experts run from the store's slot pools through the model's own experts implementation.
 
-Exactness: as each group of a layer's experts becomes ready in the store (hits at once, misses when
-read), it is copied from its slots into a compact [n, ...] buffer in ascending expert order (n = the
-layer's distinct experts; one buffer per fused param, kept between layers and grown to the largest n seen,
-filled by index_select from the pinned slots, so a layer allocates nothing; the layer's
-bookkeeping is numpy on its ids: bincount for the distinct experts, a rank table for the remap); the
-model's own experts function (eager, grouped_mm or batched_mm, as its
-config says) then runs once on that buffer with the ids remapped monotonically (expert -> rank), so every
-GEMM row, every reduction and the accumulation order are the model's. Tested: greedy generations are
-token-for-token identical to the all-resident model on both built-in models. The buffer is compute
-scratch of one layer's active experts (like ExpertFlow's staging buffer), not part of the slot budget; it
-lets a layer whose union exceeds the pool compute in groups (a slot is released once copied). It is also
-why the offloaded forward can be faster than the all-resident one: transformers' CPU grouped_mm costs
-~3 µs per expert *held* in its weight tensor (64 all-resident vs n here), measured in the benchmark.
+Exactness and memory: once all of a layer's experts hold slots (hits at once, misses when read), the model's own
+experts function (eager, grouped_mm or batched_mm, as its config says) runs once on the slot pool itself, the
+router's ids remapped to slot indices (numpy bincount for the distinct experts, a slot table for the remap): no
+copy and no scratch buffer outside --budget. transformers' grouped_mm sums each token's K contributions in the
+router's k order, whatever the expert numbering, so the logits are bit-identical to the all-resident model's
+(tested on every generation step). A layer whose distinct experts exceed its pool computes in rounds (each
+round's slots are released before the next round is read; the other ids take transformers' expert-parallel
+sentinel), its outputs summed: allclose, not bit-identical.
 
 Prefetch: a request-horizon predictor (MoE-GPS FFN, ExpertFlow's path predictor) forecasts every layer
-of a step in a forward pre-hook, before layer 0; a layer-horizon one (PROBE's lookahead) forecasts layer
-l+1 from layer l's router input in a hook on layer l's router. The forecast's per-layer batch sets go to
+of a step in a forward pre-hook, before layer 0; PROBE's lookahead forecasts layer l+1 inside layer l's MoE block
+from the hidden state the block holds (one small matmul, _lookahead); other layer-horizon predictors use a hook on
+layer l's router. The forecast's per-layer batch sets go to
 ExpertStore.prefetch (nearest layer first); each layer's true routing corrects them (store.py).
 """
 
