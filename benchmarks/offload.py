@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
+from routecast.cache.zoo import uses_forecast  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
@@ -96,8 +97,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
-    if a.report:
-        print_report(json.loads(Path(a.report).read_text())["data"])
+    if a.report:  # a saved out/bench/offload.json: its tables, the headline recomputed from its rows
+        out = json.loads(Path(a.report).read_text())["data"]
+        out["headline"] = headline(out)
+        print_report(out)
         return
     if a.geometry:
         main_geometry(a)
@@ -437,8 +440,9 @@ def headline(out: dict) -> list[str]:
     rows, lines = out["rows"], []
     budgets = sorted({r["config"].rsplit("@", 1)[1] for r in rows if "@" in r["config"]}, key=lambda x: int(x[:-1]))
     for b in budgets:
-        pred = [r for r in rows if r["config"].endswith(f"@{b}") and r["prefetch"] != "none"]
-        demand = [r for r in rows if r["config"].endswith(f"@{b}") and r["prefetch"] == "none"]
+        here = [r for r in rows if r["config"].endswith(f"@{b}")]
+        pred = [r for r in here if r["prefetch"] != "none" or uses_forecast(r["policy"])]  # prefetch or fc-evict
+        demand = [r for r in here if r not in pred]
         if pred:
             best = max(pred, key=lambda r: r["x_lru"])
             lines.append(f"budget {b}: best prediction-driven {best['config']} {best['x_lru']:.2f}x LRU tokens/s "
@@ -446,7 +450,7 @@ def headline(out: dict) -> list[str]:
                          f"{best['predictor_share']:.1%} of the run")
         if demand:
             bd = max(demand, key=lambda r: r["x_lru"])
-            lines.append(f"budget {b}: best demand policy {bd['config']} {bd['x_lru']:.2f}x LRU tokens/s")
+            lines.append(f"budget {b}: best policy without prediction {bd['config']} {bd['x_lru']:.2f}x LRU tokens/s")
     bad = [r["config"] for r in rows if not r["logits_allclose"]]
     lines.append("every run's logits allclose to all-resident at every step" if not bad else
                  f"logits NOT allclose to all-resident: {', '.join(bad)}")
