@@ -117,7 +117,8 @@ class ExpertStore:
         """[n, *shape] of dt on page-aligned anonymous memory: a slot whose size is a whole number of pages starts
         on a page, so the tier can read an aligned expert straight into it with O_DIRECT (no copy)."""
         nbytes = n * int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
-        buf = mmap.mmap(-1, max(nbytes, 1))
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)  # pages faulted in now,
+        buf = mmap.mmap(-1, max(nbytes, 1), flags=flags)  # not on the first read into each slot during the run
         self._maps.append(buf)
         return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(dt).view(n, *shape)
 
