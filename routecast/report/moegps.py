@@ -21,7 +21,7 @@ from matplotlib.transforms import blended_transform_factory
 from routecast.common.errors import ConfigError
 from routecast.report.html import Section, figure, paragraph, table
 from routecast.report.plots import save_figure
-from routecast.sim.advisor import (
+from routecast.advise.moegps import (
     FIG7_GBPS,
     PARTS,
     Grid,

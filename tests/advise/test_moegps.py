@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from routecast.common.errors import ConfigError
-from routecast.sim.advisor import (
+from routecast.advise.moegps import (
     ACCURACIES,
     FIG7_GBPS,
     Setting,

@@ -1,0 +1,89 @@
+"""The advisor end to end: a trace and a deployment in, the ranked verdict (and its artifacts) out.
+
+    advise_trace(trace, dep, ...) -> (Verdict, extras)          every family priced on the same trace
+    advise_deployment(trace_dir, model_profile=, hardware=, gpus=, ...) -> (Verdict, files)
+
+Families (see each module): placement and Speculative MoE shuffling (advise.placement) when EP >= 2 and the
+experts fit; caching / prefetch and eMoE residency (advise.offload) when they do not; request schedulers
+(advise.serving) always. A family that does not apply is listed with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from routecast.advise.candidate import Candidate
+from routecast.advise.rank import BENCH_DIR, Verdict, cost_model_error, rank
+from routecast.advise.regime import Deployment, detect_regime
+from routecast.common.errors import ConfigError
+from routecast.trace.trace import Trace
+
+FAMILIES = ("placement", "shuffle", "cache", "scheduler")
+
+
+def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, families: tuple[str, ...] = FAMILIES,
+                 shuffle_methods: tuple[str, ...] | None = None, predictor: str = "conditional-token",
+                 emoe_quality: str | Path | None = None, seed: int = 0, bench_dir: str | Path = BENCH_DIR,
+                 ) -> tuple[Verdict, dict[str, Any]]:
+    """Price every applicable strategy of `families` on `trace` for `dep` -> (verdict, {plans, shuffle, serve})."""
+    from routecast.advise.offload import offload_candidates
+    from routecast.advise.placement import SHUFFLE_METHODS, placement_candidates, shuffle_candidates
+    from routecast.advise.serving import scheduler_candidates
+
+    bad = [f for f in families if f not in FAMILIES]
+    if bad:
+        raise ConfigError(f"--only holds {bad[0]!r}; expected names from {', '.join(FAMILIES)}.")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    regime = detect_regime(dep, trace)
+    timings["regime"] = time.perf_counter() - t0
+    cands: list[Candidate] = []
+    extras: dict[str, Any] = {"plans": None, "shuffle": None, "serve": None}
+    run = None
+    if "placement" in families:
+        t0 = time.perf_counter()
+        got, run = placement_candidates(trace, dep, regime)
+        cands += got
+        extras["plans"] = run.plans if run is not None else None
+        timings["placement"] = time.perf_counter() - t0
+    if "shuffle" in families:
+        t0 = time.perf_counter()
+        got, sh = shuffle_candidates(trace, dep, regime, methods=shuffle_methods or SHUFFLE_METHODS, seed=seed,
+                                     attn_T=None if run is None else run.attn_T,
+                                     tokens_T=None if run is None else run.tokens_T)
+        cands += got
+        extras["shuffle"] = sh or None
+        timings["shuffle"] = time.perf_counter() - t0
+    if "cache" in families:
+        t0 = time.perf_counter()
+        cands += offload_candidates(trace, dep, regime, predictor=predictor, model_arg=model_ref,
+                                    emoe_quality=emoe_quality, seed=seed)
+        timings["cache"] = time.perf_counter() - t0
+    if "scheduler" in families:
+        t0 = time.perf_counter()
+        got, conf = scheduler_candidates(trace, dep, regime, model_ref=model_ref, hw_ref=hw_ref, seed=seed)
+        cands += got
+        extras["serve"] = conf or None
+        timings["scheduler"] = time.perf_counter() - t0
+    err, src = cost_model_error(dep.hw, bench_dir)
+    v = Verdict(deployment=dep.describe() + f", trace {trace!r}", regime=regime.as_dict(), regime_text=regime.describe(),
+                rows=rank(cands, err), error=err, error_source=src, timings_s=timings)
+    return v, extras
+
+
+def make_deployment(*, model_profile: str, hardware: str, gpus: int, ep: int | None = None,
+                    memory_gb: float | None = None, link: str = "nvlink", rate: float | None = None,
+                    slo_ttft: str = "5x", slo_tpot: str = "5x") -> Deployment:
+    """Load the profiles and build the Deployment (ep default: gpus; memory default: the profile's capacity)."""
+    from routecast.sim.hardware import load_hardware
+    from routecast.sim.models import load_model
+    from routecast.sim.serve import parse_slo
+
+    parse_slo(slo_ttft, "--slo-ttft-ms")
+    parse_slo(slo_tpot, "--slo-tpot-ms")
+    m, hw = load_model(model_profile), load_hardware(hardware)
+    return Deployment(model=m, hw=hw, gpus=gpus, ep=gpus if ep is None else ep,
+                      memory_gb=hw.mem_capacity / 1e9 if memory_gb is None else memory_gb, link=link, rate=rate,
+                      slo_ttft=slo_ttft, slo_tpot=slo_tpot)
