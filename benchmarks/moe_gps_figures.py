@@ -47,7 +47,6 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import routecast  # noqa: E402
-from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
 from routecast.advise.moegps import (  # noqa: E402
     ACCURACIES,
     FIG7_GBPS,
@@ -58,6 +57,7 @@ from routecast.advise.moegps import (  # noqa: E402
     moe_gps_setting,
     sweep,
 )
+from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
 from routecast.sim.fits import (  # noqa: E402
     FIG4_ESTIMATE,
     REFERENCE_FILE,

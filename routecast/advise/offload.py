@@ -23,7 +23,6 @@ import json
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,6 @@ import json
 import numpy as np
 import pytest
 
-from routecast.common.errors import ConfigError
 from routecast.advise.moegps import (
     ACCURACIES,
     FIG7_GBPS,
@@ -23,6 +22,7 @@ from routecast.advise.moegps import (
     sweep,
     trace_skewness,
 )
+from routecast.common.errors import ConfigError
 from routecast.sim.fits import (
     ExponentialFit,
     OverheadCurve,
