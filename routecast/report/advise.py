@@ -49,3 +49,35 @@ def advise_section(v: Verdict, key: str = "verdict", title: str = "Verdict") -> 
 def write_html(path: str | Path, v: Verdict) -> Path:
     """A standalone HTML report whose first section is the verdict."""
     return write_report(path, "routecast advise", [advise_section(v)], {"deployment": v.deployment})
+
+
+DEMO_HARDWARE = "h100-sxm"
+
+
+def demo_deployment(trace: Any) -> tuple[str, int]:
+    """(model profile, GPUs) the demo asks about: the trace's own model on the largest EP of 8 / 4 / 2 dividing its
+    experts (1 when none does)."""
+    from routecast.sim.models import list_models
+
+    name = (trace.spec.name or "").lower()
+    model = name if name in ("builtin", "builtin-fine") or name in list_models() else "builtin"
+    E = trace.spec.num_experts
+    return model, next((g for g in (8, 4, 2) if E % g == 0 and E >= g), 1)
+
+
+def section_advise(trace: Any, out: Path) -> tuple[Section, dict[str, Any]]:
+    """The demo's first section: the advisor's verdict and table on the demo trace (the trace's model on
+    DEMO_HARDWARE), its artifacts under out/advise/."""
+    from routecast.advise.artifacts import write_artifacts
+    from routecast.advise.run import advise_trace, make_deployment
+
+    model, gpus = demo_deployment(trace)
+    dep = make_deployment(model_profile=model, hardware=DEMO_HARDWARE, gpus=gpus)
+    v, extras = advise_trace(trace, dep, model_ref=model, hw_ref=DEMO_HARDWARE, shuffle_methods=("sts", "metis"))
+    files = write_artifacts(out / "advise", v, model=dep.model, plans=extras["plans"], shuffle=extras["shuffle"],
+                            serve_conf=extras["serve"], model_ref=model, trace_ref=str(out / "trace"))
+    sec = advise_section(v)
+    sec.parts.append(paragraph("Deploy files: " + ", ".join(f"{k} = {p}" for k, p in files.items())))
+    best = v.best
+    return sec, {"verdict": v.sentences, "best": None if best is None else best.cand.name,
+                 "rows": [r.as_dict() for r in v.rows if r.rank][:5], "timings_s": v.timings_s}
