@@ -273,8 +273,11 @@ def _windows(attn_T: np.ndarray, ffn_TLG: np.ndarray) -> np.ndarray:
 
 def _price(counts_CGE: np.ndarray, work: Workload, model: ModelProfile, hw: Hardware, link: str,
            xfer_bytes_CG: Any = 0.0, window_CG: Any = None) -> LayerCost:
-    """layer_cost under probe_options(link) with each rank's transfer bytes charged against its window."""
-    opts = dataclasses.replace(probe_options(link), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG)
+    """layer_cost under probe_options(link), regime-priced (roofline "rank": a rank's expert time is the slower
+    of its token compute and its distinct experts' weight reads), each rank's transfer bytes charged against
+    its window."""
+    opts = dataclasses.replace(probe_options(link), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG,
+                               roofline="rank")
     return layer_cost(counts_CGE, model=model, hw=hw, work=work, opts=opts)
 
 
