@@ -85,6 +85,7 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch-min-prob", "nan"], "--prefetch-min-prob is nan"),
     (["--offload", "--prefetch-top", "-1"], "--prefetch-top is -1"),
     (["--offload", "--prefetch-top", "99"], "--prefetch-top is 99"),
+    (["--offload", "--policy", "mru"], "--policy is 'mru'"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2
@@ -102,14 +103,19 @@ def test_non_moe_model_refused(tmp_path, capsys) -> None:
     assert "not supported" in err and "\n" not in err
 
 
-def test_cli_prints_the_figures(tmp_path, capsys) -> None:
-    out = tmp_path / "run.json"
+def test_cli_prints_the_text_and_figures(tmp_path, capsys) -> None:
+    out, fig = tmp_path / "run.jsonl", tmp_path / "fig.json"
     assert main(["run", "--model", "builtin", "--offload", "--budget", "50%", "--prefetch", "lookahead",
-                 "--prompts", "corpus:val:1", "--max-new-tokens", "3", "--out", str(out)]) == 0
+                 "--prompts", "corpus:val:2", "--max-new-tokens", "3", "--out", str(out), "--figures", str(fig)]) == 0
     text = capsys.readouterr().out
     assert "tokens/s" in text and "hit ratio" in text and "bytes loaded" in text and "stall share" in text
-    doc = json.loads(out.read_text())
-    assert doc["budget"] == 16 and doc["new_tokens"] >= 1
+    assert "of the run" in text  # the predictor's share
+    doc = json.loads(fig.read_text())
+    assert doc["budget"] == 16 and doc["new_tokens"] >= 1 and doc["policy"] == "lru"
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [g["request"] for g in lines] == [1, 2] and all(1 <= len(g["token_ids"]) <= 3 for g in lines)
+    for g in lines:  # the printed text is the decoded generation
+        assert f"-> {g['text']!r}" in text and g["prompt"]
 
 
 def test_preloaded_full_budget_reads_nothing_and_keeps_tokens(setup) -> None:

@@ -38,6 +38,8 @@ import torch
 from torch import nn
 
 from routecast.common.errors import ConfigError
+from routecast.predict.lookahead import LookaheadPredictor
+from routecast.runtime.offload.fallback import Fallback
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
 from routecast.trace import DECODE, PREFILL
@@ -56,7 +58,8 @@ class OffloadConfig:
     forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one. fallback:
     eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot.
     prefetch_top, prefetch_min_prob: confidence gate on a token-level forecast (_batch_sets): each token prefetches
-    only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob."""
+    only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob.
+    policy: the replacement policy of the slots (cache/policy.py POLICIES: the same objects as the replay's)."""
 
     budget: int
     per_layer: bool = False
@@ -69,6 +72,7 @@ class OffloadConfig:
     fallback: bool = False
     prefetch_top: int = 0
     prefetch_min_prob: float = 0.0
+    policy: str = "lru"
 
     def __post_init__(self) -> None:
         if self.prefetch_top < 0:
@@ -80,10 +84,12 @@ class OffloadConfig:
 class _SlotView:
     """The experts module as its implementation sees it, with the slot pool (or a compact copy) as its weights."""
 
-    def __init__(self, mod: nn.Module, tensors: dict[str, torch.Tensor], n: int) -> None:
+    def __init__(self, mod: nn.Module, tensors: dict[str, torch.Tensor], n: int, sentinel: bool = False) -> None:
         self.__dict__.update(tensors)
         self.__dict__["num_experts"] = n
         self.__dict__["_mod"] = mod
+        if sentinel:  # ids == n are skipped (transformers' expert-parallel sentinel): a round of a deferred layer
+            self.__dict__["_is_expert_parallel"] = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_mod"], name)
@@ -139,33 +145,34 @@ class OffloadedModel:
                               "transformers 5 experts module (gate_up_proj / down_proj).")
         self.layout = ExpertLayout(_checkpoint_files(Path(model_dir)), [b.path for b in self.blocks], params, self.E)
         self.tier = DiskTier(self.layout, direct=cfg.direct)
-        if cfg.verify:
+        self.materialised = first.get_parameter(next(iter(params))).device.type != "meta"
+        if cfg.verify and self.materialised:  # (loaded without its experts: nothing to compare with)
             self._verify()
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
                                                         loader_threads=cfg.loader_threads, check=cfg.check,
-                                                        depth=cfg.depth,
+                                                        depth=cfg.depth, policy=cfg.policy,
                                                         keep_per_layer=self.K if cfg.fallback else 0))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}
-        self._compact_cap = 0
-        self._compact: dict[str, torch.Tensor] = {}
         for li, b in enumerate(self.blocks):
             for n in params:
                 p = b.experts._parameters.pop(n)
                 if cfg.keep_weights:
                     self._kept[(li, n)] = p
             b.experts.forward = self._make_forward(li, b.experts)
-        self.fallback = None
-        if cfg.fallback:
-            from routecast.runtime.offload.fallback import Fallback
-
-            self.fallback = Fallback(model)
+        self.fallback = Fallback(model) if cfg.fallback else None
         self.predictor = predictor
+        # PROBE's lookahead runs inside the MoE block on the hidden state the block already holds (one small matmul)
+        self.lookahead = predictor if isinstance(predictor, LookaheadPredictor) else None
+        if self.lookahead is not None:
+            net = self.lookahead.net
+            self._la_Wt = net.prior_W.transpose(1, 2).contiguous()  # (L-1, H, E)
+            self._la_mlp = [bool(net.W2[i].any() or net.c2[i].any()) for i in range(self.L - 1)]
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
                       model.register_forward_hook(self._step_end)]
-        if predictor is not None and predictor.horizon == "layer":
+        if predictor is not None and predictor.horizon == "layer" and self.lookahead is None:
             self.hooks += [b.router.register_forward_hook(self._router_hook(li)) for li, b in enumerate(self.blocks)]
         self.request = 0
         self._first = 1
@@ -174,7 +181,8 @@ class OffloadedModel:
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
-        self.predict_s = 0.0
+        self.predict_s = 0.0  # the forecasts' own compute (predict + observe), on the compute thread
+        self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
 
     # ------------------------------------------------------------------ setup
     def _verify(self) -> None:
@@ -211,21 +219,14 @@ class OffloadedModel:
         self.tier.read_s = 0.0
 
     # ------------------------------------------------------------------ the experts forward
-    def _compact_buffers(self, n: int) -> dict[str, torch.Tensor]:
-        """[n, ...] views of the compact buffers (one per fused param), grown to the largest n seen so far."""
-        if n > self._compact_cap:
-            self._compact_cap = max(n, min(self.E, 2 * self._compact_cap))
-            self._compact = {p: torch.empty((self._compact_cap, *t.shape[1:]), dtype=t.dtype)
-                             for p, t in self.store.pools.items()}
-        return {p: t[:n] for p, t in self._compact.items()}
-
     def _make_forward(self, li: int, mod: nn.Module):
         cls_forward = type(mod).forward
-        store, E = self.store, self.E
-        rank_E = np.zeros(E, np.int64)
-        arange_E = np.arange(E, dtype=np.int64)
+        store, E, B = self.store, self.E, self.cfg.budget
+        slot_E = np.full(E, B, np.int64)  # expert -> its slot this round (B: the sentinel, not in this round)
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+            if self.lookahead is not None and li + 1 < self.L:
+                self._lookahead(li, hidden)
             if self.fallback is not None:
                 held, full = store.held_experts(li)
                 top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
@@ -233,25 +234,19 @@ class OffloadedModel:
             ids = top_k_index.numpy()
             counts_E = np.bincount(ids.reshape(-1), minlength=E)
             uniq = np.flatnonzero(counts_E)
-            n = len(uniq)
             self.log.append((li, uniq, counts_E[uniq]))
             self._step_ids[li] = top_k_index
-            compact = self._compact_buffers(n)
-            rank_E[uniq] = arange_E[:n]
+            outs: list[torch.Tensor] = []
 
-            def compute(exps: np.ndarray, slots: np.ndarray) -> None:  # slots pinned by the store: copies only
-                s = torch.from_numpy(slots)
-                if len(exps) == n:  # the whole layer at once, already in expert order
-                    for p, t in store.pools.items():
-                        torch.index_select(t, 0, s, out=compact[p])
-                else:
-                    at = torch.from_numpy(rank_E[exps])
-                    for p, t in store.pools.items():
-                        compact[p].index_copy_(0, at, t.index_select(0, s))
+            def compute(exps: np.ndarray, slots: np.ndarray) -> None:  # slots pinned by the store during the call
+                slot_E[exps] = slots
+                whole = len(exps) == len(uniq)
+                view = _SlotView(mod, store.pools, B, sentinel=not whole)
+                outs.append(cls_forward(view, hidden, torch.from_numpy(slot_E[ids]), top_k_weights))
+                slot_E[exps] = B
 
             store.access(li, uniq, compute)
-            ranked = top_k_index if n == E else torch.from_numpy(rank_E[ids])
-            return cls_forward(_SlotView(mod, compact, n), hidden, ranked, top_k_weights)
+            return outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
 
         return forward
 
@@ -267,8 +262,9 @@ class OffloadedModel:
 
         return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
-    def _prefetch(self, fc, layers: list[int], current: int) -> None:
-        sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
+    def _prefetch(self, fc, layers: list[int], current: int, sets: np.ndarray | None = None) -> None:
+        if sets is None:
+            sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
         self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
                             current_layer=current)
         self._pred[layers] = sets
@@ -291,8 +287,41 @@ class OffloadedModel:
         if self.predictor.horizon != "layer":
             t0 = time.perf_counter()
             fc = self.predictor.predict(self._view())
-            self._prefetch(fc, list(range(self.L)), -1)
             self.predict_s += time.perf_counter() - t0
+            self._prefetch(fc, list(range(self.L)), -1)
+            self.issue_s += time.perf_counter() - t0
+
+    def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
+        """Layer li's router input hidden (T, H) -> PROBE's forecast of layer li+1 (the frozen next gate, plus the
+        residual MLP where fitting made it non-zero: one small matmul), each token's top-k by the router's own rule
+        (sigmoid + correction and group limit where the router has them; probabilities only when a confidence gate
+        needs them), the union prefetched. Runs inside the MoE block: no hook, no numpy copy of the hidden state."""
+        t0 = time.perf_counter()
+        net, rule, K = self.lookahead.net, self.lookahead.rule, self.K
+        top = K if self.cfg.prefetch_top <= 0 else min(self.cfg.prefetch_top, K)
+        with torch.no_grad():
+            h = hidden.reshape(-1, hidden.shape[-1]).float()
+            if self._la_mlp[li]:
+                logits = net.one(li, h)
+            else:
+                logits = torch.addmm(net.prior_b[li], h, self._la_Wt[li])
+            if self.cfg.prefetch_min_prob > 0 or (rule.scoring == "softmax" and rule.n_group > 1):
+                score = rule.forecast(logits, net.correction[li])
+                vals, idx = score.topk(top, dim=-1)
+                idx = idx[(vals > 0) & (vals >= self.cfg.prefetch_min_prob)]
+            else:  # the router's top-k without normalising: softmax is monotone; sigmoid + correction decides
+                score = logits if rule.scoring == "softmax" else logits.sigmoid() + net.correction[li]
+                if rule.n_group > 1:
+                    g = score.view(score.shape[0], rule.n_group, -1)
+                    gs = g.amax(-1) if rule.group_score == "max" else g.topk(2, dim=-1).values.sum(-1)
+                    drop = torch.ones_like(gs, dtype=torch.bool).scatter_(-1, gs.topk(rule.topk_group, dim=-1).indices,
+                                                                          False)
+                    score = g.masked_fill(drop.unsqueeze(-1), float("-inf")).view_as(score)
+                idx = score.topk(top, dim=-1).indices
+            sets = torch.bincount(idx.reshape(-1), minlength=self.E).numpy()[None, :] > 0
+        self.predict_s += time.perf_counter() - t0
+        self._prefetch(None, [li + 1], li, sets)
+        self.issue_s += time.perf_counter() - t0
 
     def _router_hook(self, li: int):
         def hook(_mod: nn.Module, args: tuple, _out: Any) -> None:
@@ -303,13 +332,16 @@ class OffloadedModel:
             hid = np.zeros((h.shape[0], li + 1, h.shape[1]), np.float32)
             hid[:, li] = h.numpy()  # the lookahead reads only the newest router input (layer li)
             fc = self.predictor.predict(self._view(li + 1, hid))
-            self._prefetch(fc, [li + 1], li)
             self.predict_s += time.perf_counter() - t0
+            self._prefetch(fc, [li + 1], li)
+            self.issue_s += time.perf_counter() - t0
         return hook
 
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
         self.store.end_step()
-        if self.predictor is not None:
+        if self.lookahead is not None and not self.lookahead.config.online:  # its observe would do nothing
+            self.pred_sets.append(self._pred)
+        elif self.predictor is not None:
             from routecast.predict.harness import StepRouting
 
             t0 = time.perf_counter()
@@ -332,8 +364,8 @@ class OffloadedModel:
         s.update(hit_ratio=s["hits"] / max(asked, 1), on_time_hit_ratio=(s["hits"] - s["late"]) / max(asked, 1),
                  bytes_read=self.tier.bytes_read, reads=self.tier.reads,
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
-                 experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl,
-                 predict_s=self.predict_s)
+                 experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl, policy=self.cfg.policy,
+                 predict_s=self.predict_s, issue_s=self.issue_s)
         if self.fallback is not None:
             s.update(self.fallback.figures())
         return s
