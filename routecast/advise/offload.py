@@ -3,7 +3,8 @@
     offload_candidates(trace, dep, regime, predictor=, emoe_quality=) -> list[Candidate]
 
 Applies when the routed experts do not all fit (regime.resident_share < 1): the budget is that share of the
-trace's L x E expert slots. Every policy of cache.replay.POLICIES runs through the same replay (time first: the
+trace's L x E expert slots. Every policy of cache.compare.ALL_POLICIES (the kernel's and the policy objects:
+ARC, S3-FIFO, LIRS, forecast-guided eviction) runs through cache.compare.compare_policies, the same replay (time first: the
 kernel's clock, expert compute on the hardware profile, misses and prefetches over its host-to-device link,
 one link per GPU), on the held-out rows of an 80/20 document split, so the forecast-driven policies (PLEC) are
 judged on requests their predictor never saw. Belady and PLEC on the true routing are listed as bounds.
@@ -21,20 +22,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from routecast.advise.candidate import Candidate, not_applicable
 from routecast.advise.regime import Deployment, Regime
-from routecast.cache.replay import ORACLE, POLICIES, ReplayConfig, replay
+from routecast.cache.compare import ALL_POLICIES, compare_policies, is_predictive
+from routecast.cache.replay import ORACLE
 from routecast.common.errors import ConfigError
 from routecast.place.compare import step_work
 from routecast.sim.cost import attention_time, probe_options
 from routecast.trace.trace import Trace
 
-SYSTEMS = {"lru": "LRU (mixtral-offloading's policy, one pool)", "lfu": "LFU (Pre-gated MoE)",
+SYSTEMS = {"arc": "ARC (bigrig)", "s3fifo": "S3-FIFO (bigrig)", "lirs": "LIRS (bigrig)",
+           "fc-evict": "forecast-guided eviction (routecast cache)", "lru": "LRU (mixtral-offloading's policy, one pool)", "lfu": "LFU (Pre-gated MoE)",
            "lfuda": "LFUDA (bigrig default)", "lru-layer": "per-layer LRU (Cache-MoE, mixtral-offloading)",
            "semoe": "SE-MoE next-layer prefetch", "plec": "ExpertFlow PLEC", "plec-correct": "ExpertFlow PLEC",
            "plec-correct-eager": "ExpertFlow PLEC", "plec-correct-fifo": "ExpertFlow PLEC",
@@ -116,7 +118,7 @@ def offload_candidates(trace: Trace, dep: Deployment, regime: Regime, *, predict
                        model_arg: str = "MODEL", emoe_quality: str | Path | None = None, seed: int = 0,
                        ) -> list[Candidate]:
     """Cache policies and eMoE residency at the regime's resident share (module docstring)."""
-    names = [*(n for n in POLICIES if n != "belady"), "belady"]
+    names = [*(n for n in ALL_POLICIES if n != "belady"), "belady"]
     if regime.fits:
         why = "everything fits in memory: no expert is offloaded"
         return [not_applicable(n, SYSTEMS.get(n, n), "cache", why) for n in names] + \
@@ -135,16 +137,11 @@ def offload_candidates(trace: Trace, dep: Deployment, regime: Regime, *, predict
     attn = attention_time(m, dep.hw, work, probe_options(), 1, T)[0]
     dense_us = float(np.mean(attn) * 1e6)
     hw = dataclasses.replace(dep.hw, h2d_bandwidth=dep.hw.h2d_bandwidth * dep.gpus)
-    cfg = ReplayConfig(budget=slots, hardware=hw, dense_us=dense_us, expert_bytes=m.expert_bytes())
     scale = m.num_moe_layers / L
-    with tempfile.TemporaryDirectory(prefix="routecast-advise-") as tmp:
-        test, pred, ahead, fitted = make_forecast(trace, predictor, seed=seed, sink_dir=tmp)
-        pols = [n for n in POLICIES if n != "belady"]
-        rows = {r["policy"]: r for r in replay(trace, pols, cfg, pred_SLE=pred, layer_ahead=ahead, mask=test,
-                                               tmp_dir=tmp)}
-        oracle = replay(trace, ["plec-correct"], cfg, pred_SLE=ORACLE, mask=test, tmp_dir=tmp)
-        if hasattr(pred, "close"):
-            pred.close()
+    test, pred, ahead, fitted = make_forecast(trace, predictor, seed=seed)
+    kw = dict(budget=slots, hardware=hw, mask=test, dense_us=dense_us, expert_bytes=m.expert_bytes())
+    rows = {r["policy"]: r for r in compare_policies(trace, policies=names, forecast=pred, layer_ahead=ahead, **kw)}
+    oracle = compare_policies(trace, policies=["plec-correct"], forecast=ORACLE, **kw)
     rt = runtime_policies()
     out = []
     for n in names:
@@ -153,7 +150,7 @@ def offload_candidates(trace: Trace, dep: Deployment, regime: Regime, *, predict
                       value=r["us_per_token"] * scale, deployable=n != "belady",
                       artifact="none (needs the future)" if n == "belady" else _run_line(model_arg, share, n, rt),
                       detail={"hit_ratio": r["hit_ratio"], "stall_s": r["stall_s"], "bytes_moved": r["bytes_moved"],
-                              "budget_slots": slots, "forecast": fitted if POLICIES[n].forecast else ""})
+                              "budget_slots": slots, "forecast": fitted if is_predictive(n) else ""})
         out.append(c)
     o = next(r for r in oracle if r["policy"] == "plec-correct")
     out.append(Candidate(name="plec-correct on the true routing (bound)", system="ExpertFlow PLEC", family="cache",

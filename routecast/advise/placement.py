@@ -79,32 +79,40 @@ def _per_token(moe_TL: np.ndarray, attn_T: np.ndarray, tokens_T: np.ndarray, mod
     return float(step.sum() / max(tokens_T.sum(), 1) * 1e6)
 
 
-def price_shares(trace: Trace, dep: Deployment, share_LEG: np.ndarray, *, local_L: np.ndarray | None = None
-                 ) -> np.ndarray:
-    """(T, L) MoE seconds (dispatch + FFN + combine) of every step and layer with each expert's tokens split by
-    share_LEG (L, E, G); local_L: the all-to-all's local activation rate per layer (None = 1/G)."""
+def price_steps(trace: Trace, dep: Deployment, counts_fn: Any, *, local_L: np.ndarray | None = None) -> np.ndarray:
+    """(T, L) MoE seconds (dispatch + FFN + combine, regime-priced: roofline "rank") of every step and layer.
+
+    counts_fn(loads (W, L, E), forecast (W, L, E)) -> (W, L, G, E) tokens per rank of a window of steps (the
+    forecast is the causal layer-ahead transition forecast PROBE's arm uses); local_L: the all-to-all's local
+    activation rate per layer (None = 1/G)."""
     s = trace.spec
     tokens, _ = step_meta(trace)
     work = step_work(trace)
     T, L = tokens.size, s.num_layers
     work_T = {f: np.broadcast_to(getattr(work, f), (T,)) for f in ("batch", "seq_len", "context_len")}
     out = np.empty((T, L))
-    for t0, lw, _ in step_windows(trace, WINDOW, 0.8, {}):
+    opts = dataclasses.replace(probe_options(dep.link), roofline="rank")
+    for t0, lw, pw in step_windows(trace, WINDOW, 0.8, None):
         W = lw.shape[0]
-        counts = assignment(lw, share_LEG).reshape(W * L, dep.ep, s.num_experts)
+        counts = counts_fn(lw, pw["probe_pred"]).reshape(W * L, dep.ep, s.num_experts)
         wl = Workload(**{f: np.repeat(v[t0:t0 + W], L) for f, v in work_T.items()})
-        opts = probe_options(dep.link)
-        if local_L is not None:
-            opts = dataclasses.replace(opts, local_fraction=np.tile(local_L, W))
-        c = layer_cost(counts, model=dep.model, hw=dep.hw, work=wl, opts=opts)
+        o = opts if local_L is None else dataclasses.replace(opts, local_fraction=np.tile(local_L, W))
+        c = layer_cost(counts, model=dep.model, hw=dep.hw, work=wl, opts=o)
         out[t0:t0 + W] = (c.dispatch + c.ffn + c.combine).reshape(W, L)
     return out
+
+
+def price_shares(trace: Trace, dep: Deployment, share_LEG: np.ndarray, *, local_L: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """price_steps with each expert's tokens split by share_LEG (L, E, G)."""
+    return price_steps(trace, dep, lambda lw, _: assignment(lw, share_LEG), local_L=local_L)
 
 
 def placement_candidates(trace: Trace, dep: Deployment, regime: Regime) -> tuple[list[Candidate], PlacementRun | None]:
     """Static EP, EPLB (one-shot, windowed), MoE-GPS (distribution, token), PROBE on the trace (module docstring)."""
     names = [*NAMES.values(), ("MoE-GPS distribution duplication", "MoE-GPS"),
-             ("MoE-GPS token-to-expert duplication", "MoE-GPS")]
+             ("MoE-GPS token-to-expert duplication", "MoE-GPS"),
+             ("co-activation planner (weight-read bound)", "routecast place (decode regime)")]
     if dep.ep < 2:
         return [not_applicable(n, sy, "placement", "EP 1: every expert is on one device, nothing to place")
                 for n, sy in names], None
@@ -138,9 +146,11 @@ def placement_candidates(trace: Trace, dep: Deployment, regime: Regime) -> tuple
     interval = int(res["settings"]["eplb_interval"])
     tot = np.zeros((s.num_layers, s.num_experts))
     early = np.zeros_like(tot)
+    early_steps: list[np.ndarray] = []
     for a, lw, _ in step_windows(trace, WINDOW, 0.8, {}):
         tot += lw.sum(axis=0)
         early += lw[: max(0, interval - a)].sum(axis=0)
+        early_steps.append(lw[: max(0, interval - a)])
     redundant = max(1, min(2, regime.spare_slots_per_rank))
     mg = moegps_plan(early, dep.ep, redundant_per_rank=redundant, layer_ids=s.layer_ids)
     moe = price_shares(trace, dep, plan_shares(mg))
@@ -149,12 +159,30 @@ def placement_candidates(trace: Trace, dep: Deployment, regime: Regime) -> tuple
                          artifact="moegps-plan.json (slot plan; `routecast ep run --plans moegps`)",
                          detail={"redundant_per_rank": redundant, "statistics_steps": interval}))
     out.append(_token_candidate(dep, regime, out[0].value))
+    out.append(_coact_candidate(trace, dep, np.concatenate(early_steps), redundant, attn, tokens, interval))
     plans = {"static": static_plan(s.num_layers, s.num_experts, dep.ep, s.layer_ids), "moe-gps": mg,
              "eplb_once": eplb_plan(early, dep.ep, redundant_per_rank=2, layer_ids=s.layer_ids),
              "eplb_window": eplb_plan(tot, dep.ep, redundant_per_rank=2, layer_ids=s.layer_ids)}
     for c in out:
         c.detail["compare_s"] = cmp_s
     return out, PlacementRun(loads_LE=tot, early_LE=early, plans=plans, attn_T=attn, tokens_T=tokens)
+
+
+def _coact_candidate(trace: Trace, dep: Deployment, early_NLE: np.ndarray, redundant: int, attn: np.ndarray,
+                     tokens: np.ndarray, interval: int) -> Candidate:
+    """The weight-read-bound planner (place.coact): fitted on the first steps' loads, copies chosen per step
+    by the causal transition forecast, priced like the rest."""
+    from routecast.place.coact import RankPrice, coact_counts, fit_coact
+
+    price = RankPrice.of(dep.model, dep.hw)
+    t0 = time.perf_counter()
+    plan = fit_coact(early_NLE, num_ranks=dep.ep, replicas_per_rank=redundant, price=price)
+    fit_s = time.perf_counter() - t0
+    moe = price_steps(trace, dep, lambda lw, fc: coact_counts(plan, lw, price, fc))
+    return Candidate(name="co-activation planner (weight-read bound)", system="routecast place (decode regime)",
+                     family="placement", value=_per_token(moe, attn, tokens, dep.model.num_moe_layers),
+                     artifact="coact plan (`routecast ep run`; no engine dispatches per step yet)",
+                     detail={"fit_s": fit_s, "replicas_per_rank": redundant, "statistics_steps": interval})
 
 
 def _token_candidate(dep: Deployment, regime: Regime, static_us: float) -> Candidate:
