@@ -13,6 +13,8 @@ so a band that straddles 0 means the model cannot tell the strategy from doing n
 Ranking: by the gain over what the user would run anyway: the engine default where the family has one (EPLB
 for placement and shuffling, vLLM's scheduler for scheduling), else doing nothing (on-demand LRU for caching).
 Strategies of one family replace each other; strategies of different families compose (the verdict says which).
+Lossy strategies (a quality cost other than "none": eMoE's fallback routing changes the outputs) rank after every
+exact one and the verdict names them apart, with their quality cost.
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class Row:
     default: str | None
 
     @property
+    def lossy(self) -> bool:
+        """The strategy changes the model's outputs (eMoE's fallback routing)."""
+        return self.cand.quality != "none"
+
+    @property
     def score(self) -> float:
         """What the ranking sorts by: the gain over what the user runs anyway (the engine default where the family
         has one, else doing nothing)."""
@@ -85,7 +92,8 @@ def rank(cands: list[Candidate], err: float) -> list[Row]:
         rows.append(Row(cand=c, rank=0, gain=c.gain_over(base), band=c.gain_band(base, err),
                         vs_default=c.gain_over(dflt), baseline=base_name, default=default))
     key = lambda r: -r.score if math.isfinite(r.score) else math.inf  # noqa: E731
-    live = sorted((r for r in rows if r.cand.applicable and r.cand.deployable), key=key)
+    # exact strategies first: a lossy one (its quality cost is not "none") buys its time with the outputs
+    live = sorted((r for r in rows if r.cand.applicable and r.cand.deployable), key=lambda r: (r.lossy, key(r)))
     bounds = sorted((r for r in rows if r.cand.applicable and not r.cand.deployable), key=key)
     dead = [r for r in rows if not r.cand.applicable]
     live = [Row(**{**r.__dict__, "rank": i + 1}) for i, r in enumerate(live)]
@@ -114,8 +122,9 @@ class Verdict:
         return next((r for r in self.rows if r.rank == 1), None)
 
     def best_of(self, family: str) -> Row | None:
+        """The best ranked exact strategy of a family (placement includes shuffling; cache includes residency)."""
         fams = {"placement": ("placement", "shuffle"), "cache": ("cache", "residency")}.get(family, (family,))
-        return next((r for r in self.rows if r.rank and r.cand.family in fams), None)
+        return next((r for r in self.rows if r.rank and r.cand.family in fams and not r.lossy), None)
 
     @property
     def sentences(self) -> str:
@@ -137,10 +146,15 @@ class Verdict:
         others = []
         for fam in ("placement", "cache", "scheduler"):
             r = self.best_of(fam)
-            if r is not None and r is not b and r.score > 0 and r.cand.name not in (r.baseline, r.default):
+            if r is not None and r is not b and r.score > 0 and r.cand.name not in (r.baseline, r.default) \
+                    and not r.lossy:
                 ref = r.default if r.default and math.isfinite(r.vs_default) else r.baseline
                 what = "goodput" if r.cand.metric != "us_per_token" else "time"
                 others.append(f"{r.cand.name} ({_pct(r.score)} {what} against {ref})")
+        lossy = next((r for r in self.rows if r.rank and r.lossy and r.score > 0), None)
+        if lossy is not None:
+            others.append(f"consider {lossy.cand.name} only if its quality cost is acceptable ({lossy.cand.quality}; "
+                          f"{_pct(lossy.gain)} time against {lossy.baseline})")
         dead = sorted({r.cand.family for r in self.rows if not r.cand.applicable})
         second = (f"Combine it with {' and '.join(others)}; " if others else "Nothing else pays on top of it; ") + \
             f"regime: {self.regime_text}" + (f"; not applicable: {', '.join(dead)}." if dead else ".")

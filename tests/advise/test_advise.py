@@ -209,3 +209,16 @@ def test_deployment_checks_its_fields():
         Deployment(model=m, hw=hw, gpus=4, ep=4, memory_gb=float("nan"))
     with pytest.raises(ConfigError, match="--gpus"):
         Deployment(model=m, hw=hw, gpus=0, ep=1, memory_gb=80.0)
+
+
+def test_lossy_strategies_rank_after_exact_ones_and_are_never_the_pick():
+    cands = [_c("on-demand LRU", "cache", 100.0), _c("lfu", "cache", 95.0),
+             _c("eMoE residency with fallback", "residency", 10.0, quality="30% rerouted")]
+    rows = rank(cands, 0.1)
+    assert [r.cand.name for r in rows] == ["lfu", "on-demand LRU", "eMoE residency with fallback"]
+    assert rows[2].rank == 3 and rows[2].gain > rows[0].gain
+    from routecast.advise.rank import Verdict
+
+    v = Verdict(deployment="d", regime={}, regime_text="r", rows=rows, error=0.1, error_source="s")
+    assert v.best.cand.name == "lfu" and v.best_of("cache").cand.name == "lfu"
+    assert "only if its quality cost is acceptable (30% rerouted" in v.sentences
