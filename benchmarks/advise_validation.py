@@ -196,8 +196,14 @@ def main() -> int:
     ap.add_argument("--prompts", default=None, help="offload prompts (default corpus:val:6; corpus:val:2 quick)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per request (default 24; 12 quick)")
     ap.add_argument("--ep-steps", type=int, default=None, help="EP steps replayed (default 6; 3 quick)")
-    ap.add_argument("--only", default="offload,ep", help="configuration families (default offload,ep)")
+    ap.add_argument("--only", default="offload,ep", help="configuration families (default offload,ep); a subset "
+                                                             "writes advise_validation-FAMILY.json")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="score the configurations measured by earlier --only runs together (no new runs)")
     args = ap.parse_args()
+    if args.combine:
+        cfgs = [c for f in args.combine for c in json.loads(Path(f).read_text())["data"]["configurations"]]
+        return report(cfgs, args, time.time(), "advise_validation", {"combined": args.combine})
     q = args.quick
     args.repeats = args.repeats or (2 if q else 3)
     args.prompts = args.prompts or ("corpus:val:2" if q else "corpus:val:6")
@@ -216,6 +222,12 @@ def main() -> int:
         cfgs += offload_configs(args, prof, trace_dir)
     if "ep" in fams:
         cfgs += ep_configs(args, prof, trace_dir, work)
+    name = "advise_validation" if set(fams) >= {"offload", "ep"} else "advise_validation-" + "-".join(fams)
+    return report(cfgs, args, t0, name, {"profile": str(prof)})
+
+
+def report(cfgs: list[dict[str, Any]], args: argparse.Namespace, t0: float, name: str, extra: dict[str, Any]) -> int:
+    """Score, print the claim lines and write the benchmark JSON."""
     n, m, tau, rows = score(cfgs)
     load = os.getloadavg()
     head = [f"advisor top choice measured best (or within noise) in {n} of {m} configurations",
@@ -225,9 +237,9 @@ def main() -> int:
     for r in rows:
         print(json.dumps(r, default=float))
     print("\n".join(head))
-    write_bench("advise_validation", title="The advisor's order against measured runs on this CPU", headline=head,
+    write_bench(name, title="The advisor's order against measured runs on this CPU", headline=head,
                 tables=[table("per configuration", rows)],
-                data={"configurations": cfgs, "n": n, "m": m, "tau": tau, "profile": str(prof)}, quick=q)
+                data={"configurations": cfgs, "n": n, "m": m, "tau": tau, **extra}, quick=args.quick)
     return 0
 
 

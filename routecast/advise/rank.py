@@ -185,7 +185,8 @@ class Verdict:
         return "\n".join(out)
 
     def text(self) -> str:
-        return "\n".join([self.deployment, f"regime: {self.regime_text}", "", self.table(), "",
+        notes = [f"note: {n}" for n in self.regime.get("notes", ())]
+        return "\n".join([self.deployment, f"regime: {self.regime_text}", *notes, "", self.table(), "",
                           f"uncertainty: {self.error_source}", "", "verdict: " + self.sentences])
 
     def as_dict(self) -> dict[str, Any]:

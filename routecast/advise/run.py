@@ -10,6 +10,7 @@ experts fit; caching / prefetch and eMoE residency (advise.offload) when they do
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,22 @@ from routecast.common.errors import ConfigError
 from routecast.trace.trace import Trace
 
 FAMILIES = ("placement", "shuffle", "cache", "scheduler")
+# Placement and shuffling plan and price every (step, layer) (PROBE's planner, the co-clustering's scoring): on a
+# longer trace they run on its first MAX_EP_STEPS steps (the regime, caching and scheduling read the whole trace).
+MAX_EP_STEPS = 2000
+
+
+def first_steps(trace: Trace, n: int) -> tuple[Trace, str]:
+    """The trace's first `n` distinct steps (the trace itself when it has no more) -> (trace, note or "")."""
+    import numpy as np
+
+    steps = np.asarray(trace.tokens["step"])
+    u = np.unique(steps)
+    if u.size <= n:
+        return trace, ""
+    sub = trace.select(steps <= u[n - 1])
+    return sub, (f"placement and shuffling priced on the first {n} of {u.size} steps ({sub.num_tokens} of "
+                 f"{trace.num_tokens} tokens)")
 
 
 def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, families: tuple[str, ...] = FAMILIES,
@@ -42,15 +59,18 @@ def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, 
     cands: list[Candidate] = []
     extras: dict[str, Any] = {"plans": None, "shuffle": None, "serve": None}
     run = None
+    ep_trace, note = first_steps(trace, MAX_EP_STEPS) if {"placement", "shuffle"} & set(families) else (trace, "")
+    if note:
+        regime = dataclasses.replace(regime, notes=(*regime.notes, note))
     if "placement" in families:
         t0 = time.perf_counter()
-        got, run = placement_candidates(trace, dep, regime)
+        got, run = placement_candidates(ep_trace, dep, regime)
         cands += got
         extras["plans"] = run.plans if run is not None else None
         timings["placement"] = time.perf_counter() - t0
     if "shuffle" in families:
         t0 = time.perf_counter()
-        got, sh = shuffle_candidates(trace, dep, regime, methods=shuffle_methods or SHUFFLE_METHODS, seed=seed,
+        got, sh = shuffle_candidates(ep_trace, dep, regime, methods=shuffle_methods or SHUFFLE_METHODS, seed=seed,
                                      attn_T=None if run is None else run.attn_T,
                                      tokens_T=None if run is None else run.tokens_T)
         cands += got
