@@ -132,7 +132,7 @@ def _predict_ep(trace: Any, run_dir: Path, ranks: int, hw: Any, steps: list[int]
         w = step_work(sub)
         wl = type(w)(batch=np.repeat(w.batch, L), seq_len=np.repeat(w.seq_len, L),
                      context_len=np.repeat(w.context_len, L))
-        c = layer_cost(counts, model=m, hw=hw, work=wl, opts=probe_options("nvlink"))
+        c = layer_cost(counts, model=m, hw=hw, work=wl, opts=dataclasses.replace(probe_options("nvlink"), roofline="rank"))
         total += float((c.dispatch + c.ffn + c.combine).sum())
     return total
 
