@@ -286,7 +286,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
         return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
-    from routecast.schedule.cli import run_rebatch
+    from routecast.schedule.rebatch import run_rebatch
     from routecast.sim.hardware import load_hardware
     from routecast.trace.io import read_trace
     _threads(a.threads)
@@ -507,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedule)
     cocluster_cli.add_permute_parser(sub)
 
-    from routecast.cache.emoe_cli import add_parser as add_emoe_parser  # light: argparse only
+    from routecast.runtime.emoe.cli import add_parser as add_emoe_parser  # light: argparse only
 
     add_emoe_parser(sub)
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
@@ -527,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="build --out DIR --gensim-wheel WHL [--sample-out DIR] ...")
     p.set_defaults(fn=cmd_corpus)
 
-    from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
+    from routecast.serve.cli import add_parser as add_serve_sim  # parser + handler live in serve/
     add_serve_sim(sub)
     return ap
 
