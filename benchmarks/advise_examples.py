@@ -31,8 +31,8 @@ from routecast.common.bench import table, write_bench  # noqa: E402
 def _half_memory_gb(model: str) -> float:
     """GB per GPU at which one GPU holds the dense weights and half the routed experts (advise.regime's rule)."""
     from routecast.advise.regime import KV_RESERVE, MEM_UTIL
+    from routecast.serve.engine import weight_bytes
     from routecast.sim.models import load_model
-    from routecast.sim.serve_cost import weight_bytes
 
     m = load_model(model)
     experts = m.num_moe_layers * m.num_experts * m.expert_bytes()

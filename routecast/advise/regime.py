@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from routecast.common.errors import ConfigError
+from routecast.serve.engine import weight_bytes
 from routecast.sim.hardware import Hardware
 from routecast.sim.models import ModelProfile
-from routecast.sim.serve_cost import weight_bytes
 from routecast.trace.trace import Trace
 
 MEM_UTIL = 0.9  # share of device memory an engine takes (vLLM's gpu_memory_utilization default)

@@ -97,9 +97,9 @@ def make_deployment(*, model_profile: str, hardware: str, gpus: int, ep: int | N
                     memory_gb: float | None = None, link: str = "nvlink", rate: float | None = None,
                     slo_ttft: str = "5x", slo_tpot: str = "5x") -> Deployment:
     """Load the profiles and build the Deployment (ep default: gpus; memory default: the profile's capacity)."""
+    from routecast.serve.loop import parse_slo
     from routecast.sim.hardware import load_hardware
     from routecast.sim.models import load_model
-    from routecast.sim.serve import parse_slo
 
     parse_slo(slo_ttft, "--slo-ttft-ms")
     parse_slo(slo_tpot, "--slo-tpot-ms")

@@ -27,10 +27,10 @@ RATE_OF_CAPACITY = 0.7
 def scheduler_candidates(trace: Trace, dep: Deployment, regime: Regime, *, model_ref: str, hw_ref: str,
                          seed: int = 0, period: int = 40) -> tuple[list[Candidate], dict[str, Any]]:
     """Every scheduler on the same arrivals (module docstring) -> (candidates, the serve-sim configuration)."""
-    from routecast.sim.serve import SLO
-    from routecast.sim.serve_cli import capacity_rps, run_one
-    from routecast.sim.serve_cost import EngineConfig, build_engine
-    from routecast.sim.serve_workload import Requests, task_expert_freq
+    from routecast.serve.engine import EngineConfig, build_engine
+    from routecast.serve.loop import SLO
+    from routecast.serve.sweep import capacity_rps, run_one
+    from routecast.serve.workload import Requests, task_expert_freq
 
     budget = min(max(regime.resident_share, 1e-6), 1.0)
     try:

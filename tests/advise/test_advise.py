@@ -17,8 +17,8 @@ from routecast.advise.regime import KV_RESERVE, MEM_UTIL, Deployment, detect_reg
 from routecast.advise.run import advise_trace, make_deployment
 from routecast.cli import main
 from routecast.common.errors import ConfigError
+from routecast.serve.engine import weight_bytes
 from routecast.sim.models import load_model
-from routecast.sim.serve_cost import weight_bytes
 from routecast.trace.io import write_trace
 from tests.conftest import build_small_trace
 
