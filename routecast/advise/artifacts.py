@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from routecast.advise.rank import Verdict
+from routecast.common.bench import _clean as clean
 from routecast.common.outputs import write_atomic
 from routecast.place.engines import sglang_mapping
 from routecast.place.slots import SlotPlan
@@ -69,8 +70,9 @@ def write_artifacts(out_dir: str | Path, verdict: Verdict, *, model: ModelProfil
         write_atomic(out / "sglang-flags.txt", flags + "\n", "--out")
         files["sglang"] = str(p)
         files["sglang_flags"] = str(out / "sglang-flags.txt")
-        cmds.append(f"# SGLang, placement from {which}:\npython -m sglang.launch_server --model-path {model_ref} "
-                    f"{flags}")
+        path = model_ref if Path(model_ref).is_dir() else "MODEL_DIR"
+        cmds.append(f"# SGLang, placement from {which} (MODEL_DIR: the Hugging Face checkpoint of {model.name}):\n"
+                    f"python -m sglang.launch_server --model-path {path} {flags}")
     if shuffle and shuffle.get("plan") is not None:
         p = out / "cocluster-plan.json"
         write_atomic(p, shuffle["plan"].to_json(), "--out")
@@ -92,8 +94,8 @@ def write_artifacts(out_dir: str | Path, verdict: Verdict, *, model: ModelProfil
         cmds.append(f"# serving simulator, scheduler {sched.cand.name}:\n" + serve_command(conf, trace_ref))
     write_atomic(out / "deploy.txt", "\n\n".join(cmds) + "\n", "--out")
     files["deploy"] = str(out / "deploy.txt")
-    doc = {**verdict.as_dict(), "artifacts": files}
-    write_atomic(out / "verdict.json", json.dumps(doc, indent=1, default=float) + "\n", "--out")
+    doc = clean({**verdict.as_dict(), "artifacts": files})
+    write_atomic(out / "verdict.json", json.dumps(doc, indent=1, allow_nan=False) + "\n", "--out")
     files["verdict"] = str(out / "verdict.json")
     return files
 

@@ -141,7 +141,9 @@ def advise_main(a: argparse.Namespace, html_writer: Any = None) -> int:
         html_writer(a.html, v)
         files["html"] = str(a.html)
     if a.json:
-        print(json.dumps({**v.as_dict(), "artifacts": files}, indent=1, default=float))
+        from routecast.common.bench import _clean
+
+        print(json.dumps(_clean({**v.as_dict(), "artifacts": files}), indent=1, allow_nan=False))
     else:
         print(v.text())
         for k, f in files.items():

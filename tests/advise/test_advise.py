@@ -222,3 +222,12 @@ def test_lossy_strategies_rank_after_exact_ones_and_are_never_the_pick():
     v = Verdict(deployment="d", regime={}, regime_text="r", rows=rows, error=0.1, error_source="s")
     assert v.best.cand.name == "lfu" and v.best_of("cache").cand.name == "lfu"
     assert "only if its quality cost is acceptable (30% rerouted" in v.sentences
+
+
+def test_json_is_strict_and_lists_what_does_not_apply(ep_trace, capsys):
+    assert main(["advise", "--trace", str(ep_trace), "--model-profile", "mixtral-8x7b", "--hardware", "a100-sxm-80gb",
+                 "--gpus", "4", "--only", "cache,scheduler", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    dead = [r for r in doc["rows"] if not r["applicable"]]
+    assert dead and all(r["reason"] and r["rank"] == 0 for r in dead)
+    assert {r["strategy"] for r in doc["rows"] if r["rank"]} == {"fcfs", "vllm", "fastgen", "emoe"}
