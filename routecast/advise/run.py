@@ -22,9 +22,10 @@ from routecast.common.errors import ConfigError
 from routecast.trace.trace import Trace
 
 FAMILIES = ("placement", "shuffle", "cache", "scheduler")
-# Placement and shuffling plan and price every (step, layer) (PROBE's planner, the co-clustering's scoring): on a
-# longer trace they run on its first MAX_EP_STEPS steps (the regime, caching and scheduling read the whole trace).
-MAX_EP_STEPS = 2000
+# Placement and shuffling plan and price every (step, layer) (PROBE's planner, the co-activation fit, the
+# co-clustering's scoring): on a longer trace they run on its first MAX_EP_CELLS // MoE-layers steps (2,000 steps of a
+# 20-layer model, 689 of DeepSeek-V3's 58); the regime, caching and scheduling read the whole trace.
+MAX_EP_CELLS = 40000
 
 
 def first_steps(trace: Trace, n: int) -> tuple[Trace, str]:
@@ -59,7 +60,8 @@ def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, 
     cands: list[Candidate] = []
     extras: dict[str, Any] = {"plans": None, "shuffle": None, "serve": None}
     run = None
-    ep_trace, note = first_steps(trace, MAX_EP_STEPS) if {"placement", "shuffle"} & set(families) else (trace, "")
+    cap = max(MAX_EP_CELLS // trace.spec.num_layers, 1)
+    ep_trace, note = first_steps(trace, cap) if {"placement", "shuffle"} & set(families) else (trace, "")
     if note:
         regime = dataclasses.replace(regime, notes=(*regime.notes, note))
     if "placement" in families:
