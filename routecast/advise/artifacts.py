@@ -105,4 +105,5 @@ def serve_command(conf: dict[str, Any], trace_ref: str) -> str:
     return (f"routecast serve-sim --model-profile {conf['model_profile']} --hardware {conf['hardware']} "
             f"--gpus {conf['gpus']} --link {conf['link']} --budget {conf['budget']:.4g} --skewness "
             f"{conf['skewness']:.4g} --trace {trace_ref} --rate {conf['rate_req_s']:.4g} --scheduler "
-            f"{conf['scheduler']} --slo-ttft {conf['slo_ttft']} --slo-tpot {conf['slo_tpot']} --period {conf['period']}")
+            f"{conf['scheduler']} --slo-ttft {conf['slo_ttft']} --slo-tpot {conf['slo_tpot']} --period {conf['period']} "
+            f"--token-budget {conf['token_budget']}")

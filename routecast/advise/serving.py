@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from routecast.advise.candidate import Candidate, not_applicable
 from routecast.advise.regime import Deployment, Regime
 from routecast.common.errors import ConfigError
@@ -22,6 +24,7 @@ from routecast.trace.trace import Trace
 SCHEDULERS = {"fcfs": "FCFS (doing nothing)", "vllm": "vLLM scheduler (engine default)", "fastgen": "DeepSpeed-FastGen",
               "emoe": "eMoE SLO-aware scheduler"}
 RATE_OF_CAPACITY = 0.7
+TOKEN_BUDGET = 4096  # tokens per step (vLLM's max_num_batched_tokens), raised to the trace's longest prompt
 
 
 def scheduler_candidates(trace: Trace, dep: Deployment, regime: Regime, *, model_ref: str, hw_ref: str,
@@ -34,17 +37,17 @@ def scheduler_candidates(trace: Trace, dep: Deployment, regime: Regime, *, model
 
     budget = min(max(regime.resident_share, 1e-6), 1.0)
     try:
-        cfg = EngineConfig(model=model_ref, hardware=hw_ref, gpus=dep.gpus, link=dep.link, budget=budget,
-                           skewness=max(regime.skewness, 1.0), seed=seed)
-        engine = build_engine(cfg)
         req = Requests.from_trace(trace)
+        # the simulator prefills a prompt in one step: the token budget must hold the longest prompt
+        token_budget = max(TOKEN_BUDGET, int(req.prompt.max()))
+        cfg = EngineConfig(model=model_ref, hardware=hw_ref, gpus=dep.gpus, link=dep.link, budget=budget,
+                           skewness=max(regime.skewness, 1.0), token_budget=token_budget, seed=seed)
+        engine = build_engine(cfg)
+        cap = capacity_rps(engine, req)
     except ConfigError as e:
         return [not_applicable(n, sy, "scheduler", f"the serving simulator refuses this deployment: {e}",
                                "goodput_tok_s") for n, sy in SCHEDULERS.items()], {}
-    cap = capacity_rps(engine, dataclasses.replace(req))
     rate = dep.rate if dep.rate is not None else RATE_OF_CAPACITY * cap
-    import numpy as np
-
     span = float(req.arrival[-1]) if req.n > 1 else 0.0
     arr = req.arrival * ((req.n - 1) / rate) / span if span > 0 else np.arange(req.n) / rate
     req = dataclasses.replace(req, arrival=arr)
@@ -60,6 +63,7 @@ def scheduler_candidates(trace: Trace, dep: Deployment, regime: Regime, *, model
             detail={k: float(r[k]) for k in ("slo_attainment", "throughput_tok_s", "ttft_p90_s", "tpot_p50_s",
                                               "e2e_mean_s")}))
     conf = {"model_profile": model_ref, "hardware": hw_ref, "gpus": engine.gpus, "link": dep.link,
+            "token_budget": cfg.token_budget,
             "budget": budget, "skewness": cfg.skewness, "rate_req_s": rate, "capacity_req_s": cap,
             "requests": int(req.n), "slo_ttft": dep.slo_ttft, "slo_tpot": dep.slo_tpot, "period": period,
             "seed": seed}
