@@ -25,6 +25,12 @@ property of the model and the batch size, not of one request), then serves unsee
      forecast of the step (causal: a layer-ahead predictor) or, for the oracle row, the actual loads.
      An expert forecast idle stays home. Whole, not split: a split costs a second weight read.
 Weights move only when the plan is made (once, before serving), not per step.
+
+Why a local search and not a graph partitioner: METIS (pymetis) and Mt-KaHyPar minimise the weight of cut
+edges; keeping co-firing experts apart is the opposite (a balanced max-cut of the co-activation graph), and
+the quantity that sets the time, the expected maximum over ranks of a per-step sum, is not a sum over pairs
+(a pair objective also misses hot experts that fire with everything and the compute term of large batches).
+The swap search optimises that maximum itself, on every training step, vectorised over all pairs.
 """
 
 from __future__ import annotations
