@@ -30,7 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.fallback import perplexity, token_agreement  # noqa: E402
-from routecast.runtime.offload.run import encode_prompts, load_run, make_predictor, offloaded_perplexity, run_config  # noqa: E402
+from routecast.runtime.offload.run import (  # noqa: E402
+    encode_prompts,
+    load_run,
+    make_predictor,
+    offloaded_perplexity,
+    run_config,
+)
 from routecast.trace.capture_inputs import load_prompts  # noqa: E402
 
 

@@ -101,10 +101,9 @@ def check_prefetch_top(top: int, top_k: int) -> None:
 def run_main(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from routecast.cache.policy import make_policy
     from routecast.cache.replay import parse_budget
     from routecast.runtime.offload.run import load_run, make_predictor, run_config
-
-    from routecast.cache.policy import make_policy
 
     torch.set_num_threads(a.threads)
     make_policy(a.policy)  # an unknown name is refused before the model loads
