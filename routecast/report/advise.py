@@ -76,7 +76,7 @@ def section_advise(trace: Any, out: Path) -> tuple[Section, dict[str, Any]]:
     v, extras = advise_trace(trace, dep, model_ref=model, hw_ref=DEMO_HARDWARE, shuffle_methods=("sts", "metis"))
     files = write_artifacts(out / "advise", v, model=dep.model, plans=extras["plans"], shuffle=extras["shuffle"],
                             serve_conf=extras["serve"], model_ref=model, trace_ref=str(out / "trace"))
-    sec = advise_section(v)
+    sec = advise_section(v, key="advise", title="Verdict: what to deploy")
     sec.parts.append(paragraph("Deploy files: " + ", ".join(f"{k} = {p}" for k, p in files.items())))
     best = v.best
     return sec, {"verdict": v.sentences, "best": None if best is None else best.cand.name,
