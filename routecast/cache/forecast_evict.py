@@ -12,7 +12,8 @@ Two forecasts, both causal (they use only routing already observed and what the 
 
 ForecastEvictPolicy (a, "fc-evict") evicts the resident key whose predicted next use is farthest: keys
 forecast for a later layer of this step are needed at that layer (nearest kept); every other key at its
-expected next use above. Keys of the access being served are never its own victims. No prefetch: the bytes
+expected next use above. Keys of the access being served go last (only when the pool is smaller than the
+access, as in the kernel). No prefetch: the bytes
 moved are the demand loads only.
 
 PrefetchAdmission (b, "+admit"): a forecast key k of the next layer is fetched ahead only when
@@ -49,6 +50,21 @@ class StepUse:
     keys: np.ndarray
     counts: np.ndarray
     tokens: np.ndarray
+
+    @classmethod
+    def from_routing(cls, request_T: np.ndarray, experts_TLK: np.ndarray, E: int) -> StepUse:
+        """One step's StepUse from its tokens' request ids (T,) and routed experts (T, L, K) (-1 = dropped slot):
+        what the runtime hands SlotCache.end_step after a forward step."""
+        req = np.asarray(request_T, np.int64)
+        ex = np.asarray(experts_TLK, np.int64)
+        T, L, _ = ex.shape
+        reqs, r_idx, tok = np.unique(req, return_inverse=True, return_counts=True)
+        ok = ex >= 0
+        keys = (np.arange(L, dtype=np.int64)[None, :, None] * E + ex)[ok]
+        rows = np.broadcast_to(r_idx.reshape(T, 1, 1), ex.shape)[ok]
+        u, cnt = np.unique(rows * (L * E) + keys, return_counts=True)
+        off = np.searchsorted(u // (L * E), np.arange(len(reqs) + 1)).astype(np.int64)
+        return cls(requests=reqs, off=off, keys=u % (L * E), counts=cnt.astype(np.float64), tokens=tok)
 
 
 class ReuseForecast:
@@ -172,8 +188,12 @@ class ForecastEvictPolicy(BasePolicy):
         if len(keys) == 0:
             return -1
         d = self.next_use(keys, layer)
-        for k in keys[np.lexsort((self.last[keys], -d))].tolist():  # farthest first, then least recent
+        order = keys[np.lexsort((self.last[keys], -d))].tolist()  # farthest first, then least recent
+        for k in order:
             if k not in self.cur and not pinned(k):
+                return k
+        for k in order:  # a pool smaller than the access: a computed key of it goes (the driver pins the others)
+            if not pinned(k):
                 return k
         return -1
 

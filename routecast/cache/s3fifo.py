@@ -82,6 +82,8 @@ class S3FIFOPolicy(BasePolicy):
                 else:
                     return k
             else:
+                if not self.m:
+                    return -1  # every key of S is pinned and M is empty
                 k = next(iter(self.m))
                 if pinned(k):
                     self.m.move_to_end(k)
