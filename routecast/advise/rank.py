@@ -152,12 +152,11 @@ class Verdict:
                 what = "goodput" if r.cand.metric != "us_per_token" else "time"
                 others.append(f"{r.cand.name} ({_pct(r.score)} {what} against {ref})")
         lossy = next((r for r in self.rows if r.rank and r.lossy and r.score > 0), None)
-        if lossy is not None:
-            others.append(f"consider {lossy.cand.name} only if its quality cost is acceptable ({lossy.cand.quality}; "
-                          f"{_pct(lossy.gain)} time against {lossy.baseline})")
+        extra = (f"consider {lossy.cand.name} only if its quality cost is acceptable ({lossy.cand.quality}; "
+                 f"{_pct(lossy.gain)} time against {lossy.baseline}); " if lossy is not None else "")
         dead = sorted({r.cand.family for r in self.rows if not r.cand.applicable})
-        second = (f"Combine it with {' and '.join(others)}; " if others else "Nothing else pays on top of it; ") + \
-            f"regime: {self.regime_text}" + (f"; not applicable: {', '.join(dead)}." if dead else ".")
+        second = (f"Combine it with {' and '.join(others)}; " if others else "Nothing exact pays on top of it; ") + \
+            extra + f"regime: {self.regime_text}" + (f"; not applicable: {', '.join(dead)}." if dead else ".")
         return f"{first} {second}"
 
     def table(self) -> str:
