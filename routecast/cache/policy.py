@@ -177,18 +177,6 @@ class ExpertPolicy(BasePolicy):
         return -1
 
 
-POLICIES: dict[str, Callable[[], ExpertPolicy]] = {"lru": ExpertPolicy}
-
-
-def make_policy(name: str) -> ExpertPolicy:
-    """A fresh replacement-policy object by name (POLICIES), for SlotCache's pools (runtime and replay alike)."""
-    from routecast.common.errors import ConfigError
-
-    if name not in POLICIES:
-        raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(sorted(POLICIES))}.")
-    return POLICIES[name]()
-
-
 def replay_demand(req_off: np.ndarray, req_key: np.ndarray, budget: int) -> tuple[int, int]:
     """Pure-Python pooled LRU over a kernel access list (replay.Accesses.req_off / req_key): hits are touched
     first, then each miss evicts the least recently used key, as the kernel does. -> (hits, misses)."""

@@ -44,7 +44,8 @@ def add_parser(sub: Any) -> None:
                         "loading it (once the pool is full); also runs all-resident and prints the greedy-token agreement")
     p.add_argument("--write-profile", default=None, help="measure the disk tier and write a hardware profile TOML here")
     p.add_argument("--hardware", default=None, help="base profile for --write-profile (e.g. out/hardware/calibrated-cpu.toml)")
-    p.add_argument("--policy", default="lru", help="slot replacement policy (cache/policy.py POLICIES; default lru)")
+    p.add_argument("--policy", default="lru", help="slot replacement policy: lru, lfu, arc, s3fifo, lirs or fc-evict "
+                   "(cache/zoo.py, the replay's objects; default lru)")
     p.add_argument("--out", default=None, help="write the generations as JSONL here (one line per request: prompt, text, ids)")
     p.add_argument("--figures", default=None, help="write the run's figures as JSON here")
     p.add_argument("--batch-size", type=int, default=1,
@@ -101,12 +102,12 @@ def check_prefetch_top(top: int, top_k: int) -> None:
 def run_main(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from routecast.cache.policy import make_policy
     from routecast.cache.replay import parse_budget
     from routecast.runtime.offload.run import load_run, make_predictor, run_config
+    from routecast.runtime.offload.store import check_runtime_policy
 
     torch.set_num_threads(a.threads)
-    make_policy(a.policy)  # an unknown name is refused before the model loads
+    check_runtime_policy(a.policy)  # an unknown name is refused before the model loads
     model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens, experts=not a.offload)
     if not a.offload:
         res = run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)

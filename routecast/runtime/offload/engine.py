@@ -2,27 +2,24 @@
 
 ``OffloadedModel(model, model_dir, cfg, predictor)`` finds the MoE blocks with the capture adapters
 (trace/capture_arch.py), maps every expert to its bytes in the checkpoint (tier.ExpertLayout), checks
-those bytes against the loaded weights, frees the fused expert tensors and replaces each experts
+those bytes against the loaded weights (when the model was loaded with them; load.py loads it without), frees the
+fused expert tensors and replaces each experts
 module's forward: the router's choice is turned into one store access (the layer's distinct experts),
 and the experts run from the store's slot pools through the model's own experts implementation.
 
-Exactness: as each group of a layer's experts becomes ready in the store (hits at once, misses when
-read), it is copied from its slots into a compact [n, ...] buffer in ascending expert order (n = the
-layer's distinct experts; one buffer per fused param, kept between layers and grown to the largest n seen,
-filled by index_select from the pinned slots, so a layer allocates nothing; the layer's
-bookkeeping is numpy on its ids: bincount for the distinct experts, a rank table for the remap); the
-model's own experts function (eager, grouped_mm or batched_mm, as its
-config says) then runs once on that buffer with the ids remapped monotonically (expert -> rank), so every
-GEMM row, every reduction and the accumulation order are the model's. Tested: greedy generations are
-token-for-token identical to the all-resident model on both built-in models. The buffer is compute
-scratch of one layer's active experts (like ExpertFlow's staging buffer), not part of the slot budget; it
-lets a layer whose union exceeds the pool compute in groups (a slot is released once copied). It is also
-why the offloaded forward can be faster than the all-resident one: transformers' CPU grouped_mm costs
-~3 µs per expert *held* in its weight tensor (64 all-resident vs n here), measured in the benchmark.
+Exactness and memory: once all of a layer's experts hold slots (hits at once, misses when read), the model's own
+experts function (eager, grouped_mm or batched_mm, as its config says) runs once on the slot pool itself, the
+router's ids remapped to slot indices (numpy bincount for the distinct experts, a slot table for the remap): no
+copy and no scratch buffer outside --budget. transformers' grouped_mm sums each token's K contributions in the
+router's k order, whatever the expert numbering, so the logits are bit-identical to the all-resident model's
+(tested on every generation step). A layer whose distinct experts exceed its pool computes in rounds (each
+round's slots are released before the next round is read; the other ids take transformers' expert-parallel
+sentinel), its outputs summed: allclose, not bit-identical.
 
 Prefetch: a request-horizon predictor (MoE-GPS FFN, ExpertFlow's path predictor) forecasts every layer
-of a step in a forward pre-hook, before layer 0; a layer-horizon one (PROBE's lookahead) forecasts layer
-l+1 from layer l's router input in a hook on layer l's router. The forecast's per-layer batch sets go to
+of a step in a forward pre-hook, before layer 0; PROBE's lookahead forecasts layer l+1 inside layer l's MoE block
+from the hidden state the block holds (one small matmul, _lookahead); other layer-horizon predictors use a hook on
+layer l's router. The forecast's per-layer batch sets go to
 ExpertStore.prefetch (nearest layer first); each layer's true routing corrects them (store.py).
 """
 
@@ -59,7 +56,8 @@ class OffloadConfig:
     eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot.
     prefetch_top, prefetch_min_prob: confidence gate on a token-level forecast (_batch_sets): each token prefetches
     only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob.
-    policy: the replacement policy of the slots (cache/policy.py POLICIES: the same objects as the replay's)."""
+    policy: the replacement policy of the slots (cache/zoo.py: lru, lfu, arc, s3fifo, lirs, fc-evict; the same
+    objects as the replay's)."""
 
     budget: int
     per_layer: bool = False
@@ -181,6 +179,7 @@ class OffloadedModel:
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
+        self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe), on the compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
 
@@ -277,6 +276,8 @@ class OffloadedModel:
         self._tokens = tok = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
         if self.predictor is None:
+            if self._profiles:
+                self.store.begin_step(self._first + np.arange(self._shape[0], dtype=np.int64), None)
             return
         T = tok.shape[0]
         B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
@@ -288,7 +289,12 @@ class OffloadedModel:
             t0 = time.perf_counter()
             fc = self.predictor.predict(self._view())
             self.predict_s += time.perf_counter() - t0
-            self._prefetch(fc, list(range(self.L)), -1)
+            if self._profiles:  # fc-evict sees the step's forecast sets before they are prefetched
+                sets = _batch_sets(fc, T, self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
+                self.store.begin_step(self._cols["request"][::S], sets)
+                self._prefetch(fc, list(range(self.L)), -1, sets)
+            else:
+                self._prefetch(fc, list(range(self.L)), -1)
             self.issue_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
@@ -337,8 +343,25 @@ class OffloadedModel:
             self.issue_s += time.perf_counter() - t0
         return hook
 
+    def _step_use(self):
+        """The step's routing per request (batch row) as a cache.forecast_evict.StepUse (fc-evict's profiles)."""
+        from routecast.cache.forecast_evict import StepUse
+
+        B, S = self._shape
+        keys_R, counts_R = [], []
+        for r in range(B):
+            ks = np.concatenate([li * self.E + x.reshape(B, S, -1)[r].reshape(-1).numpy()
+                                 for li, x in enumerate(self._step_ids) if x is not None])
+            u, c = np.unique(ks, return_counts=True)
+            keys_R.append(u)
+            counts_R.append(c)
+        off = np.concatenate([[0], np.cumsum([len(k) for k in keys_R])]).astype(np.int64)
+        return StepUse(requests=self._first + np.arange(B, dtype=np.int64), off=off,
+                       keys=np.concatenate(keys_R).astype(np.int64), counts=np.concatenate(counts_R).astype(np.int64),
+                       tokens=np.full(B, S, np.int64))
+
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
-        self.store.end_step()
+        self.store.end_step(self._step_use() if self._profiles else None)
         if self.lookahead is not None and not self.lookahead.config.online:  # its observe would do nothing
             self.pred_sets.append(self._pred)
         elif self.predictor is not None:

@@ -68,7 +68,7 @@ def load_without_experts(name: str | Path) -> tuple[nn.Module, Any]:
                                           f"expected {list(dst.shape)} from its config.")
                     dst.copy_(src)
                     loaded.add(key)
-        for _mname, m in model.named_modules():  # non-persistent buffers (rotary inv_freq) the checkpoint lacks
+        for m in model.modules():  # non-persistent buffers (rotary inv_freq) the checkpoint lacks
             if id(m) not in experts and not any(True for _ in m.parameters(recurse=False)) and \
                     any(True for _ in m.buffers(recurse=False)):
                 model._init_weights(m)

@@ -99,6 +99,16 @@ def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tupl
     return res
 
 
+def logits_match(ref: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, rtol: float = 1e-4,
+                 atol: float = 1e-4) -> tuple[bool, float]:
+    """Every generation step's logits of `got` (per request (steps, vocab), generate_all(logits=True)) allclose to
+    `ref`'s -> (all close, largest absolute difference). Different step counts are a mismatch (inf)."""
+    if len(ref) != len(got) or any(a.shape != b.shape for a, b in zip(ref, got, strict=False)):
+        return False, float("inf")
+    diff = max((float((a - b).abs().max()) for a, b in zip(ref, got, strict=True) if a.numel()), default=0.0)
+    return all(torch.allclose(a, b, rtol=rtol, atol=atol) for a, b in zip(ref, got, strict=True)), diff
+
+
 def make_predictor(name: str, model: torch.nn.Module, model_dir: str | Path, *, predictor_dir: str | Path | None = None,
                    fit_trace: str | Path | None = None, seed: int = 0, threads: int = 1) -> Any:
     """The forecaster behind --prefetch: None for 'none'; a saved predictor (predictor_dir), one fitted on

@@ -23,6 +23,7 @@ late, prefetch_loaded, reads_skipped and stall seconds (the compute thread waiti
 from __future__ import annotations
 
 import heapq
+import mmap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from routecast.cache.slots import Load, SlotCache
+from routecast.cache.zoo import DESCRIBE, split_name
 from routecast.common.errors import ConfigError
 
 _DEMAND = -1.0
@@ -44,7 +46,7 @@ class StoreConfig:
     check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
     depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one.
     keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k).
-    policy: the slots' replacement policy (cache/policy.py POLICIES, the replay's own objects)."""
+    policy: the slots' replacement policy (cache/zoo.py RUNTIME_POLICIES: the replay's own objects)."""
 
     budget: int
     per_layer: bool = False
@@ -59,6 +61,21 @@ class StoreConfig:
             raise ConfigError(f"budget is {self.budget!r} expert slots; expected at least 1.")
         if self.loader_threads < 1:
             raise ConfigError(f"loader_threads is {self.loader_threads}; expected at least 1.")
+        check_runtime_policy(self.policy)
+
+
+RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit runs in the replay only
+
+
+def check_runtime_policy(name: str) -> None:
+    """--policy NAME for the runtime: a cache/zoo.py policy object (prefetch admission, NAME+admit, is timed by the
+    replay's link model and is not run here)."""
+    if name.removesuffix("+admit") not in DESCRIBE:
+        raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(RUNTIME_POLICIES)}.")
+    _base, admit = split_name(name)
+    if admit:
+        raise ConfigError(f"--policy is {name!r}; prefetch admission (+admit) runs in `routecast cache replay` only; "
+                          f"expected one of {', '.join(RUNTIME_POLICIES)}.")
 
 
 class ExpertStore:
@@ -72,7 +89,8 @@ class ExpertStore:
         self.L, self.E = lay.num_layers, lay.num_experts
         self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer, cfg.policy)
         n_keys = self.L * self.E
-        self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
+        self._maps: list[mmap.mmap] = []
+        self.pools = {p: self._pool(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}
         # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
         self._bytes = {p: t.view(torch.uint8).numpy().reshape(cfg.budget, -1) for p, t in self.pools.items()} \
             if getattr(tier, "accepts_bytes", False) else None
@@ -94,6 +112,15 @@ class ExpertStore:
                         for i in range(cfg.loader_threads)]
         for t in self.threads:
             t.start()
+
+    def _pool(self, n: int, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
+        """[n, *shape] of dt on page-aligned anonymous memory: a slot whose size is a whole number of pages starts
+        on a page, so the tier can read an aligned expert straight into it with O_DIRECT (no copy)."""
+        nbytes = n * int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)  # pages faulted in now,
+        buf = mmap.mmap(-1, max(nbytes, 1), flags=flags)  # not on the first read into each slot during the run
+        self._maps.append(buf)
+        return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(dt).view(n, *shape)
 
     @property
     def capacity(self) -> list[int]:
@@ -197,10 +224,16 @@ class ExpertStore:
             loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
 
-    def end_step(self) -> None:
-        """The forward step finished: its forecast marks are dropped (reads already issued go on)."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        """A forward step starts: its requests and forecast sets go to the policies that use them (fc-evict)."""
         with self.cond:
-            self.slots.end_step()
+            self.slots.begin_step(requests, forecast_LE)
+
+    def end_step(self, observed=None) -> None:
+        """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
+        cache.forecast_evict.StepUse, the step's routing per request) updates the policies' request profiles."""
+        with self.cond:
+            self.slots.end_step(observed)
 
     # ------------------------------------------------------------------ the access
     def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
