@@ -15,7 +15,7 @@ The sensitivity table scales every overhead by x0.1 / x0.3 / x1 / x3 / x10. The 
 Figure 4's points (fits.FIG4_ESTIMATE: hand-written, the figure is not in our copy) appears only as a labelled
 what-if.
 
-Settings (routecast.sim.advisor.moe_gps_setting):
+Settings (routecast.advise.moegps.moe_gps_setting):
 - paper   : links at the paper's 600 / 64 GB/s used as the link speed (its Figure 7 values; DESIGN's
             per-direction figures would be 300 / 32), duplication idealised (each rank at the mean load,
             MoE-GPS's assumption), typical error model.
@@ -47,9 +47,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import routecast  # noqa: E402
-from routecast.common.bench import table, write_bench  # noqa: E402
-from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
-from routecast.sim.advisor import (  # noqa: E402
+from routecast.advise.moegps import (  # noqa: E402
     ACCURACIES,
     FIG7_GBPS,
     PAPER_LINK_GBPS,
@@ -59,6 +57,8 @@ from routecast.sim.advisor import (  # noqa: E402
     moe_gps_setting,
     sweep,
 )
+from routecast.common.bench import table, write_bench  # noqa: E402
+from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
 from routecast.sim.fits import (  # noqa: E402
     FIG4_ESTIMATE,
     REFERENCE_FILE,
@@ -161,7 +161,7 @@ def measured_fits(trace_dir: str | None, epochs: int | None, seed: int, out: Pat
     """Our predictors on a trace: accuracy, overhead vs the forward timed in the same run, and the fits."""
     import torch
 
-    from routecast.sim.advisor import advise, trace_skewness
+    from routecast.advise.moegps import advise, trace_skewness
 
     torch.set_num_threads(1)
     if trace_dir:

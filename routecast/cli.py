@@ -177,14 +177,10 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 def cmd_advise(a: argparse.Namespace) -> int:
-    from routecast.sim.advisor import advise_main
+    from routecast.advise.cli import advise_cli
+    from routecast.report.advise import write_html
 
-    _threads(a.threads)
-    return advise_main(
-        model_profile=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link, trace=a.trace, seq=a.seq,
-        batch=a.batch, as_json=a.json, placement=a.placement, error_model=a.error_model, skewness=a.skewness,
-        link_gbps=a.link_gbps, predictors=a.predictors, epochs=a.epochs, model_dir=a.model, seed=a.seed,
-    )
+    return advise_cli(a, html_writer=write_html)
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
@@ -389,32 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(fn=cmd_calibrate)
 
-    p = sub.add_parser("advise", help="MoE-GPS: which prediction strategy pays for a model on given hardware")
-    p.add_argument("--model-profile", required=True, help="model profile name (sim/models/*.toml) or HF config path")
-    p.add_argument("--hardware", required=True, help="hardware profile name (sim/hardware/*.toml) or TOML path")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs (expert-parallel ranks)")
-    p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="interconnect (default nvlink)")
-    p.add_argument("--trace", default=None, help="trace directory: use its skewness and its predictors' accuracy/cost")
-    p.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument(
-        "--placement", choices=("replicas", "ideal"), default="replicas",
-        help="replicas: every copy re-reads its weights (default); ideal: MoE-GPS's each-rank-at-mean assumption",
-    )
-    p.add_argument(
-        "--error-model", choices=("optimistic", "typical", "pessimistic"), default="typical",
-        help="how prediction errors land on ranks (MoE-GPS §3.3; default typical)",
-    )
-    p.add_argument("--skewness", type=float, default=None, help="override the skewness (default: trace's, else 1.4)")
-    p.add_argument("--link-gbps", type=float, default=None, help="override the per-direction link bandwidth, GB/s")
-    p.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn",
-                   help="predictors to measure on --trace (comma list)")
-    p.add_argument("--epochs", type=int, default=3, help="training epochs for neural predictors (default 3)")
-    p.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin, builtin-fine or none")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    _add_threads(p)
-    p.set_defaults(fn=cmd_advise)
+    from routecast.advise.cli import add_parser as add_advise_parser  # light: argparse only
+
+    add_advise_parser(sub)
+    sub.choices["advise"].set_defaults(fn=cmd_advise)
 
     p = sub.add_parser("predict", help="evaluate (eval) or fit and save (fit) routing predictors on a trace")
     p.add_argument("action", choices=("eval", "fit"), help="eval: score predictors causally; fit: train and save one")
