@@ -121,20 +121,10 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    import numpy as np
-
-    from routecast.trace.summary import inspect_trace
+    from routecast.trace.summary import inspect_lines, inspect_trace
 
     info = inspect_trace(a.trace)
-    if a.json:
-        print(json.dumps(info, indent=2, default=str))
-    else:
-        for k, v in info.items():
-            if isinstance(v, dict):  # long arrays (e.g. the routers' correction bias) print as their shape
-                v = {kk: f"<{np.shape(vv)} array; see --json>" if isinstance(vv, list) and np.size(vv) > 16 else vv
-                     for kk, vv in v.items()}
-            if k != "error":  # the error goes to stderr below
-                print(f"{k:>16}: {v}")
+    print(json.dumps(info, indent=2, default=str) if a.json else "\n".join(inspect_lines(info)))
     if info.get("valid"):
         return 0
     # Like every other command: the reason on stderr, exit code 2 (the summary above stays on stdout).

@@ -245,7 +245,8 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
     mmap=False reads every shard into writable memory (one array per tensor).
     verify=True checks each shard's CRC-32 against trace.json (when recorded) as it is first read: one
     extra pass over the bytes at ~1 GB/s (benchmarks/stats_throughput.py states the cost). The value
-    checks (id ranges, finite weights) always run. load_hidden / load_logits=False leave hidden_TLH /
+    checks (id ranges, distinct top-k, finite weights, logits and hidden) always run on every shard read,
+    whether or not its CRC matches (benchmarks/trace_checks.py states their cost). load_hidden / load_logits=False leave hidden_TLH /
     logits_TLE None (their bytes are never read). Every defect raises a TraceError naming the file and field.
     """
     d = _trace_dir(path)
@@ -271,9 +272,9 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
     def check(i: int, arrays: dict, raw: np.ndarray) -> None:
         f = d / shards[i]["file"]
         want = shards[i].get("crc32") if verify else None
-        if want is not None and crc32_of(raw) == want:
-            return  # the bytes TraceWriter committed after Trace.validate passed on them: the value checks hold
-        # value checks first: an id out of range says more than a checksum mismatch
+        # The value checks run whatever the checksum says: a CRC that matches proves the bytes are the ones
+        # trace.json describes, not that they are valid (trace.json can be edited along with a shard).
+        # They run first: an id out of range says more than a checksum mismatch.
         Trace.validate(SimpleNamespace(spec=spec, tokens=make_columns(shards[i]["rows"]), task_names=(),
                                        source_names=(), **{k: arrays.get(k) for k in _ROUTING}), where=str(f))
         check_crc(f, raw, want)
