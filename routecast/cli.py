@@ -480,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_predict)
 
     p = sub.add_parser("place", help="expert placement: compare static EP, EPLB and PROBE on a trace")
-    p.add_argument("action", choices=("compare",), help="compare: per-step IR and simulated latency per method")
+    p.add_argument("action", choices=("compare", "export"), help="compare: per-step IR and simulated latency per "
+                   "method; export: a plan as SGLang JSON (see `routecast place export --help`)")
     p.add_argument("--trace", required=True, help="trace directory")
     p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks (default 8)")
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile (default h100-sxm)")
