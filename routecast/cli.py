@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
 from routecast.place.export_cli import run_export
 from routecast.runtime.ep.cli import add_parser as add_ep_parser
@@ -37,16 +38,16 @@ def _add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
 
 def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
     p.add_argument(
-        "--threads", type=int, default=default, help=f"torch CPU threads (default {default}; 1 was fastest measured)"
+        "--threads", type=N.threads(), default=default, help=f"torch CPU threads (default {default}; 1 was fastest measured)"
     )
 
 
 def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
     """Flags shared by `cache replay` and `schedule rebatch`."""
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
-    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
+    p.add_argument("--expert-bytes", type=N.nonneg(1 << 40), default=0, help="bytes per expert (default: the trace's spec)")
     p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the predictor (default 0)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="seed of the held-out split and the predictor (default 0)")
     p.add_argument("--split", choices=("document", "request"), default="document",
                    help="hold out whole documents (default; by request when the trace records none) or requests")
     p.add_argument("--out", default=out, help=f"JSON output (default {out})")
@@ -322,7 +323,7 @@ def cmd_corpus(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = N.Parser(
         prog="routecast",
         description="Predict Mixture-of-Experts routing and act on it (replication, offloading, scheduling).",
     )
@@ -338,9 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", choices=("builtin", "builtin-fine"), default="builtin",
                    help="built-in model to capture (default builtin: Mixtral, 8 experts; builtin-fine: DeepSeek-V3, 64)")
-    p.add_argument("--requests", type=int, default=None,
+    p.add_argument("--requests", type=N.positive(4096), default=None,
                    help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 16 synthetic)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     _add_overwrite(p, "the demo's trace, report, summary and figures")
     _add_threads(p)
     p.set_defaults(fn=cmd_demo)
@@ -348,9 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("synth", help="generate a synthetic trace from a preset")
     p.add_argument("--preset", default=None, help="preset name, e.g. mixtral-8x7b, mixtral-8x7b:sst2, deepseek-v3")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", type=int, default=None, help="stop at the step where N tokens are reached")
-    g.add_argument("--requests", type=int, default=None, help="run N requests to completion")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--tokens", type=N.count_by_memory(4096, what='tokens'), default=None, help="stop at the step where N tokens are reached")
+    g.add_argument("--requests", type=N.count_by_memory(1 << 20, what='requests'), default=None, help="run N requests to completion")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument(
         "--set", action="append", metavar="KNOB=VALUE",
         help="override a SynthConfig field (repeatable; tuples comma-separated, inf allowed)",
@@ -363,10 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stats", help="routing statistics of a trace (skewness, IR, entropy, predictability)")
     p.add_argument("trace", help="trace directory")
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks for the imbalance ratio (default 8)")
-    p.add_argument("--window", type=int, default=None, help="steps per window for drift (default: auto)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="expert-parallel ranks for the imbalance ratio (default 8)")
+    p.add_argument("--window", type=N.positive(1 << 30), default=None, help="steps per window for drift (default: auto)")
     p.add_argument(
-        "--seq-len", type=int, default=None, help="also report skewness per sequence of this many tokens (MoE-GPS: 512)"
+        "--seq-len", type=N.positive(1 << 24), default=None, help="also report skewness per sequence of this many tokens (MoE-GPS: 512)"
     )
     p.add_argument("--json", action="store_true", help="print the statistics as JSON instead of a table")
     p.add_argument(
@@ -384,13 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="map an input field name to a canonical one (request, layer, position, token_id, experts, "
         "weights, phase, step, task, arrival_s); repeatable",
     )
-    p.add_argument("--num-experts", type=int, default=None, help="experts per layer (default: max id + 1)")
-    p.add_argument("--top-k", type=int, default=None, help="experts per token (default: from the data)")
+    p.add_argument("--num-experts", type=N.integer(1, 32767, why='int16 expert ids'), default=None, help="experts per layer (default: max id + 1)")
+    p.add_argument("--top-k", type=N.positive(1024), default=None, help="experts per token (default: from the data)")
     p.add_argument("--spec", default=None, metavar="JSON", help="a MoESpec as JSON (fixes layers, experts, top-k)")
     p.add_argument(
-        "--window", type=int, default=1 << 20, help="records within which all of a token's layer records appear"
+        "--window", type=N.count_by_memory(256, what='records'), default=1 << 20, help="records within which all of a token's layer records appear"
     )
-    p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per safetensors shard (default 65536)")
+    p.add_argument("--shard-tokens", type=N.positive(1 << 24), default=65536, help="tokens per safetensors shard (default 65536)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the import completes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_import)
@@ -406,8 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts", required=True, help="prompts .jsonl ({prompt, task?, max_new_tokens?, arrival_s?}) or corpus:NAME[:N]"
     )
-    p.add_argument("--max-new-tokens", type=int, default=32, help="decode steps per request (default 32)")
-    p.add_argument("--batch-size", type=int, default=8, help="requests per generate() batch (default 8)")
+    p.add_argument("--max-new-tokens", type=N.positive(1 << 20), default=32, help="decode steps per request (default 32)")
+    p.add_argument("--batch-size", type=N.positive(4096), default=8, help="requests per generate() batch (default 8)")
     p.add_argument("--out", required=True, help="output trace directory")
     p.add_argument("--hidden", action="store_true", help="also record each MoE layer's router input (hidden_TLH)")
     p.add_argument("--logits", action="store_true", help="also record router logits (logits_TLE)")
@@ -429,11 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("advise", help="MoE-GPS: which prediction strategy pays for a model on given hardware")
     p.add_argument("--model-profile", required=True, help="model profile name (sim/models/*.toml) or HF config path")
     p.add_argument("--hardware", required=True, help="hardware profile name (sim/hardware/*.toml) or TOML path")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs (expert-parallel ranks)")
+    p.add_argument("--gpus", type=N.positive(1 << 16), required=True, help="GPUs (expert-parallel ranks)")
     p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="interconnect (default nvlink)")
     p.add_argument("--trace", default=None, help="trace directory: use its skewness and its predictors' accuracy/cost")
-    p.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--seq", type=N.positive(1 << 24), default=512, help="sequence length (default 512)")
+    p.add_argument("--batch", type=N.positive(1 << 20), default=1, help="batch size (default 1)")
     p.add_argument(
         "--placement", choices=("replicas", "ideal"), default="replicas",
         help="replicas: every copy re-reads its weights (default); ideal: MoE-GPS's each-rank-at-mean assumption",
@@ -442,13 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--error-model", choices=("optimistic", "typical", "pessimistic"), default="typical",
         help="how prediction errors land on ranks (MoE-GPS §3.3; default typical)",
     )
-    p.add_argument("--skewness", type=float, default=None, help="override the skewness (default: trace's, else 1.4)")
-    p.add_argument("--link-gbps", type=float, default=None, help="override the per-direction link bandwidth, GB/s")
+    p.add_argument("--skewness", type=N.real(1.0, 1e4), default=None, help="override the skewness (default: trace's, else 1.4)")
+    p.add_argument("--link-gbps", type=N.real(0.0, 1e6, lo_open=True), default=None, help="override the per-direction link bandwidth, GB/s")
     p.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn",
                    help="predictors to measure on --trace (comma list)")
-    p.add_argument("--epochs", type=int, default=3, help="training epochs for neural predictors (default 3)")
+    p.add_argument("--epochs", type=N.positive(10000), default=3, help="training epochs for neural predictors (default 3)")
     p.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin, builtin-fine or none")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_threads(p)
     p.set_defaults(fn=cmd_advise)
@@ -467,12 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out split: document (default; requests from one source document stay on one side; "
                         "falls back to request, with a note, on traces that record no documents), request, or "
                         "for fit: none (fit on the whole trace)")
-    p.add_argument("--train-fraction", type=float, default=0.8,
+    p.add_argument("--train-fraction", type=N.fraction(hi_open=True), default=0.8,
                    help="share of documents (or requests) to fit on (default 0.8)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
+    p.add_argument("--epochs", type=N.positive(10000), default=None, help="training epochs for ffn/lstm (default: preset)")
     p.add_argument("--train-extra", default=None, help="eval (one DIR), fit (DIR[,DIR...]): traces of the same model "
                    "on documents disjoint from the held-out ones (e.g. corpus:train), added to every predictor's training")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_overwrite(p, "fit: predictor.json and predictor.safetensors")
@@ -483,10 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("compare", "export"), help="compare: per-step IR and simulated latency per "
                    "method; export: a plan as SGLang JSON (see `routecast place export --help`)")
     p.add_argument("--trace", required=True, help="trace directory")
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks (default 8)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="expert-parallel ranks (default 8)")
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile (default h100-sxm)")
     p.add_argument("--model-profile", default=None, help="model profile for the cost model (default: by trace)")
-    p.add_argument("--shift-step", type=int, default=-1, help="report before/after this step (default: no shift)")
+    p.add_argument("--shift-step", type=N.integer(-1, 1 << 40), default=-1, help="report before/after this step (default: no shift)")
     p.add_argument("--out", default="out/place", help="output directory for the plot and JSON (default out/place)")
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_overwrite(p, "throughput.png and summary.json")
@@ -496,17 +497,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="expert caching: replay a trace through cache/prefetch policies")
     p.add_argument("action", choices=("replay",), help="replay: hit ratio, bytes moved, stall, gap to Belady per policy")
     p.add_argument("trace", help="trace directory")
-    p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
+    p.add_argument("--budget", type=N.budget_text(), default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
     p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
                    help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, "
                         "plec-correct-eager, plec-correct-fifo, belady")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
-    p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
+    p.add_argument("--dense-us", type=N.real(0.0, 1e9), default=0.0, help="non-expert time per layer before the router, µs (default 0)")
     p.add_argument("--plec-fallback", choices=("lfu", "lru"), default="lfu",
                    help="how PLEC ranks experts with no predicted use left in the step (default lfu)")
-    p.add_argument("--plec-depth", type=int, default=1, help="layers ahead PLEC prefetches (default 1)")
-    p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests the predictor is fitted on")
+    p.add_argument("--plec-depth", type=N.positive(1024), default=1, help="layers ahead PLEC prefetches (default 1)")
+    p.add_argument("--train-fraction", type=N.fraction(hi_open=True), default=0.8, help="share of requests the predictor is fitted on")
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 
@@ -516,9 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace directory")
     p.add_argument("--predictor", default="conditional-token",
                    help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
-    p.add_argument("--budget", default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
+    p.add_argument("--budget", type=N.budget_text(), default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
     p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
-    p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
+    p.add_argument("--min-tokens", type=N.nonneg(1 << 30), default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
     cocluster_cli.add_cocluster_flags(p)
     p.set_defaults(fn=cmd_schedule)
@@ -546,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
     add_serve_sim(sub)
-    return ap
+    return N.annotate_help(ap)
 
 
 _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
@@ -561,7 +562,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
         a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
     else:
-        a = ap.parse_args(argv)
+        try:
+            a = ap.parse_args(argv)
+        except N.UsageError as e:  # one sentence, like every other refusal (not argparse's usage block)
+            print(f"{e.prog}: error: {e}", file=sys.stderr)
+            return 2
     try:
         return int(a.fn(a) or 0)
     except RoutecastError as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import check_out_file, write_atomic
 from routecast.place.engines import (
@@ -27,21 +28,21 @@ from routecast.place.engines import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="routecast place export",
+    p = N.Parser(prog="routecast place export",
                                 description="write a placement plan as SGLang's --init-expert-location JSON")
     p.add_argument("plan", help="static | eplb | moe-gps (from --trace), or a SGLang .json/.pt to convert")
     p.add_argument("--format", choices=("sglang", "sglang-count"), default="sglang",
                    help="sglang: physical_to_logical_map [layers, physical experts]; sglang-count: logical_count "
                         "[layers, logical experts] (default sglang)")
     p.add_argument("--trace", default=None, help="trace whose spec (and counts) the plan is for")
-    p.add_argument("--ep", type=int, default=8, help="ranks (SGLang --ep-size) for a method plan (default 8)")
-    p.add_argument("--redundant", type=int, default=1, help="EPLB / MoE-GPS redundant slots per rank (default 1)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="ranks (SGLang --ep-size) for a method plan (default 8)")
+    p.add_argument("--redundant", type=N.nonneg(4096), default=1, help="EPLB / MoE-GPS redundant slots per rank (default 1)")
     p.add_argument("--model", default=None, help="checkpoint folder or built-in name, for num_hidden_layers "
                                                  "(default: the trace's model when it is built in)")
-    p.add_argument("--num-layers", type=int, default=None, help="the model's num_hidden_layers (instead of --model)")
+    p.add_argument("--num-layers", type=N.integer(1, 4096, why='layers of a model'), default=None, help="the model's num_hidden_layers (instead of --model)")
     p.add_argument("--out", required=True, help="output .json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    return p
+    return N.annotate_help(p)
 
 
 def _num_layers(a: argparse.Namespace, spec) -> int:

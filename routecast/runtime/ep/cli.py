@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from routecast.common import numbers as N
 from routecast.place.slots import METHODS
 
 
@@ -67,18 +68,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run: replay trace steps through the real MoE layers per plan; forward: the whole model with "
                         "EP MoE layers and its own router on the trace's prompts, logits vs one process; calibrate: "
                         "measure the gloo all-to-all and fit alpha + V / B")
-    p.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc-per-node; default 2)")
+    p.add_argument("--nproc", type=N.nproc(), default=2, help="ranks (torchrun --nproc-per-node; default 2)")
     p.add_argument("--model", default="builtin-fine", help="checkpoint folder or built-in name (default builtin-fine)")
     p.add_argument("--trace", default=None, help="run: trace captured from --model with --hidden")
     p.add_argument("--plans", default=",".join(m for m in METHODS),
                    help=f"run: comma-separated plans among {', '.join(METHODS)} (default all)")
-    p.add_argument("--requests", type=int, default=8, help="forward: sequences (default 8)")
-    p.add_argument("--tokens", type=int, default=32, help="forward: prompt tokens per sequence (default 32)")
-    p.add_argument("--steps", type=int, default=8, help="run: trace steps to replay (default 8)")
-    p.add_argument("--first-step", type=int, default=0, help="run: index of the first replayed step (default 0)")
-    p.add_argument("--min-tokens", type=int, default=0, help="run: skip steps with fewer tokens (default 0)")
-    p.add_argument("--repeats", type=int, default=3, help="times each step is replayed; times are medians (default 3)")
-    p.add_argument("--redundant", type=int, default=1, help="run: EPLB / MoE-GPS redundant slots per rank (default 1)")
+    p.add_argument("--requests", type=N.positive(4096), default=8, help="forward: sequences (default 8)")
+    p.add_argument("--tokens", type=N.positive(1 << 16), default=32, help="forward: prompt tokens per sequence (default 32)")
+    p.add_argument("--steps", type=N.positive(1 << 20), default=8, help="run: trace steps to replay (default 8)")
+    p.add_argument("--first-step", type=N.nonneg(1 << 40), default=0, help="run: index of the first replayed step (default 0)")
+    p.add_argument("--min-tokens", type=N.nonneg(1 << 30), default=0, help="run: skip steps with fewer tokens (default 0)")
+    p.add_argument("--repeats", type=N.positive(1000), default=3, help="times each step is replayed; times are medians (default 3)")
+    p.add_argument("--redundant", type=N.nonneg(4096), default=1, help="run: EPLB / MoE-GPS redundant slots per rank (default 1)")
     p.add_argument("--link", default=None, help="run: link profile (name in routecast/sim/links or .toml) for the "
                                                  "predicted all-to-all time (default: none)")
     p.add_argument("--token-ranks", default=None, help="run: .npy with the rank of every trace row (a token shuffle); "
@@ -87,10 +88,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run: plan file from `routecast schedule cocluster --ep NPROC` (use --respect-groups for a "
                         "grouped router); adds the plan 'shuffle': experts pre-grouped by its permutation, every "
                         "token on its cluster's rank per layer (Speculative MoE)")
-    p.add_argument("--timeout", type=float, default=20.0, help="collective timeout per rank, s (default 20)")
+    p.add_argument("--timeout", type=N.real(0.0, 86400.0, lo_open=True), default=20.0, help="collective timeout per rank, s (default 20)")
     p.add_argument("--no-check", action="store_true", help="run: skip the comparison with the single-process model")
     p.add_argument("--out", default=None, help="output folder (run, default out/ep) or .toml (calibrate)")
     p.add_argument("--json", action="store_true", help="run: print JSON")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out (routecast's files only)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank (default 1)")
+    p.add_argument("--threads", type=N.threads(), default=1, help="torch CPU threads per rank (default 1)")
     p.set_defaults(fn=cmd_ep)
