@@ -18,7 +18,7 @@ def cmd_ep(a: argparse.Namespace) -> int:
         from routecast.runtime.ep.calibrate import calibrate_link
 
         out = check_out_file(a.out or f"out/ep/gloo-cpu-ep{a.nproc}.toml", "--out")
-        prof, pts = calibrate_link(out, nproc=a.nproc, repeats=a.repeats)
+        prof, pts = calibrate_link(out, nproc=a.nproc, repeats=a.repeats, host=a.master_addr)
         for p in pts:
             print(f"{p['volume']:>9d} B  {p['seconds'] * 1e6:9.1f} us  (p10 {p['p10'] * 1e6:.1f}, p90 {p['p90'] * 1e6:.1f})")
         print(f"alpha {prof.alpha * 1e6:.1f} us, bandwidth {prof.bandwidth / 1e9:.3f} GB/s per direction -> {out}")
@@ -35,7 +35,8 @@ def cmd_ep(a: argparse.Namespace) -> int:
         out = check_out_dir(a.out or "out/ep-forward", "--out", overwrite=a.overwrite)
         for plan in [p for p in a.plans.split(",") if p]:
             r = run_forward(model=a.model, trace_dir=a.trace, out=out / plan, nproc=a.nproc, method=plan,
-                            requests=a.requests, tokens=a.tokens, redundant_per_rank=a.redundant, timeout_s=a.timeout)
+                            requests=a.requests, tokens=a.tokens, redundant_per_rank=a.redundant, timeout_s=a.timeout,
+                            host=a.master_addr)
             print(json.dumps(r) if a.json else
                   f"{plan}: EP {r['nproc']} whole-model forward of {r['sequences']} x {r['tokens']} tokens: logits "
                   f"allclose {r['allclose']} (max abs err {r['logits_max_abs_err']:.1e}), bytes == sim {r['bytes_equal']} "
@@ -47,17 +48,17 @@ def cmd_ep(a: argparse.Namespace) -> int:
                     plans=[p for p in a.plans.split(",") if p], steps=a.steps, first_step=a.first_step,
                     min_tokens=a.min_tokens, repeats=a.repeats, link=a.link, check=not a.no_check, timeout_s=a.timeout,
                     threads=a.threads, redundant_per_rank=a.redundant, overwrite=a.overwrite,
-                    token_ranks_path=a.token_ranks, shuffle_plan=a.shuffle_plan, quiet=True)
+                    token_ranks_path=a.token_ranks, shuffle_plan=a.shuffle_plan, quiet=True, host=a.master_addr)
     if a.json:
         print(json.dumps(res, indent=1))
         return 0
     st = res["settings"]
-    print(f"EP {st['nproc']} (gloo, torchrun): {len(st['steps'])} steps, {st['tokens']} tokens, {st['repeats']} repeats, "
+    print(f"EP {st['nproc']} (gloo): {len(st['steps'])} steps, {st['tokens']} tokens, {st['repeats']} repeats, "
           f"link {st['link']}")
     print(format_table(res))
     if "shuffle" in res["plans"]:
         print(shuffle_line(res))
-    print(f"ranks started per plan with: {st['torchrun']}")
+    print(f"ranks started per plan (one process group, rendezvous on {st['master_addr']}): {st['ranks']}")
     return 0
 
 
@@ -94,4 +95,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="run: print JSON")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out (routecast's files only)")
     p.add_argument("--threads", type=N.threads(), default=1, help="torch CPU threads per rank (default 1)")
+    p.add_argument("--master-addr", default="127.0.0.1",
+                   help="address the ranks' rendezvous store and gloo listen on (default 127.0.0.1: this machine "
+                        "only; another address exposes an unauthenticated port on that interface)")
     p.set_defaults(fn=cmd_ep)

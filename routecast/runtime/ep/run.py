@@ -19,7 +19,8 @@ import numpy as np
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import check_out_dir, names_matcher, write_atomic
 from routecast.place.slots import METHODS
-from routecast.runtime.ep.launch import launch, prepare, select_steps, torchrun_command
+from routecast.runtime.ep.launch import WORKER, launch, prepare, select_steps
+from routecast.runtime.ep.ranks import LOOPBACK, rank_command
 from routecast.runtime.ep.results import check_bytes, check_outputs, collect, summarize
 from routecast.runtime.ep.shuffle import NAME as SHUFFLE
 from routecast.runtime.ep.shuffle import expected, load_shuffle
@@ -33,7 +34,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
               first_step: int = 0, min_tokens: int = 0, repeats: int = 3, link: str | LinkProfile | None = None,
               check: bool = True, timeout_s: float = 20.0, threads: int = 1, redundant_per_rank: int = 1,
               overwrite: bool = False, token_ranks_path: str | None = None, shuffle_plan: str | None = None,
-              quiet: bool = False) -> dict[str, Any]:
+              quiet: bool = False, host: str = LOOPBACK) -> dict[str, Any]:
     """Every plan in `plans` on the same replayed steps -> {'settings', 'plans': {name: summary}}.
 
     shuffle_plan: a `schedule cocluster` plan file; adds the plan 'shuffle' (its pre-grouped experts and token
@@ -64,7 +65,8 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
     res: dict[str, Any] = {"settings": {
         "model": model, "trace": str(trace_dir), "nproc": nproc, "steps": ids, "tokens": int(sum(r.size for r in rows_of)),
         "repeats": repeats, "link": None if prof is None else prof.name, "backend": "gloo",
-        "torchrun": " ".join(torchrun_command(nproc, out / "PLAN" / "config.json"))}, "plans": {}}
+        "ranks": f"{nproc} x " + " ".join(rank_command(WORKER, out / "PLAN" / "config.json")),
+        "master_addr": host}, "plans": {}}
     for name in plans:
         d = out / name
         tok_path, slot_plan, src = token_ranks_path, None, src_of
@@ -77,7 +79,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
                                repeats=repeats, save_outputs=check, timeout_s=timeout_s, threads=threads,
                                redundant_per_rank=redundant_per_rank, token_ranks_path=tok_path, slot_plan=slot_plan)
         t0 = time.monotonic()
-        launch(cfg, nproc)
+        launch(cfg, nproc, host=host)
         ranks = collect(d, nproc)
         s = summarize(ranks, prof)
         s["wall_s"] = time.monotonic() - t0
