@@ -13,6 +13,7 @@ from pathlib import Path
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.common.outputs import NAME_RESOLVERS, add_overwrite_flags, writes
 from routecast.place.export_cli import run_export
 from routecast.runtime.ep.cli import add_parser as add_ep_parser
 from routecast.schedule import cocluster_cli
@@ -57,6 +58,7 @@ def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
 
 
 # ------------------------------------------------------------------ handlers
+@writes("--out", inputs=("--model",))
 def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
 
@@ -67,6 +69,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out")
 def cmd_synth(a: argparse.Namespace) -> int:
     from routecast.trace.synth_presets import calibrate_preset_table, parse_set_args, synth_to_disk
 
@@ -86,6 +89,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--plot", inputs=("trace",))
 def cmd_stats(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.report.stats import stats_main
@@ -96,6 +100,7 @@ def cmd_stats(a: argparse.Namespace) -> int:
     return stats_main(a.trace, ep=a.ep, window=a.window, as_json=a.json, plot=a.plot, seq_len=a.seq_len)
 
 
+@writes("--out", inputs=("src", "--spec"))
 def cmd_import(a: argparse.Namespace) -> int:
     from routecast.trace.importers import import_jsonl
 
@@ -152,6 +157,7 @@ def _load_spec(path: str):
     return MoESpec.from_dict(d, where=path)
 
 
+@writes("--out", inputs=("--model", "--prompts"))
 def cmd_capture(a: argparse.Namespace) -> int:
     from routecast.trace.capture import capture_to_disk
 
@@ -165,6 +171,7 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out")
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.sim.calibrate import calibrate
@@ -188,6 +195,7 @@ def cmd_advise(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", inputs=("trace", "--model", "--train-extra", "--predictors"))
 def cmd_predict(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import predict_eval_main, predict_fit_main
 
@@ -212,6 +220,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", inputs=("--trace", "--hardware", "--model-profile"))
 def cmd_place_compare(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_dir, os_error, write_atomic
     from routecast.place.compare import compare_methods, summarize
@@ -268,12 +277,14 @@ def _profile_for(trace, load_model):
     return load_model(name)
 
 
+@writes("--out", "--sample-out")
 def cmd_train_builtin(a: argparse.Namespace) -> int:
     from routecast.models.train import main as train_main
 
     return train_main(a.args)
 
 
+@writes("--out", inputs=("trace", "--model", "--predictor", "--hardware"))
 def cmd_cache(a: argparse.Namespace) -> int:
     from routecast.cache.cli import cache_replay_main
 
@@ -286,45 +297,16 @@ def cmd_cache(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", "--plan", inputs=("trace", "--model", "--predictor", "--hardware"))
 def cmd_schedule(a: argparse.Namespace) -> int:
     if a.action == "cocluster":
         return cocluster_cli.cocluster_main(a)
-    from routecast.cache.cli import _clean
-    from routecast.cache.replay import ReplayConfig, parse_budget, replay
-    from routecast.schedule.cli import run_rebatch
-    from routecast.sim.hardware import load_hardware
-    from routecast.trace.io import read_trace
-    _threads(a.threads)
-    s = (trace := read_trace(a.trace, load_hidden=False, load_logits=False)).spec
-    eb = a.expert_bytes or s.expert_bytes
-    cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
-                       hardware=load_hardware(a.hardware), expert_bytes=eb)
-    res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, split=a.split, min_tokens=a.min_tokens,
-                      threads=a.threads, quiet=a.quiet, max_tokens=cocluster_cli.rebatch_max_tokens(a.max_tokens))
-    rows = []
-    for method, arm in res["arms"].items():
-        r = next(x for x in replay(arm["trace"], [a.policy], cfg, pred_SLE=arm["pred_SLE"]) if x["policy"] == a.policy)
-        rows.append({"method": method, "batches": arm["batches"], "activated_per_batch": arm["activated_mean"],
-                     "activated_total": arm["activated_total"], "hit_ratio": r["hit_ratio"],
-                     "us_per_token": r["us_per_token"], "stall_s": r["stall_s"]})
-    speedup = rows[0]["us_per_token"] / rows[1]["us_per_token"]
-    out = {"settings": {**res["settings"], "policy": a.policy, "budget_slots": cfg.budget, "hardware": a.hardware},
-           "rows": rows, "speedup_clustered": speedup}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(_clean(out), indent=1))
-    if a.json:
-        print(json.dumps(_clean(out), indent=1))
-        return 0
-    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at {cfg.budget} slots on {a.hardware}"
-          + "".join("\n" + note for note in res["settings"]["notes"]))
-    print(f"{'method':<10} {'batches':>8} {'experts/batch':>14} {'eq.5 total':>11} {'hit':>6} {'µs/token':>9}")
-    for r in rows:
-        print(f"{r['method']:<10} {r['batches']:>8} {r['activated_per_batch']:>14.2f} {r['activated_total']:>11} "
-              f"{r['hit_ratio']:>6.3f} {r['us_per_token']:>9.2f}")
-    print(f"clustered vs arrival order: {speedup:.3f}x simulated time per token; wrote {a.out}")
-    return 0
+    from routecast.schedule.cli import rebatch_main
+
+    return rebatch_main(a)
 
 
+@writes("--out", "--sample-out")
 def cmd_corpus(a: argparse.Namespace) -> int:
     from routecast.models.corpus import main as corpus_main
 
@@ -556,9 +538,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
     add_serve_sim(sub)
-    return N.annotate_help(ap)
+    return N.annotate_help(add_overwrite_flags(ap))
 
 
+def _named_file(v: str) -> Path | None:
+    """The file a name stands for (a built-in model, a shipped profile): an input no output may overwrite."""
+    from routecast.models.builtin import builtin_path, is_builtin_name
+
+    if is_builtin_name(v):
+        return builtin_path(v)
+    hits = [q for k in ("hardware", "models", "links") if (q := Path(__file__).parent / "sim" / k / f"{v}.toml").is_file()]
+    return hits[0] if hits else None
+
+
+NAME_RESOLVERS.append(_named_file)
 _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 
 

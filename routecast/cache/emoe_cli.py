@@ -15,6 +15,7 @@ from typing import Any
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import writes
 
 
 def add_parser(sub: Any) -> None:
@@ -64,6 +65,7 @@ def _periods(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+@writes("--out", inputs=("--model",))
 def emoe_main(a: argparse.Namespace) -> int:
     """Handler of `routecast emoe`: checks every argument before loading the model."""
     import torch

@@ -24,7 +24,6 @@ Schema (units in the file; `Hardware` holds SI units: FLOP/s, bytes/s, bytes, se
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,11 +218,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
 
 def read_profile_toml(path: Path, schema: int) -> _Reader:
     """Parse a profile TOML and check its schema version; errors name the file (and field)."""
-    try:
-        with path.open("rb") as f:
-            doc = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e}).") from None
+    from routecast.common.schemas import read_toml
+
+    doc = read_toml(path, "profile", "a routecast profile TOML")  # binary, bad UTF-8, bad TOML: one sentence
     r = _Reader(doc, path)
     if r.number("schema", integer=True) != schema:
         raise ConfigError(f"{path}: field 'schema' is {doc.get('schema')!r}; expected {schema}.")

@@ -20,6 +20,7 @@ from typing import Any
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import writes
 from routecast.sim.serve import SLO, parse_slo, simulate
 from routecast.sim.serve_cost import MISS_MODES, Engine, EngineConfig, ExpertLoader, build_engine
 from routecast.sim.serve_sched import SCHEDULERS, make_scheduler
@@ -182,6 +183,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=serve_sim_main)
 
 
+@writes("--out", inputs=("--model-profile", "--hardware", "--trace"))
 def serve_sim_main(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file, write_atomic
 

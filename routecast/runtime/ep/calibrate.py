@@ -65,20 +65,22 @@ def calibrate_link(out_toml: str | Path, *, nproc: int = 2, sizes: tuple[int, ..
     if nproc < 2 or repeats < 1 or warmup < 0 or len(sizes) < 2 or min(sizes) < 4:
         raise ConfigError(f"--nproc {nproc}, --repeats {repeats}, {len(sizes)} sizes; expected nproc >= 2, repeats >= 1, "
                           ">= 2 sizes of at least 4 bytes.")
+    from routecast.common.outputs import remove_own, scratch_dir, write_atomic
+
     out_toml = Path(out_toml)
-    out_toml.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_toml.with_suffix(".sweep.json")
-    cfg = out_toml.with_suffix(".config.json")
-    cfg.write_text(json.dumps({"sizes": list(sizes), "repeats": repeats, "warmup": warmup, "out": str(tmp)}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "routecast.runtime.ep.calibrate", str(cfg)]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=wall_s)
-    if done.returncode:
-        raise ConfigError(f"the all-to-all sweep on {nproc} ranks failed (exit {done.returncode}): "
-                          + " | ".join(done.stderr.splitlines()[-2:]))
-    pts = json.loads(tmp.read_text())["points"]
-    tmp.unlink()
-    cfg.unlink()
+    work = scratch_dir(out_toml, "--out")  # a folder of its own: a user's X.config.json is never touched
+    try:
+        tmp, cfg = work / "sweep.json", work / "config.json"
+        cfg.write_text(json.dumps({"sizes": list(sizes), "repeats": repeats, "warmup": warmup, "out": str(tmp)}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "routecast.runtime.ep.calibrate", str(cfg)]
+        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=wall_s)
+        if done.returncode:
+            raise ConfigError(f"the all-to-all sweep on {nproc} ranks failed (exit {done.returncode}): "
+                              + " | ".join(done.stderr.splitlines()[-2:]))
+        pts = json.loads(tmp.read_text())["points"]
+    finally:
+        remove_own(work)
     vol = [p["volume"] for p in pts]
     sec = [p["seconds"] for p in pts]
     alpha, bw = fit_link(vol, sec)
@@ -86,7 +88,7 @@ def calibrate_link(out_toml: str | Path, *, nproc: int = 2, sizes: tuple[int, ..
     prof = LinkProfile(name=name or out_toml.stem, backend="gloo", ranks=nproc, alpha=alpha, bandwidth=bw,
                        sizes_bytes=tuple(float(v) for v in vol), seconds=tuple(sec),
                        machine=f"{m['cpu']}, {m['cpus']} cores, load {os.getloadavg()[0]:.1f}, torch {_torch_version()}")
-    out_toml.write_text(prof.to_toml())
+    write_atomic(out_toml, prof.to_toml(), "--out")
     return prof, pts
 
 
