@@ -21,20 +21,9 @@ from routecast.schedule import cocluster_cli
 
 def _threads(n: int) -> None:
     # 1 thread is fastest for small forwards on the 2-core machines this was measured on.
-    _positive(n, "--threads")
     import torch
 
     torch.set_num_threads(n)
-
-
-def _positive(n: int | None, flag: str) -> None:
-    if n is not None and n < 1:
-        raise ConfigError(f"{flag} is {n}; expected a positive integer.")
-
-
-def _add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"write into a non-empty --out, replacing {what} (files routecast did not write are kept)")
 
 
 def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
@@ -63,7 +52,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
 
     _threads(a.threads)
-    _positive(a.requests, "--requests")
     run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed, overwrite=a.overwrite,
              model=a.model)
     return 0
@@ -161,7 +149,6 @@ def _load_spec(path: str):
 def cmd_capture(a: argparse.Namespace) -> int:
     from routecast.trace.capture import capture_to_disk
 
-    _positive(a.threads, "--threads")
     path = capture_to_disk(
         a.model, a.prompts, a.out, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
         hidden=a.hidden, logits=a.logits, threads=a.threads, resume=not a.no_resume, progress=not a.quiet,
@@ -176,7 +163,6 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.sim.calibrate import calibrate
 
-    _positive(a.threads, "--threads")
     out = a.out or f"out/hardware/calibrated-{a.device.replace(':', '')}.toml"
     check_out_file(out, "--out")  # before minutes of measuring, not after
     hw = calibrate(out, device=a.device, threads=a.threads, quick=a.quick)
@@ -199,8 +185,6 @@ def cmd_advise(a: argparse.Namespace) -> int:
 def cmd_predict(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import predict_eval_main, predict_fit_main
 
-    _positive(a.threads, "--threads")
-    _positive(a.epochs, "--epochs")
 
     if a.action == "eval":
         return predict_eval_main(
@@ -230,7 +214,6 @@ def cmd_place_compare(a: argparse.Namespace) -> int:
     from routecast.trace.io import read_trace
 
     _threads(a.threads)
-    _positive(a.ep, "--ep")
     out = check_out_dir(a.out, "--out", overwrite=a.overwrite)
     trace = read_trace(a.trace, load_hidden=False)
     hw = load_hardware(a.hardware)
@@ -301,9 +284,41 @@ def cmd_cache(a: argparse.Namespace) -> int:
 def cmd_schedule(a: argparse.Namespace) -> int:
     if a.action == "cocluster":
         return cocluster_cli.cocluster_main(a)
-    from routecast.schedule.cli import rebatch_main
-
-    return rebatch_main(a)
+    from routecast.cache.cli import _clean
+    from routecast.cache.replay import ReplayConfig, parse_budget, replay
+    from routecast.common.outputs import check_out_file, write_json
+    from routecast.schedule.rebatch import run_rebatch
+    from routecast.sim.hardware import load_hardware
+    from routecast.trace.io import read_trace
+    _threads(a.threads)
+    check_out_file(a.out, "--out")  # before the work, not after it
+    s = (trace := read_trace(a.trace, load_hidden=False, load_logits=False)).spec
+    eb = a.expert_bytes or s.expert_bytes
+    cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
+                       hardware=load_hardware(a.hardware), expert_bytes=eb)
+    res = run_rebatch(trace, predictor=a.predictor, model=a.model, seed=a.seed, split=a.split, min_tokens=a.min_tokens,
+                      threads=a.threads, quiet=a.quiet, max_tokens=cocluster_cli.rebatch_max_tokens(a.max_tokens))
+    rows = []
+    for method, arm in res["arms"].items():
+        r = next(x for x in replay(arm["trace"], [a.policy], cfg, pred_SLE=arm["pred_SLE"]) if x["policy"] == a.policy)
+        rows.append({"method": method, "batches": arm["batches"], "activated_per_batch": arm["activated_mean"],
+                     "activated_total": arm["activated_total"], "hit_ratio": r["hit_ratio"],
+                     "us_per_token": r["us_per_token"], "stall_s": r["stall_s"]})
+    speedup = rows[0]["us_per_token"] / rows[1]["us_per_token"]
+    out = {"settings": {**res["settings"], "policy": a.policy, "budget_slots": cfg.budget, "hardware": a.hardware},
+           "rows": rows, "speedup_clustered": speedup}
+    write_json(a.out, _clean(out), "--out")
+    if a.json:
+        print(json.dumps(_clean(out), indent=1))
+        return 0
+    print(f"{res['settings']['test_tokens']} held-out tokens, paths from {a.predictor}; {a.policy} at {cfg.budget} slots on {a.hardware}"
+          + "".join("\n" + note for note in res["settings"]["notes"]))
+    print(f"{'method':<10} {'batches':>8} {'experts/batch':>14} {'eq.5 total':>11} {'hit':>6} {'µs/token':>9}")
+    for r in rows:
+        print(f"{r['method']:<10} {r['batches']:>8} {r['activated_per_batch']:>14.2f} {r['activated_total']:>11} "
+              f"{r['hit_ratio']:>6.3f} {r['us_per_token']:>9.2f}")
+    print(f"clustered vs arrival order: {speedup:.3f}x simulated time per token; wrote {a.out}")
+    return 0
 
 
 @writes("--out", "--sample-out")
@@ -334,7 +349,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=N.positive(4096), default=None,
                    help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 16 synthetic)")
     p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
-    _add_overwrite(p, "the demo's trace, report, summary and figures")
     _add_threads(p)
     p.set_defaults(fn=cmd_demo)
 
@@ -468,7 +482,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_overwrite(p, "fit: predictor.json and predictor.safetensors")
     _add_threads(p)
     p.set_defaults(fn=cmd_predict)
 
@@ -481,7 +494,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shift-step", type=N.integer(-1, 1 << 40), default=-1, help="report before/after this step (default: no shift)")
     p.add_argument("--out", default="out/place", help="output directory for the plot and JSON (default out/place)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    _add_overwrite(p, "throughput.png and summary.json")
     _add_threads(p)
     p.set_defaults(fn=cmd_place_compare)
 
@@ -516,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedule)
     cocluster_cli.add_permute_parser(sub)
 
-    from routecast.cache.emoe_cli import add_parser as add_emoe_parser  # light: argparse only
+    from routecast.runtime.emoe.cli import add_parser as add_emoe_parser  # light: argparse only
 
     add_emoe_parser(sub)
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
@@ -536,22 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="build --out DIR --gensim-wheel WHL [--sample-out DIR] ...")
     p.set_defaults(fn=cmd_corpus)
 
-    from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
+    from routecast.serve.cli import add_parser as add_serve_sim  # parser + handler live in serve/
     add_serve_sim(sub)
     return N.annotate_help(add_overwrite_flags(ap))
 
 
-def _named_file(v: str) -> Path | None:
-    """The file a name stands for (a built-in model, a shipped profile): an input no output may overwrite."""
-    from routecast.models.builtin import builtin_path, is_builtin_name
-
-    if is_builtin_name(v):
-        return builtin_path(v)
-    hits = [q for k in ("hardware", "models", "links") if (q := Path(__file__).parent / "sim" / k / f"{v}.toml").is_file()]
-    return hits[0] if hits else None
-
-
-NAME_RESOLVERS.append(_named_file)
+NAME_RESOLVERS.append("routecast.sim.hardware:named_file")  # built-in model and shipped profile names
 _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 
 

@@ -250,8 +250,23 @@ def _json_default(v: Any) -> Any:
 
 # ------------------------------------------------------------------ one command's inputs and outputs
 _ACTIVE: contextvars.ContextVar[CommandIO | None] = contextvars.ContextVar("routecast_command_io", default=None)
-# value -> path for names that stand for files (built-in model names); cli.py registers the resolvers
-NAME_RESOLVERS: list[Callable[[str], Path | None]] = []
+# value -> path for names that stand for files (built-in model names): callables, or "module:function" strings
+# imported on first use (cli.py registers one without importing its stage at start-up)
+NAME_RESOLVERS: list[Callable[[str], Path | None] | str] = []
+
+
+def _resolve_name(v: str) -> list[Path]:
+    import importlib
+
+    out = []
+    for r in NAME_RESOLVERS:
+        if isinstance(r, str):
+            mod, fn = r.split(":")
+            r = getattr(importlib.import_module(mod), fn)
+        q = r(v)
+        if q is not None:
+            out.append(Path(q))
+    return out
 
 
 def _real(p: Path) -> Path:
@@ -292,7 +307,7 @@ class CommandIO:
             v = v.strip()
             if not v:
                 continue
-            paths = [Path(v)] if os.path.lexists(v) else [q for r in NAME_RESOLVERS if (q := r(v)) is not None]
+            paths = [Path(v)] if os.path.lexists(v) else _resolve_name(v)
             for q in paths:
                 self.inputs.append((flag, Path(v), _real(q)))
                 if Path(q).is_symlink():

@@ -339,3 +339,16 @@ def capacity_note(model: Any, hw: Hardware, ranks: int) -> str | None:
             f"({need / 1e9:.1f} GB of weights), more than {hw.name}'s {hw.mem_capacity / 1e9:.1f} GB; priced as if "
             "they fit (no offloading is modelled)")
 
+
+def named_file(name: str) -> Path | None:
+    """The file or folder a name stands for on a command line (a built-in model, a shipped hardware, model or
+    link profile), so an output can be refused when it would overwrite it; None for other names."""
+    from routecast.models.builtin import builtin_path, is_builtin_name
+
+    if is_builtin_name(name):
+        return Path(builtin_path(name))
+    for kind in ("hardware", "models", "links"):
+        q = Path(__file__).parent / kind / f"{name}.toml"
+        if q.is_file():
+            return q
+    return None

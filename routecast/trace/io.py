@@ -12,7 +12,9 @@ documents read as -1, unknown):
 
 Reading memory-maps shards with our own header parser and np.memmap views: measured, safetensors'
 safe_open(framework="numpy").get_tensor copies (RSS grew by 98 MB for a 49 MB tensor). A single shard
-is zero-copy (read-only views whose base is the memmap); several shards are concatenated (one copy).
+is zero-copy (read-only views whose base is the memmap); several shards become lazy ShardedArrays (lazy.py)
+that map one shard at a time and are never concatenated. Only read_trace(mmap=False) concatenates them (one
+writable copy per tensor).
 Durability: every file is written to a temp file beside it, fsynced, renamed, and its directory
 fsynced; trace.json is written last and is the commit point of a finished trace.
 """
