@@ -10,10 +10,10 @@ tolerance to inaccurate routing (Observation 3); eMoE saves up to 80% of expert 
    top-k accuracy, active-set F1 and distribution error (predict/metrics.py); task-extraction accuracy on the
    held-out prompts; the paper's Figure 9, the correlation of each prompt's expert distribution with the d-th
    next one (all requests of the trace in arrival order).
-2. Sensitivity (cache/emoe_profile.py): per task, next-token agreement and perplexity with the first j MoE
+2. Sensitivity (runtime/emoe/profile.py): per task, next-token agreement and perplexity with the first j MoE
    layers routed at random, on --per-task windows of --seq-len tokens of the corpus test split (the shipped
    sample); layers insensitive while agreement >= 0.85.
-3. Quality (cache/emoe_quality.py): perplexity per domain on --per-task windows per task of the val split
+3. Quality (runtime/emoe/quality.py): perplexity per domain on --per-task windows per task of the val split
    (never trained on) with 25 / 50 / 75% of each MoE layer's experts resident and fallback routing, for
    eMoE's choice, eMoE without its task-aware allocation (emoe-flat), random, LRU and an oracle, chosen again
    every prompt; then every p = 5, 20, 40 prompts at 50%.
@@ -94,10 +94,10 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from routecast.cache.emoe_profile import TextConfig, format_profile, profile_sensitivity, text_windows
-    from routecast.cache.emoe_quality import QualityConfig, format_quality, run_quality
     from routecast.common.machine import machine_info
     from routecast.predict.emoe import EmoeConfig
+    from routecast.runtime.emoe.profile import TextConfig, format_profile, profile_sensitivity, text_windows
+    from routecast.runtime.emoe.quality import QualityConfig, format_quality, run_quality
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(a.threads)

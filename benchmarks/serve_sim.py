@@ -35,11 +35,11 @@ from tqdm import tqdm  # noqa: E402
 
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.report.serving import plot_lar, plot_rates  # noqa: E402
-from routecast.sim.serve import simulate  # noqa: E402
-from routecast.sim.serve_cli import capacity_rps  # noqa: E402
-from routecast.sim.serve_cost import EngineConfig, ExpertLoader, build_engine  # noqa: E402
-from routecast.sim.serve_sched import make_scheduler  # noqa: E402
-from routecast.sim.serve_workload import emoe_tasks, make_requests  # noqa: E402
+from routecast.serve.engine import EngineConfig, ExpertLoader, build_engine  # noqa: E402
+from routecast.serve.loop import simulate  # noqa: E402
+from routecast.serve.sched import make_scheduler  # noqa: E402
+from routecast.serve.sweep import capacity_rps  # noqa: E402
+from routecast.serve.workload import emoe_tasks, make_requests  # noqa: E402
 
 # mixtral-8x7b on a100-sxm-40gb lands on 4 GPUs: eMoE's own testbed (4 x A100 40GB)
 SETUPS = [("mixtral-8x7b", "a100-sxm-40gb"), ("mixtral-8x7b", "a100-sxm-80gb"), ("mixtral-8x7b", "h100-sxm"),

@@ -1,4 +1,4 @@
-"""Speed of the serving simulation (routecast.sim.serve.simulate): simulated requests per minute on one core.
+"""Speed of the serving simulation (routecast.serve.loop.simulate): simulated requests per minute on one core.
 
 Claim: at least 100,000 simulated requests per minute of CPU time on one core.
 
@@ -28,10 +28,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from routecast.common.machine import machine_info  # noqa: E402
-from routecast.sim.serve import simulate  # noqa: E402
-from routecast.sim.serve_cost import EngineConfig, build_engine  # noqa: E402
-from routecast.sim.serve_sched import SCHEDULERS, make_scheduler  # noqa: E402
-from routecast.sim.serve_workload import emoe_tasks, make_requests  # noqa: E402
+from routecast.serve.engine import EngineConfig, build_engine  # noqa: E402
+from routecast.serve.loop import simulate  # noqa: E402
+from routecast.serve.sched import SCHEDULERS, make_scheduler  # noqa: E402
+from routecast.serve.workload import emoe_tasks, make_requests  # noqa: E402
 
 
 def main() -> None:

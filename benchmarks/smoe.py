@@ -18,7 +18,7 @@ token load <= beta x mean (+ one token). a2a bytes: routed assignments whose exp
 2 bytes, per layer (dispatch; the combine returns the same), -Z% against plain EP on the same tokens.
 Simulated layer speedup: sim/comm.a2a_for_lar on the deepseek-v3 profile, h100-sxm, 16 x 512 prefill tokens,
 over NVLink and PCIe: plain EP (TP all-reduce, its LAR) vs the method (s-TS reduce-scatter, its held-out LAR).
-End to end: throughput under SLO on the serving simulator (routecast/sim/serve*.py; fastgen scheduling, eMoE's
+End to end: throughput under SLO on the serving simulator (routecast/serve/; fastgen scheduling, eMoE's
 tasks, Poisson, SLO 5x the idle plain-EP latency, >= 90% attainment, bisection on the rate) at plain EP's LAR and at
 the held-out LARs measured here at the same EP (deepseek-v2 EP 8 over a 20.8 GB/s link; deepseek-v3 EP 32, NVLink).
 Predictor: `smoe` (token table with embedding fallback + device 2-gram, Algorithm 2) in the causal harness on
@@ -133,11 +133,11 @@ E2E_SETUPS = [("deepseek-v2", "h100-sxm", 8, "pcie", 20.8), ("deepseek-v3", "h10
 def end_to_end(rows: list[dict], requests: int, seed: int = 0) -> list[dict]:
     """Throughput under SLO (fastgen serving, SLO 5x the idle plain-EP latency, attainment >= 90%, bisection on
     the Poisson rate) at plain EP's 1/G and at the held-out LARs this benchmark measured at the same EP."""
-    from routecast.sim.serve import simulate
-    from routecast.sim.serve_cli import capacity_rps
-    from routecast.sim.serve_cost import EngineConfig, build_engine
-    from routecast.sim.serve_sched import make_scheduler
-    from routecast.sim.serve_workload import emoe_tasks, make_requests
+    from routecast.serve.engine import EngineConfig, build_engine
+    from routecast.serve.loop import simulate
+    from routecast.serve.sched import make_scheduler
+    from routecast.serve.sweep import capacity_rps
+    from routecast.serve.workload import emoe_tasks, make_requests
 
     out = []
     for model, hw, G, link, gbps in E2E_SETUPS:

@@ -4,7 +4,7 @@ A record is one token at one MoE layer (K = 8 routing slots). Measured, best of 
 - counts_LE: Trace.counts_LE over the whole trace (and the previous implementation, for reference);
 - step pass: stats.step_stats, one pass giving whole-trace counts, MoE-GPS skewness and PROBE IR (ep=8)
   per step and layer, and window drift: the combined counts + skewness + IR figure on the last line;
-- full pass: routing_stats (stats_cli), everything `routecast stats` computes (the step pass, task
+- full pass: routing_stats (stats_bundle), everything `routecast stats` computes (the step pass, task
   distances, and the token-level statistics -- token tables, kurtosis, transitions -- on their capped
   sample of max_tokens = 65,536 tokens, so their cost is fixed and the rate grows with the trace);
 - the full pass on the trace read back from disk as a multi-shard lazy trace (16,384-token shards), with
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from routecast.trace import MoESpec, Trace, make_columns  # noqa: E402
 from routecast.trace import stats as rs  # noqa: E402
 from routecast.trace.io import read_trace, write_trace  # noqa: E402
-from routecast.trace.stats_cli import routing_stats  # noqa: E402
+from routecast.trace.stats_bundle import routing_stats  # noqa: E402
 
 DSV3 = dict(num_layers=58, num_experts=256, top_k=8, n_group=8, topk_group=4, name="deepseek-v3-geometry")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.common.outputs import NAME_RESOLVERS, add_overwrite_flags, writes
 from routecast.place.export_cli import run_export
 from routecast.runtime.ep.cli import add_parser as add_ep_parser
 from routecast.schedule import cocluster_cli
@@ -20,20 +21,9 @@ from routecast.schedule import cocluster_cli
 
 def _threads(n: int) -> None:
     # 1 thread is fastest for small forwards on the 2-core machines this was measured on.
-    _positive(n, "--threads")
     import torch
 
     torch.set_num_threads(n)
-
-
-def _positive(n: int | None, flag: str) -> None:
-    if n is not None and n < 1:
-        raise ConfigError(f"{flag} is {n}; expected a positive integer.")
-
-
-def _add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"write into a non-empty --out, replacing {what} (files routecast did not write are kept)")
 
 
 def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
@@ -57,16 +47,17 @@ def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
 
 
 # ------------------------------------------------------------------ handlers
+@writes("--out", inputs=("--model",))
 def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
 
     _threads(a.threads)
-    _positive(a.requests, "--requests")
     run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed, overwrite=a.overwrite,
              model=a.model)
     return 0
 
 
+@writes("--out")
 def cmd_synth(a: argparse.Namespace) -> int:
     from routecast.trace.synth_presets import calibrate_preset_table, parse_set_args, synth_to_disk
 
@@ -86,6 +77,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--plot", inputs=("trace",))
 def cmd_stats(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.report.stats import stats_main
@@ -96,6 +88,7 @@ def cmd_stats(a: argparse.Namespace) -> int:
     return stats_main(a.trace, ep=a.ep, window=a.window, as_json=a.json, plot=a.plot, seq_len=a.seq_len)
 
 
+@writes("--out", inputs=("src", "--spec"))
 def cmd_import(a: argparse.Namespace) -> int:
     from routecast.trace.importers import import_jsonl
 
@@ -142,10 +135,10 @@ def _load_spec(path: str):
     return MoESpec.from_dict(d, where=path)
 
 
+@writes("--out", inputs=("--model", "--prompts"))
 def cmd_capture(a: argparse.Namespace) -> int:
     from routecast.trace.capture import capture_to_disk
 
-    _positive(a.threads, "--threads")
     path = capture_to_disk(
         a.model, a.prompts, a.out, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
         hidden=a.hidden, logits=a.logits, threads=a.threads, resume=not a.no_resume, progress=not a.quiet,
@@ -155,11 +148,11 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out")
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.sim.calibrate import calibrate
 
-    _positive(a.threads, "--threads")
     out = a.out or f"out/hardware/calibrated-{a.device.replace(':', '')}.toml"
     check_out_file(out, "--out")  # before minutes of measuring, not after
     hw = calibrate(out, device=a.device, threads=a.threads, quick=a.quick)
@@ -178,11 +171,10 @@ def cmd_advise(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", inputs=("trace", "--model", "--train-extra", "--predictors"))
 def cmd_predict(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import predict_eval_main, predict_fit_main
 
-    _positive(a.threads, "--threads")
-    _positive(a.epochs, "--epochs")
 
     if a.action == "eval":
         return predict_eval_main(
@@ -202,6 +194,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", inputs=("--trace", "--hardware", "--model-profile"))
 def cmd_place_compare(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_dir, os_error, write_atomic
     from routecast.place.compare import compare_methods, summarize
@@ -211,7 +204,6 @@ def cmd_place_compare(a: argparse.Namespace) -> int:
     from routecast.trace.io import read_trace
 
     _threads(a.threads)
-    _positive(a.ep, "--ep")
     out = check_out_dir(a.out, "--out", overwrite=a.overwrite)
     trace = read_trace(a.trace, load_hidden=False)
     hw = load_hardware(a.hardware)
@@ -258,12 +250,14 @@ def _profile_for(trace, load_model):
     return load_model(name)
 
 
+@writes("--out", "--sample-out")
 def cmd_train_builtin(a: argparse.Namespace) -> int:
     from routecast.models.train import main as train_main
 
     return train_main(a.args)
 
 
+@writes("--out", inputs=("trace", "--model", "--predictor", "--hardware"))
 def cmd_cache(a: argparse.Namespace) -> int:
     from routecast.cache.cli import cache_replay_main
 
@@ -276,15 +270,18 @@ def cmd_cache(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", "--plan", inputs=("trace", "--model", "--predictor", "--hardware"))
 def cmd_schedule(a: argparse.Namespace) -> int:
     if a.action == "cocluster":
         return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
-    from routecast.schedule.cli import run_rebatch
+    from routecast.common.outputs import check_out_file, write_json
+    from routecast.schedule.rebatch import run_rebatch
     from routecast.sim.hardware import load_hardware
     from routecast.trace.io import read_trace
     _threads(a.threads)
+    check_out_file(a.out, "--out")  # before the work, not after it
     s = (trace := read_trace(a.trace, load_hidden=False, load_logits=False)).spec
     eb = a.expert_bytes or s.expert_bytes
     cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
@@ -300,8 +297,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     speedup = rows[0]["us_per_token"] / rows[1]["us_per_token"]
     out = {"settings": {**res["settings"], "policy": a.policy, "budget_slots": cfg.budget, "hardware": a.hardware},
            "rows": rows, "speedup_clustered": speedup}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(_clean(out), indent=1))
+    write_json(a.out, _clean(out), "--out")
     if a.json:
         print(json.dumps(_clean(out), indent=1))
         return 0
@@ -315,6 +311,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out", "--sample-out")
 def cmd_corpus(a: argparse.Namespace) -> int:
     from routecast.models.corpus import main as corpus_main
 
@@ -342,7 +339,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=N.positive(4096), default=None,
                    help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 16 synthetic)")
     p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
-    _add_overwrite(p, "the demo's trace, report, summary and figures")
     _add_threads(p)
     p.set_defaults(fn=cmd_demo)
 
@@ -476,7 +472,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_overwrite(p, "fit: predictor.json and predictor.safetensors")
     _add_threads(p)
     p.set_defaults(fn=cmd_predict)
 
@@ -490,7 +485,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shift-step", type=N.integer(-1, 1 << 40), default=-1, help="report before/after this step (default: no shift)")
     p.add_argument("--out", default="out/place", help="output directory for the plot and JSON (default out/place)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    _add_overwrite(p, "throughput.png and summary.json")
     _add_threads(p)
     p.set_defaults(fn=cmd_place_compare)
 
@@ -525,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedule)
     cocluster_cli.add_permute_parser(sub)
 
-    from routecast.cache.emoe_cli import add_parser as add_emoe_parser  # light: argparse only
+    from routecast.runtime.emoe.cli import add_parser as add_emoe_parser  # light: argparse only
 
     add_emoe_parser(sub)
     add_ep_parser(sub)  # routecast/runtime/ep/cli.py
@@ -545,11 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="build --out DIR --gensim-wheel WHL [--sample-out DIR] ...")
     p.set_defaults(fn=cmd_corpus)
 
-    from routecast.sim.serve_cli import add_parser as add_serve_sim  # parser + handler live in sim/
+    from routecast.serve.cli import add_parser as add_serve_sim  # parser + handler live in serve/
     add_serve_sim(sub)
-    return N.annotate_help(ap)
+    return N.annotate_help(add_overwrite_flags(ap))
 
 
+NAME_RESOLVERS.append("routecast.sim.hardware:named_file")  # built-in model and shipped profile names
 _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 
 

@@ -79,7 +79,7 @@ def _synthetic(trace_dir: Path, preset: str, requests: int, seed: int) -> dict[s
 def section_stats(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     """Routing statistics: skewness, IR, entropy, token/inter-layer predictability, task distances."""
     from routecast.report.plots import stats_figure
-    from routecast.trace.stats_cli import format_stats, routing_stats
+    from routecast.trace.stats_bundle import format_stats, routing_stats
 
     ep = _default_ep(trace.spec.num_experts)
     d = routing_stats(trace, ep=ep)

@@ -4,7 +4,7 @@ Legend: N task types, L MoE layers, E experts, K top-k, R prompts.
 
 Eq. 2, per task type n, layer l and expert i: N_i = (sum_j W_j + T * W_o) * s * f_i, where the W_j are the input
 tokens of the task's T scheduled prompts, W_o its expected generated tokens, s in {0, 1} whether layer l is
-routing-sensitive for the task (profiled, ``emoe_profile.py``) and f_i the predicted routing frequency of
+routing-sensitive for the task (profiled, ``runtime/emoe/profile.py``) and f_i the predicted routing frequency of
 expert i. The totals over task types rank each layer's experts; the top L_l are loaded, L_l set by the memory
 budget: ``layer_budgets`` spreads budget x L x E experts over the layers, keeping layers that no scheduled
 task is sensitive to at a floor (half the uniform share, at least K) and giving the rest to the sensitive

@@ -1,10 +1,11 @@
-"""The built-in MoE model (a real Hugging Face Mixtral-architecture checkpoint) and its corpus.
+"""The built-in MoE models (real Hugging Face checkpoints: Mixtral-architecture builtin, DeepSeek-V3-architecture
+builtin-fine) and their corpus.
 
 - ``corpus``: five tasks (code, docs, austen, bible, wiki) split by document; ``load_corpus``.
 - ``prompts``: capture prompts with per-task lengths and Poisson arrivals; JSONL prompts files.
 - ``tokenizer``: the byte-level BPE tokenizer.
 - ``train``: ``train_builtin`` and ``eval_per_domain``.
-- ``builtin``: ``builtin_path`` and ``load_builtin`` for the shipped checkpoint.
+- ``builtin``: ``builtin_path`` and ``load_builtin`` for the shipped checkpoints, ``load_model`` for any saved one.
 
 Imports here are light (no torch/transformers until a function needs them).
 """

@@ -16,7 +16,8 @@ beside each records the config, seed, data, steps, tokens seen, wall time and pe
     python -m routecast.models.train --arch deepseek-v3 --out routecast/models/builtin-fine --minutes 40 \\
         --seed 0 --threads 1 --corpus corpus_build
 
-Loading needs no network: ``load_builtin()`` -> (model in eval mode, tokenizer).
+Loading needs no network: ``load_builtin()`` -> (model in eval mode, tokenizer); ``load_model(dir)`` loads any
+checkpoint ``train.py`` saved (it lives here, not in train.py, so training imports loading and not the reverse).
 """
 
 from __future__ import annotations
@@ -73,8 +74,21 @@ def load_builtin(model_dir: str | Path | None = None, *, threads: int | None = 1
     """
     import torch
 
-    from routecast.models.train import load_model
-
     if threads is not None:
         torch.set_num_threads(threads)
     return load_model(check_checkpoint(model_dir))
+
+
+def load_model(model_dir: str | Path):
+    """A saved checkpoint dir -> (its HF causal LM, Mixtral or DeepSeek-V3, in eval mode; tokenizer), offline."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from routecast.models.tokenizer import load_tokenizer
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
+        raise ConfigError(f"{model_dir} holds no config.json + model.safetensors; expected a checkpoint saved by train_builtin.")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
+    model.eval()
+    return model, load_tokenizer(model_dir)

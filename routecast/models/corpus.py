@@ -269,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--docs-dir", default=d.docs_dir, help=f"Python docs _sources (default {d.docs_dir})")
     b.add_argument("--austen-dir", default=d.austen_dir, help=f"janeaustenr data folder (default {d.austen_dir})")
     b.add_argument("--bible-file", default=d.bible_file, help=f"bible-kjv-text data file (default {d.bible_file})")
+    b.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out / --sample-out, replacing the corpus files there")
     return N.annotate_help(p)
 
 
@@ -278,6 +280,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except N.UsageError as e:
         print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
+    from routecast.common.outputs import check_out_dir, declare_inputs
+
+    declare_inputs(args, ("--code-dir", "--docs-dir", "--austen-dir", "--bible-file", "--gensim-wheel"))
+    try:
+        for flag, d in (("--out", args.out), ("--sample-out", args.sample_out)):
+            if d is not None:
+                check_out_dir(d, flag, overwrite=args.overwrite)
+    except ConfigError as exc:
+        print(f"routecast corpus: error: {exc}", file=sys.stderr)
         return 2
     src = CorpusSources(code_dir=args.code_dir, docs_dir=args.docs_dir, austen_dir=args.austen_dir,
                         bible_file=args.bible_file, gensim_wheel=args.gensim_wheel)

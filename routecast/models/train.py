@@ -40,6 +40,7 @@ import torch
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import check_out_dir, fix_mode, names_matcher
+from routecast.models.builtin import check_checkpoint, load_model
 from routecast.models.corpus import SPLITS, Document, load_corpus, read_manifest
 from routecast.models.tokenizer import balanced_texts, load_tokenizer, train_tokenizer
 from routecast.models.train_v3 import (
@@ -404,18 +405,6 @@ def train_builtin(out_dir: str | Path, *, minutes: float | None = None, seed: in
     return record
 
 
-def load_model(model_dir: str | Path):
-    """A saved checkpoint dir -> (its HF causal LM, Mixtral or DeepSeek-V3, in eval mode; tokenizer), offline."""
-    from transformers import AutoModelForCausalLM
-
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file() or not (model_dir / "model.safetensors").is_file():
-        raise ConfigError(f"{model_dir} holds no config.json + model.safetensors; expected a checkpoint saved by train_builtin.")
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
-    model.eval()
-    return model, load_tokenizer(model_dir)
-
-
 def eval_per_domain(model_dir: str | Path, split: str = "val", *, root: str | Path | None = None,
                     max_tokens_per_task: int = 65_536, seq_len: int | None = None, threads: int = 1) -> dict[str, float]:
     """Mean next-token NLL (nats/token) per task on a corpus split (default: the shipped sample) -> {task: nll}."""
@@ -466,8 +455,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = tiny_config() if args.tiny else builtin_config()
     tok = args.tokenizer
     if tok is None and args.arch == "deepseek-v3" and not args.tiny:
-        from routecast.models.builtin import check_checkpoint
-
         tok = check_checkpoint()
     try:
         rec = train_builtin(args.out, minutes=args.minutes, steps=args.steps, seed=args.seed,

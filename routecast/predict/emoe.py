@@ -35,7 +35,6 @@ from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast
 from routecast.predict.harness import LAYER, REQUEST, Predictor, StepRouting, StepView
 from routecast.predict.neural import torch_threads
-from routecast.predict.store import register
 from routecast.trace import MoESpec, Trace
 
 MODES = ("A", "L")
@@ -236,7 +235,6 @@ def fit_net(dist_RLE: np.ndarray, tasks_R: np.ndarray, N: int, cfg: EmoeConfig) 
 
 
 # ------------------------------------------------------------------------------------------- the predictor
-@register
 class EmoePredictor(Predictor):
     """eMoE-A (``emoe``, request horizon) or eMoE-L (``emoe-l``, layer horizon), invoked every `period` prompts.
 
@@ -386,7 +384,6 @@ class EmoePredictor(Predictor):
         return p
 
 
-@register
 class EmoeLayerPredictor(EmoePredictor):
     """eMoE-L: layer l of the invoking step from its own layer l-1 (see the module docstring)."""
 

@@ -37,7 +37,6 @@ from tqdm.auto import tqdm
 from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast, multi_hot
 from routecast.predict.harness import REQUEST, Predictor, StepRouting, StepView
-from routecast.predict.store import register
 from routecast.trace import PREFILL, MoESpec, Trace
 
 
@@ -171,7 +170,6 @@ def _pad(rows: list[np.ndarray], pad: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-@register
 class ExpertFlowPredictor(Predictor):
     """ExpertFlow routing-path predictor (request horizon); see the module docstring."""
 

@@ -22,11 +22,9 @@ from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast, multi_hot
 from routecast.predict.frequency import slot_counts_LE
 from routecast.predict.harness import LAYER, REQUEST, Predictor, StepRouting, StepView
-from routecast.predict.store import register
 from routecast.trace import MoESpec, Trace
 
 
-@register
 class TLPPredictor(Predictor):
     """Temporal-locality prediction: each request's most recent revealed token (see the module docstring)."""
 
@@ -80,7 +78,6 @@ class TLPPredictor(Predictor):
         return cls(spec)
 
 
-@register
 class SLPPredictor(Predictor):
     """Spatial-locality prediction from the previous layer's true experts (see the module docstring)."""
 

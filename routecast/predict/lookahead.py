@@ -39,7 +39,6 @@ from routecast.predict.forecast import Forecast
 from routecast.predict.frequency import slot_counts_LE
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView
 from routecast.predict.neural import torch_threads
-from routecast.predict.store import register
 from routecast.trace import MoESpec, Trace
 
 SOFTMAX, SIGMOID = "softmax", "sigmoid"
@@ -170,7 +169,6 @@ def _pairs(hidden_TLH: np.ndarray | None, logits_TLE: np.ndarray | None, where: 
             torch.from_numpy(np.array(logits_TLE[:, 1:], np.float32)))
 
 
-@register
 class LookaheadPredictor(Predictor):
     """Gate-initialised lookahead predictor (layer horizon); see the module docstring."""
 

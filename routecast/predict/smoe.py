@@ -35,7 +35,6 @@ from routecast.common.errors import ConfigError
 from routecast.predict.forecast import Forecast
 from routecast.predict.frequency import ConditionalConfig, ConditionalPredictor
 from routecast.predict.harness import LAYER, Predictor, StepView
-from routecast.predict.store import register
 from routecast.trace import MoESpec, Trace
 
 # Embedding tables up to this many values (64 MB float32) are saved with the predictor.
@@ -102,7 +101,6 @@ def known_index(keys_U: np.ndarray, emb_VD: np.ndarray) -> tuple[np.ndarray, np.
     return pos, unit
 
 
-@register
 class SMoEPredictor(Predictor):
     """s-MoE's token table + device n-gram with the confidence-based choice (see the module docstring)."""
 

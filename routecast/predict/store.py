@@ -3,7 +3,8 @@
 No pickle: a predictor exposes ``state() -> (meta, tensors)`` (JSON-able dict, named numpy arrays) and
 ``from_state(spec, meta, tensors)``. Files are written to temporary names and renamed into place,
 the JSON last, so a directory with a predictor.json always holds a complete predictor.
-Predictor classes outside this package register themselves with ``register``.
+Classes are found by the name saved in predictor.json: ``CLASSES`` maps the package's own to "module:Class"
+(imported on use); predictor classes outside this package register themselves with ``register``.
 """
 
 from __future__ import annotations
@@ -22,27 +23,42 @@ FORMAT = "routecast-predictor"
 VERSION = 1
 META_FILE, TENSOR_FILE = "predictor.json", "predictor.safetensors"
 
-_REGISTRY: dict[str, type[Predictor]] = {}
+# Class name (as saved in predictor.json) -> "module:Class", imported on first use: the store never imports a
+# predictor module up front, and no predictor module imports the store (so the two cannot form an import circle).
+CLASSES: dict[str, str] = {
+    "DistributionPredictor": "routecast.predict.frequency:DistributionPredictor",
+    "ProbabilityPredictor": "routecast.predict.frequency:ProbabilityPredictor",
+    "ConditionalPredictor": "routecast.predict.frequency:ConditionalPredictor",
+    "NeuralPredictor": "routecast.predict.neural:NeuralPredictor",
+    "TLPPredictor": "routecast.predict.locality:TLPPredictor",
+    "SLPPredictor": "routecast.predict.locality:SLPPredictor",
+    "LookaheadPredictor": "routecast.predict.lookahead:LookaheadPredictor",
+    "ExpertFlowPredictor": "routecast.predict.expertflow:ExpertFlowPredictor",
+    "SMoEPredictor": "routecast.predict.smoe:SMoEPredictor",
+    "EmoePredictor": "routecast.predict.emoe:EmoePredictor",
+    "EmoeLayerPredictor": "routecast.predict.emoe:EmoeLayerPredictor",
+}
+_REGISTERED: dict[str, type[Predictor]] = {}
 
 
 def register(cls: type[Predictor]) -> type[Predictor]:
-    """Make a Predictor subclass loadable by load_predictor (usable as a class decorator)."""
-    _REGISTRY[cls.__name__] = cls
+    """Make a Predictor subclass defined outside routecast.predict loadable by load_predictor (usable as a class
+    decorator); the package's own classes are listed in CLASSES instead."""
+    _REGISTERED[cls.__name__] = cls
     return cls
 
 
-def _registry() -> dict[str, type[Predictor]]:
-    from routecast.predict.emoe import EmoePredictor  # noqa: F401  (registers itself and eMoE-L)
-    from routecast.predict.expertflow import ExpertFlowPredictor  # noqa: F401  (registers itself)
-    from routecast.predict.frequency import ConditionalPredictor, DistributionPredictor, ProbabilityPredictor
-    from routecast.predict.locality import SLPPredictor, TLPPredictor  # noqa: F401  (register themselves)
-    from routecast.predict.lookahead import LookaheadPredictor  # noqa: F401  (registers itself)
-    from routecast.predict.neural import NeuralPredictor
-    from routecast.predict.smoe import SMoEPredictor  # noqa: F401  (registers itself)
+def predictor_class(name: str) -> type[Predictor] | None:
+    """The Predictor class saved under `name` (CLASSES, imported now, or registered), None when unknown."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    target = CLASSES.get(name)
+    if target is None:
+        return None
+    import importlib
 
-    for cls in (DistributionPredictor, ProbabilityPredictor, ConditionalPredictor, NeuralPredictor):
-        _REGISTRY.setdefault(cls.__name__, cls)
-    return _REGISTRY
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def save_predictor(pred: Predictor, out_dir: str | Path, *, fitted_on: dict | None = None) -> Path:
@@ -106,10 +122,10 @@ def load_predictor(path: str | Path) -> Predictor:
         raise ConfigError(f"{meta_path} has format {doc.get('format') if isinstance(doc, dict) else doc!r}; expected {FORMAT!r}.")
     if doc.get("version") != VERSION:
         raise ConfigError(f"{meta_path} has version {doc.get('version')!r}; expected {VERSION}.")
-    reg = _registry()
-    cls = reg.get(str(doc.get("class")))
+    cls = predictor_class(str(doc.get("class")))
     if cls is None:
-        raise ConfigError(f"{meta_path} names predictor class {doc.get('class')!r}; expected one of {sorted(reg)}.")
+        known = sorted({*CLASSES, *_REGISTERED})
+        raise ConfigError(f"{meta_path} names predictor class {doc.get('class')!r}; expected one of {known}.")
     try:
         spec = MoESpec.from_dict(doc.get("spec"), where=str(meta_path))
     except TraceError as e:

@@ -1,6 +1,6 @@
 """eMoE presentation: the quality-vs-budget figure and the demo report's eMoE section.
 
-The numbers come from routecast.cache.emoe_quality.run_quality (perplexity with a share of the experts resident
+The numbers come from routecast.runtime.emoe.quality.run_quality (perplexity with a share of the experts resident
 and fallback routing, on the real built-in model); this module draws and lays them out.
 """
 
@@ -40,10 +40,10 @@ def plot_quality(res: dict[str, Any], png: str) -> str:
 
 def section_emoe(trace: Trace, out_dir: str | Path) -> tuple[Section, dict[str, Any]]:
     """Demo-report section: profile + quality on the real model the trace was captured from (built-in only)."""
-    from routecast.cache.emoe_profile import TextConfig
-    from routecast.cache.emoe_quality import QualityConfig, format_quality, run_quality
     from routecast.models.builtin import is_builtin_name
     from routecast.predict.emoe import EmoeConfig
+    from routecast.runtime.emoe.profile import TextConfig
+    from routecast.runtime.emoe.quality import QualityConfig, format_quality, run_quality
     from routecast.trace.capture_inputs import load_model
 
     sec = Section(key="emoe", title="eMoE: experts resident, fallback routing, quality (real model)")

@@ -24,8 +24,7 @@ from routecast.predict.batch_eval import token_sets
 from routecast.predict.evaluate import fit_or_load, heldout
 from routecast.report.html import Section, figure, paragraph, table
 from routecast.report.plots import save_figure
-from routecast.schedule.cli import step_sets
-from routecast.schedule.rebatch import METHODS, activated_experts, rebatch
+from routecast.schedule.rebatch import METHODS, activated_experts, rebatch, step_sets
 from routecast.sim.hardware import load_hardware
 from routecast.trace import Trace
 

@@ -1,4 +1,4 @@
-"""Serving-simulation figures and the demo report's serving section (numbers from routecast.sim.serve*).
+"""Serving-simulation figures and the demo report's serving section (numbers from the serving simulator, routecast.serve).
 
     plot_rates(rows, png, title)      mean end-to-end latency and SLO attainment vs arrival rate, per scheduler
     plot_lar(rows, png, title)        throughput under SLO vs local activation rate (Speculative MoE end to end)
@@ -61,11 +61,11 @@ def plot_lar(rows: Sequence[dict[str, Any]], png: str | Path, *, title: str = ""
 def section_serving(trace: Any, out: Path, *, requests: int = 800, seed: int = 0) -> tuple[Section, dict[str, Any]]:
     """Demo section: the trace's requests (prompt / output lengths, tasks) resampled to `requests` Poisson arrivals,
     served on the Mixtral-8x7B profile on H100s by each scheduler at six rates up to the engine's capacity."""
-    from routecast.sim.serve import simulate
-    from routecast.sim.serve_cli import capacity_rps, under_slo
-    from routecast.sim.serve_cost import EngineConfig, build_engine
-    from routecast.sim.serve_sched import SCHEDULERS, make_scheduler
-    from routecast.sim.serve_workload import Requests, resample
+    from routecast.serve.engine import EngineConfig, build_engine
+    from routecast.serve.loop import simulate
+    from routecast.serve.sched import SCHEDULERS, make_scheduler
+    from routecast.serve.sweep import capacity_rps, under_slo
+    from routecast.serve.workload import Requests, resample
 
     base = Requests.from_trace(trace)
     # Every prompt must fit one step's token budget (4096 by default); a trace with longer prompts (a synthetic

@@ -1,4 +1,4 @@
-"""`routecast stats TRACE`: read a trace, compute trace.stats_cli.routing_stats, print a table or JSON,
+"""`routecast stats TRACE`: read a trace, compute trace.stats_bundle.routing_stats, print a table or JSON,
 write the --plot figure (report.plots.stats_figure). Presentation lives here, so trace/ never imports report/.
 """
 
@@ -22,7 +22,7 @@ def stats_main(
     with one sentence; the CLI turns them into exit code 2. Returns 0 on success.
     """
     from routecast.trace.io import read_trace  # lazy: keeps `routecast --help` fast
-    from routecast.trace.stats_cli import format_stats, routing_stats
+    from routecast.trace.stats_bundle import format_stats, routing_stats
 
     stream = sys.stdout if out is None else out
     # Statistics read only the routing ids, weights and token columns: skip hidden states and logits.

@@ -18,6 +18,7 @@ from typing import Any
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import writes
 
 
 def add_parser(sub: Any) -> None:
@@ -52,6 +53,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=cmd_run)
 
 
+@writes("--out", "--write-profile", inputs=("--model", "--prompts", "--predictor", "--fit-trace", "--hardware"))
 def cmd_run(a: argparse.Namespace) -> int:
     from routecast.runtime.offload.engine import PREFETCHERS
 
@@ -96,6 +98,10 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(a.threads)
     model, _, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if ctx and requests:  # generation past the model's positions never ends well: refuse before it starts
+        longest = max(requests, key=lambda r: len(r[0]) + r[1])
+        N.check_max_new_tokens(longest[1], int(ctx), len(longest[0]))
     if not a.offload:
         return run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
     check_prefetch_top(a.prefetch_top, spec.top_k)

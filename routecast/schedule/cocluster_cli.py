@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from routecast.common import numbers as N
+from routecast.common.outputs import writes
 
 METHOD_HELP = "smoe, metis, kmeans, hypergraph, random, sts (token shuffling only), none (plain EP)"
 # Training tokens a plan is fitted on at most (a seeded sample of whole requests beyond): their routing is
@@ -131,6 +132,7 @@ def add_permute_parser(sub: Any) -> None:
     p.set_defaults(fn=permute_main)
 
 
+@writes("--out", inputs=("--model", "--plan"))
 def permute_main(a: argparse.Namespace) -> int:
     from routecast.schedule.cocluster import read_plan
     from routecast.schedule.permute import permute_checkpoint

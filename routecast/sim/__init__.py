@@ -1,5 +1,6 @@
 """sim/: hardware and model profiles (TOML data files), the vectorised layer cost model, MoE-GPS scenarios,
-and `calibrate` (measure this machine into a hardware profile).
+and `calibrate` (measure this machine into a hardware profile). The serving simulator built on the cost model is
+the stage above, serve/.
 
     load_hardware(name | path) -> Hardware        list_hardware()
     load_model(name | path) -> ModelProfile       list_models(), model_profile_from_hf_config(config.json)

@@ -18,7 +18,7 @@ uses (G-1)/G^2 for lar = 1/G, and its s-MoE sum k (1 - alpha); we follow the eva
 Seconds use the existing collectives of sim/cost.py (ring all-reduce / all-gather / reduce-scatter with their
 alpha terms, all-to-all = alpha + busiest rank's volume / link), never a second copy of the link model.
 
-For the serving simulator (helper "serve", sim/serve*): ``a2a_for_lar(lar, ...)`` maps a local activation rate
+For the serving simulator (routecast/serve/): ``a2a_for_lar(lar, ...)`` maps a local activation rate
 to per-rank all-to-all bytes and the layer time of the existing layer cost model (cost.layer_cost with
 local_fraction = lar and, for s-TS, the reduce-scatter in place of the all-reduce), vectorised over lar.
 """

@@ -12,7 +12,9 @@ documents read as -1, unknown):
 
 Reading memory-maps shards with our own header parser and np.memmap views: measured, safetensors'
 safe_open(framework="numpy").get_tensor copies (RSS grew by 98 MB for a 49 MB tensor). A single shard
-is zero-copy (read-only views whose base is the memmap); several shards are concatenated (one copy).
+is zero-copy (read-only views whose base is the memmap); several shards become lazy ShardedArrays (lazy.py)
+that map one shard at a time and are never concatenated. Only read_trace(mmap=False) concatenates them (one
+writable copy per tensor).
 Durability: every file is written to a temp file beside it, fsynced, renamed, and its directory
 fsynced; trace.json is written last and is the commit point of a finished trace.
 """
@@ -95,9 +97,9 @@ def check_trace_out(path: str | os.PathLike, *, overwrite: bool = False, resume:
     place, a non-empty directory without overwrite (or resume of a trace), and with overwrite a directory
     holding files a TraceWriter did not write (replacing it would delete them). -> Path.
     """
-    from routecast.common.outputs import check_out_dir
+    from routecast.common.outputs import check_out_dir, claim
 
-    p = Path(path)
+    p = claim(path, flag, "dir")  # inputs, links, duplicates: before the resume shortcuts below
     partial = p.with_name(f".{p.name}.partial")
     if resume and partial.is_dir():
         return p  # an interrupted overwrite: the writer continues it
@@ -415,6 +417,9 @@ class TraceWriter:
             raise TraceError(f"{p}: holds {foreign[0]!r}, which is not part of a routecast trace; expected a "
                              "trace directory to overwrite (move the file away: --overwrite never deletes "
                              "files routecast did not write).")
+        if partial.is_dir() and any(not is_trace_file(q.name) for q in partial.iterdir()):
+            raise TraceError(f"{partial} holds files that are not part of a routecast trace; expected it to be a "
+                             "trace writer's own unfinished work (move it away: routecast never deletes it).")
         shutil.rmtree(partial, ignore_errors=True)
         return partial
 

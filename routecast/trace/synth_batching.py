@@ -10,21 +10,39 @@ request, position, phase, step, task, arrival_s, in processing order.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from routecast.trace.trace import DECODE, PREFILL
 
-if TYPE_CHECKING:
-    from routecast.trace.synth import SynthConfig
+
+class BatchingConfig(Protocol):
+    """The fields of synth.SynthConfig the batching reads (named here so this module need not import synth.py)."""
+
+    num_requests: int
+    num_tokens: int
+    arrival_rate: float  # requests/s; inf: all arrive at time 0
+    prompt_sigma: float
+    output_sigma: float
+    max_prompt_len: int
+    max_output_len: int
+    shift_task_mix: tuple[float, ...]
+    shift_step: int
+    task_stickiness: float
+    token_budget: int
+    max_running: int
+    step_overhead_s: float
+    step_token_s: float
+
+    def per_task(self, name: str) -> np.ndarray: ...
 
 
 def _lognormal_len(median: np.ndarray, sigma: float, z: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return np.clip(np.rint(median * np.exp(sigma * z)), lo, hi).astype(np.int64)
 
 
-def schedule(cfg: SynthConfig, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def schedule(cfg: BatchingConfig, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Serving simulation: returns token columns (request, position, phase, step, task, arrival_s, source,
     document) in processing order (by step; decode tokens before prefill chunks inside a step) and task per request.
 

@@ -135,3 +135,28 @@ def test_predictor_for_another_geometry_is_refused(routed_trace, tmp_path, capsy
     assert main(["predict", "eval", str(tr), "--predictors", str(d), "--quiet"]) == 2
     err = _error_line(capsys.readouterr().err)
     assert "predictor was fitted for L=3, E=16, K=2; expected the trace's L=3, E=8, K=2" in err
+
+
+def test_store_class_table_names_every_predictor_of_the_package():
+    """CLASSES (name -> "module:Class", resolved on load) must list each Predictor subclass of routecast.predict,
+    under its own name, and nothing else: a new or renamed predictor that is missing here could be saved but not
+    loaded."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import routecast.predict as pkg
+    from routecast.predict.harness import Predictor
+    from routecast.predict.store import CLASSES, predictor_class
+
+    found = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"routecast.predict.{info.name}")
+        for name, obj in vars(mod).items():
+            if inspect.isclass(obj) and issubclass(obj, Predictor) and obj is not Predictor \
+                    and obj.__module__ == mod.__name__ and not name.startswith("_"):
+                found[name] = f"{obj.__module__}:{name}"
+    assert found == CLASSES
+    for name in CLASSES:
+        assert predictor_class(name).__name__ == name
+    assert predictor_class("NoSuchPredictor") is None

@@ -10,7 +10,7 @@ import pytest
 from routecast.common.errors import ConfigError
 from routecast.report import plots
 from routecast.trace import MoESpec, Trace, make_columns
-from routecast.trace.stats_cli import routing_stats
+from routecast.trace.stats_bundle import routing_stats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

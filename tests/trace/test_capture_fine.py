@@ -134,7 +134,7 @@ def test_capture_records_the_bias_and_stats_measure_the_group_limit(tmp_path):
     from routecast.report.stats import stats_main
     from routecast.trace.capture import capture_to_disk
     from routecast.trace.io import read_trace
-    from routecast.trace.stats_cli import routing_stats
+    from routecast.trace.stats_bundle import routing_stats
     from tests.trace.test_capture import PROMPTS
     from tests.trace.test_capture import tokenizer as tokenizer_fixture
 

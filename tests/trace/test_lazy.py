@@ -93,7 +93,7 @@ def test_streaming_commands_match_memory_and_never_load_the_trace(on_disk, tiny_
     from routecast.predict.evaluate import evaluate
     from routecast.sim.hardware import load_hardware
     from routecast.sim.models import load_model
-    from routecast.trace.stats_cli import routing_stats
+    from routecast.trace.stats_bundle import routing_stats
     from routecast.trace.synth_presets import moegps_skewness
 
     tr, d = on_disk
@@ -181,7 +181,7 @@ def test_reading_under_a_memory_cap_smaller_than_the_trace(tmp_path):
         import resource, sys
         import numpy as np
         from routecast.trace.io import read_trace
-        from routecast.trace.stats_cli import routing_stats
+        from routecast.trace.stats_bundle import routing_stats
         from routecast.trace.trace import Trace, make_columns
         from routecast.trace.spec import MoESpec
         warm = Trace(spec=MoESpec(num_layers=2, num_experts=4, top_k=2), tokens=make_columns(8),

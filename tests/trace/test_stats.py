@@ -13,7 +13,7 @@ from routecast.common.errors import ConfigError
 from routecast.trace import MoESpec, Trace, make_columns
 from routecast.trace import stats as rs
 from routecast.trace import stats_stream as ss
-from routecast.trace.stats_cli import format_stats, routing_stats
+from routecast.trace.stats_bundle import format_stats, routing_stats
 
 
 def make_trace(experts_TLK, num_experts: int, weights=None, task_names=(), **cols) -> Trace:

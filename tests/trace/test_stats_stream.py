@@ -10,7 +10,7 @@ from routecast.trace import lazy
 from routecast.trace import stats as rs
 from routecast.trace import stats_stream as ss
 from routecast.trace.io import read_trace, write_trace
-from routecast.trace.stats_cli import routing_stats
+from routecast.trace.stats_bundle import routing_stats
 from tests.trace.test_lazy import serving_trace
 
 

@@ -61,20 +61,23 @@ def calibrate_link(out_toml: str | Path, *, nproc: int = 2, sizes: tuple[int, ..
                    warmup: int = 3, name: str | None = None, wall_s: float = 600.0,
                    host: str = "127.0.0.1") -> tuple[LinkProfile, list[dict]]:
     """Run the sweep on `nproc` gloo ranks (ranks.run_ranks, store on `host`), fit, write out_toml ->
-    (profile, points). The sweep's config and points live in a private temp folder, never beside out_toml."""
-    import tempfile
-
+    (profile, points). The sweep's config and points live in a scratch folder of its own."""
     from routecast.runtime.ep.ranks import run_ranks
 
     if nproc < 2 or repeats < 1 or warmup < 0 or len(sizes) < 2 or min(sizes) < 4:
         raise ConfigError(f"--nproc {nproc}, --repeats {repeats}, {len(sizes)} sizes; expected nproc >= 2, repeats >= 1, "
                           ">= 2 sizes of at least 4 bytes.")
+    from routecast.common.outputs import remove_own, scratch_dir
+
     out_toml = Path(out_toml)
-    with tempfile.TemporaryDirectory(prefix="routecast-ep-calibrate-") as work:
-        tmp, cfg = Path(work) / "sweep.json", Path(work) / "config.json"
+    work = scratch_dir(out_toml, "--out")  # a folder of its own: a user's X.config.json is never touched
+    try:
+        tmp, cfg = work / "sweep.json", work / "config.json"
         cfg.write_text(json.dumps({"sizes": list(sizes), "repeats": repeats, "warmup": warmup, "out": str(tmp)}))
         run_ranks("routecast.runtime.ep.calibrate", cfg, nproc, host=host, wall_s=wall_s, what="ep calibrate")
         pts = json.loads(tmp.read_text())["points"]
+    finally:
+        remove_own(work)
     vol = [p["volume"] for p in pts]
     sec = [p["seconds"] for p in pts]
     alpha, bw = fit_link(vol, sec)

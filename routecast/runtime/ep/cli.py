@@ -6,9 +6,11 @@ import argparse
 import json
 
 from routecast.common import numbers as N
+from routecast.common.outputs import writes
 from routecast.place.slots import METHODS
 
 
+@writes("--out", inputs=("--model", "--trace", "--token-ranks", "--shuffle-plan", "--link"))
 def cmd_ep(a: argparse.Namespace) -> int:
     import torch
 

@@ -113,7 +113,13 @@ def prepare(trace: Any, *, model: str, trace_dir: str, out: Path, method: str, n
     for every step instead of building `method`'s (the token shuffle's pre-grouped experts, shuffle.py)."""
     if nproc < 1 or trace.spec.num_experts % nproc:
         raise ConfigError(f"--nproc {nproc}: expected a positive divisor of the {trace.spec.num_experts} experts.")
-    tok_rank = np.load(token_ranks_path) if token_ranks_path else None
+    if token_ranks_path:
+        from routecast.common.schemas import load_int_npy
+
+        T, L = trace.num_tokens, trace.spec.num_layers
+        tok_rank = load_int_npy(token_ranks_path, "--token-ranks", shapes=((T,), (T, L)), lo=0, hi=nproc - 1)
+    else:
+        tok_rank = None
     rows_of = step_rows(np.asarray(trace.tokens["step"]), steps)
     src = _src_loads(trace, rows_of, nproc, tok_rank)
     if slot_plan is not None:

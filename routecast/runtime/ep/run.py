@@ -58,8 +58,14 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
         raise ConfigError(f"--trace {trace_dir} has no hidden_TLH; expected a capture made with --hidden.")
     ids = select_steps(trace, first_step, steps, min_tokens)
     rows_of = step_rows(np.asarray(trace.tokens["step"]), ids)
-    tok = np.load(token_ranks_path) if token_ranks_path else None
     L = trace.spec.num_layers
+    if token_ranks_path:
+        from routecast.common.schemas import load_int_npy
+
+        T = trace.num_tokens
+        tok = load_int_npy(token_ranks_path, "--token-ranks", shapes=((T,), (T, L)), lo=0, hi=nproc - 1)
+    else:
+        tok = None
     src_of = [layer_ranks(tok, r, nproc, L) for r in rows_of]
     shuf = load_shuffle(shuffle_plan, trace, nproc) if shuffle_plan else None
     res: dict[str, Any] = {"settings": {

@@ -4,7 +4,7 @@
     ServeResult.metrics() -> dict      throughput, goodput, SLO attainment, TTFT / TPOT / E2E p50 p90, p90 TBT
 
 Events are request arrivals and step completions, popped from a heap in time order. At each event the
-scheduler (serve_sched.py) may admit waiting requests; the engine then runs either one step that prefills the
+scheduler (sched.py) may admit waiting requests; the engine then runs either one step that prefills the
 admitted prompts (with the running decodes riding along when the scheduler batches them together) or a run
 of k decode steps, k = the steps until the first running request finishes, cut at the step boundary after the
 next arrival when the scheduler admits mid-batch. A run of decode steps is priced in one vectorised call
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from routecast.common.errors import ConfigError
-from routecast.sim.serve_cost import Engine, ExpertLoader
-from routecast.sim.serve_workload import Requests
+from routecast.serve.engine import Engine, ExpertLoader
+from routecast.serve.workload import Requests
 
 ARRIVAL, STEP_END = 0, 1
 
@@ -161,7 +161,7 @@ def weighted_percentile(x: np.ndarray, w: np.ndarray, q: float) -> float:
 
 def simulate(engine: Engine, req: Requests, scheduler: Any, *, slo: SLO | None = None,
              loader: ExpertLoader | None = None, record: bool = False, slo_engine: Engine | None = None) -> ServeResult:
-    """Run every request of `req` through `engine` under `scheduler` (a serve_sched.Scheduler) -> ServeResult.
+    """Run every request of `req` through `engine` under `scheduler` (a sched.Scheduler) -> ServeResult.
 
     Every request finishes (the loop runs until the last one does). SLO multiples ('5x') refer to slo_engine's idle
     latency when given (compare engines against one reference), else to this engine's. Requests whose prompt exceeds the token

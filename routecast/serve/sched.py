@@ -1,4 +1,4 @@
-"""Request schedulers for the serving simulation (serve.py): which waiting requests join the engine, and when.
+"""Request schedulers for the serving simulation (loop.py): which waiting requests join the engine, and when.
 
     fcfs     request-level (static) batching: when the engine is empty, take requests in arrival order up to
              max_seqs / the token budget / KV capacity, prefill them together, decode until the last one ends;
@@ -21,7 +21,7 @@ G_i: i's expected tokens still to generate (its task's profiled mean minus what 
 0 before i ends, reset to 5% of the mean, as the paper says); n_i: running requests expected to finish after i
 (i included, plus the joining one when its G is larger: they all decode during i's last G_i steps); c: the
 profiled seconds per input token, a full token-budget step's time / its tokens (from the cost tables); dE: the expert-loading seconds this
-admission triggers (the periodic task-aware reload of serve_cost.ExpertLoader when it is due, else 0); r_i: time
+admission triggers (the periodic task-aware reload of engine.ExpertLoader when it is due, else 0); r_i: time
 since admission. The SLO is end to end: TTFT target + TPOT target x (G - 1), counted from arrival (so the
 queueing time before admission is added to t_i). "Leads to an SLO violation" is read as: a request that met its
 SLO before the admission would miss it after (one already late does not block everybody else).
@@ -39,7 +39,7 @@ import numpy as np
 from routecast.common.errors import ConfigError
 
 if TYPE_CHECKING:
-    from routecast.sim.serve import State
+    from routecast.serve.loop import State
 
 SCHEDULERS = ("emoe", "fcfs", "vllm", "fastgen")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import routecast.trace.trace as trace_mod
-from routecast.sim.serve_workload import task_expert_freq
+from routecast.serve.workload import task_expert_freq
 from routecast.trace import lazy
 from routecast.trace.io import read_trace, write_trace
 from tests.trace.test_lazy import serving_trace

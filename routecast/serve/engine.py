@@ -262,7 +262,7 @@ class ExpertLoader:
     (s = 1: every layer treated as routing-sensitive; the sensitivity profile is not modelled here); loading the
     experts not yet resident costs expert_load_s each, exposed beyond the step's attention time.
 
-    task_freq (num_tasks, L, E): per-task expert frequencies f_i (serve_workload.task_expert_freq reads them from a
+    task_freq (num_tasks, L, E): per-task expert frequencies f_i (workload.task_expert_freq reads them from a
     trace); synthetic (Dirichlet(1) per task and layer, seeded) unless given. The first set is loaded before the first request (eMoE loads all experts first).
     """
 

@@ -1,4 +1,4 @@
-"""`routecast stats TRACE`: every routing statistic of a trace, bundled, tabulated, printed, plotted.
+"""Every routing statistic of a trace in one bundle: what `routecast stats TRACE` prints and writes.
 
 routing_stats bundles the metrics of stats.py into one JSON-serialisable dict (per-layer lists and an
 overall row); format_stats renders it as a compact text table. The `routecast stats` command (table,

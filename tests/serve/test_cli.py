@@ -48,7 +48,7 @@ def test_serve_sim_replays_a_trace_over_a_slow_link(tmp_path, small_trace, capsy
 
 
 def test_serve_sim_budget_uses_the_traces_task_routing(tmp_path, capsys, small_trace):
-    from routecast.sim.serve_workload import Requests, task_expert_freq
+    from routecast.serve.workload import Requests, task_expert_freq
     from routecast.trace.io import write_trace
 
     tr = small_trace(num_requests=6, num_layers=3, num_experts=8)

@@ -3,7 +3,7 @@
 profile: per task, similarity and perplexity with the first j MoE layers routed at random (j = 0..L), and the
 layers each task is sensitive to. quality: perplexity per domain with a budget of the experts resident, for
 eMoE's choice, random, LRU and an oracle against the full model. Both print a table and write JSON to --out
-(--json prints the JSON instead). See cache/emoe_profile.py and cache/emoe_quality.py.
+(--json prints the JSON instead). See runtime/emoe/profile.py and runtime/emoe/quality.py.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import writes
 
 
 def add_parser(sub: Any) -> None:
@@ -64,14 +65,15 @@ def _periods(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+@writes("--out", inputs=("--model",))
 def emoe_main(a: argparse.Namespace) -> int:
     """Handler of `routecast emoe`: checks every argument before loading the model."""
     import torch
 
     from routecast.cache.emoe import check_residency
-    from routecast.cache.emoe_profile import TextConfig
     from routecast.common.outputs import check_out_file, write_atomic
     from routecast.models.corpus import SPLITS
+    from routecast.runtime.emoe.profile import TextConfig
     from routecast.trace.capture_inputs import load_model
 
     budgets = _fractions(a.budget)
@@ -85,7 +87,7 @@ def emoe_main(a: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, a.threads))
     model, tokenizer = load_model(a.model)
     if a.action == "profile":
-        from routecast.cache.emoe_profile import format_profile, profile_sensitivity, text_windows
+        from routecast.runtime.emoe.profile import format_profile, profile_sensitivity, text_windows
 
         text = TextConfig(split=a.split or "test", per_task=a.per_task, seq_len=a.seq_len, seed=a.seed)
         tasks, windows, task_of, _ = text_windows(tokenizer, text)
@@ -94,8 +96,8 @@ def emoe_main(a: argparse.Namespace) -> int:
         res = {"model": str(a.model), "split": text.split, **prof.as_dict()}
         table = format_profile(prof)
     else:
-        from routecast.cache.emoe_quality import QualityConfig, format_quality, run_quality
         from routecast.predict.emoe import EmoeConfig
+        from routecast.runtime.emoe.quality import QualityConfig, format_quality, run_quality
 
         cfg = QualityConfig(
             budgets=budgets, residency=residency, period=a.period, reuse_periods=reuse, reuse_budget=budgets[0],

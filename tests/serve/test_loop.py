@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routecast.common.errors import ConfigError
+from routecast.serve.engine import Engine, EngineConfig, ExpertLoader, StepPrices, build_engine
+from routecast.serve.loop import SLO, simulate, weighted_percentile
+from routecast.serve.sched import SCHEDULERS, make_scheduler
+from routecast.serve.workload import Requests, emoe_tasks, make_requests
 from routecast.sim.hardware import load_hardware
 from routecast.sim.models import load_model
-from routecast.sim.serve import SLO, simulate, weighted_percentile
-from routecast.sim.serve_cost import Engine, EngineConfig, ExpertLoader, StepPrices, build_engine
-from routecast.sim.serve_sched import SCHEDULERS, make_scheduler
-from routecast.sim.serve_workload import Requests, emoe_tasks, make_requests
 
 TB, SEQS = 16, 4
 

@@ -6,7 +6,7 @@ Setup (``run_quality``): the model sees a stream of held-out prompts (``TextConf
 documents, tasks mixed in a seeded arrival order; default the val split, which the built-in models never
 trained on). Before it, a warm-up stream from other documents (the test split) is run on the full model:
 its routing fits eMoE's predictor (``predict/emoe.py``: keyword task extraction and the eMoE-A transformer),
-seeds the predictor's and LRU's history, and its text is the sensitivity profile's (``emoe_profile.py``).
+seeds the predictor's and LRU's history, and its text is the sensitivity profile's (``profile.py``).
 
 Every p prompts the resident experts are chosen again, the same number per layer for every choice
 (``cache/emoe.py``), and the next p prompts run with them (``RoutingOverride``: a token routed to a non-resident
@@ -41,9 +41,9 @@ from routecast.cache.emoe import (
     sensitivity_weights,
     top_l,
 )
-from routecast.cache.emoe_profile import Profile, TextConfig, profile_sensitivity, text_windows, window_nll
 from routecast.common.errors import ConfigError
 from routecast.predict.emoe import EmoeConfig, EmoeNet, TaskExtractor, dist_by_group, fit_net
+from routecast.runtime.emoe.profile import Profile, TextConfig, profile_sensitivity, text_windows, window_nll
 from routecast.trace.override import RoutingOverride
 
 
