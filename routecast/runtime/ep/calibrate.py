@@ -6,7 +6,7 @@ Legend: G ranks, P sweep points, R repeats.
 Every rank sends `per_peer` bytes to each other rank (fp32 rows), so the busiest rank moves V = (G - 1) x per_peer
 each way. Each point: a barrier, then the collective, timed on every rank; the point's time is the median
 over R repeats of the slowest rank (after `warmup` untimed calls). Worker mode (`python -m
-routecast.runtime.ep.calibrate CONFIG`) runs under torchrun; calibrate_link() launches it and fits.
+routecast.runtime.ep.calibrate CONFIG`) runs on ranks.run_ranks; calibrate_link() launches it and fits.
 """
 
 from __future__ import annotations

@@ -66,12 +66,12 @@ def cmd_ep(a: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The `ep` subcommand (routecast/cli.py calls this)."""
-    p = sub.add_parser("ep", help="expert parallelism: run a trace's MoE layers on torchrun ranks under each plan")
+    p = sub.add_parser("ep", help="expert parallelism: run a trace's MoE layers on G ranks (one process group) under each plan")
     p.add_argument("action", choices=("run", "forward", "calibrate"),
                    help="run: replay trace steps through the real MoE layers per plan; forward: the whole model with "
                         "EP MoE layers and its own router on the trace's prompts, logits vs one process; calibrate: "
                         "measure the gloo all-to-all and fit alpha + V / B")
-    p.add_argument("--nproc", type=N.nproc(), default=2, help="ranks (torchrun --nproc-per-node; default 2)")
+    p.add_argument("--nproc", type=N.nproc(), default=2, help="ranks, one process each (default 2)")
     p.add_argument("--model", default="builtin-fine", help="checkpoint folder or built-in name (default builtin-fine)")
     p.add_argument("--trace", default=None, help="run: trace captured from --model with --hidden")
     p.add_argument("--plans", default=",".join(m for m in METHODS),

@@ -1,4 +1,4 @@
-"""Build the plans, launch the ranks with torchrun, collect what they measured, check it.
+"""Build the plans, launch the ranks (ranks.py), collect what they measured, check it.
 
 Legend: G ranks, L MoE layers, E experts, K top-k, T replayed steps, R repeats.
 

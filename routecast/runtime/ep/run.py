@@ -1,9 +1,9 @@
-"""`routecast ep run`: replay trace steps through the real MoE layers on G torchrun ranks under each plan, check
+"""`routecast ep run`: replay trace steps through the real MoE layers on G ranks (ranks.py) under each plan, check
 outputs and bytes, compare time with the link profile, and print one row per plan.
 
 Legend: G ranks, T replayed steps, R repeats.
 
-Each plan gets its own torchrun launch on the same steps (same routing, same tokens per rank), into
+Each plan gets its own launch of the ranks on the same steps (same routing, same tokens per rank), into
 OUT/<plan>/ (plans.npz, config.json, rank<r>.json, rank<r>.pt); OUT/summary.json holds every figure.
 """
 
