@@ -227,6 +227,7 @@ WRITERS_ALLOWED = {
     "runtime/ep/worker.py": "rank results into the launcher's scratch folder",
     "runtime/ep/calibrate.py": "rank sweep into files the launcher created with own_file",
     "runtime/ep/launch.py": "rank configs into the launcher's scratch folder",
+    "runtime/ep/ranks.py": "the ranks' stdout/stderr logs in a private temp folder, deleted when the ranks end",
     "runtime/ep/forward.py": "per-plan files inside the claimed --out folder",
     "runtime/ep/results.py": "per-plan files inside the claimed --out folder",
     "runtime/offload/tier.py": "the slow tier's expert file in a private temp folder",

@@ -115,10 +115,10 @@ def test_no_rank_outlives_routecast_and_the_store_listens_on_loopback(trace_dir,
     out = tmp_path / f"ep-{sig.name}"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-c", DRIVER, "ep", "run", "--model", "builtin", "--trace", str(trace_dir), "--plans",
-           "static", "--steps", "2", "--repeats", "1", "--nproc", "2", "--timeout", "120", "--out", str(out)]
+           "static", "--steps", "2", "--repeats", "1", "--nproc", "2", "--timeout", "300", "--out", str(out)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while not (out / "static" / "fault-rank1").exists():  # rank 1 hangs at step 0: past the rendezvous
             assert p.poll() is None and time.monotonic() < deadline, p.communicate()
             time.sleep(0.2)
