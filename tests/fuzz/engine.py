@@ -190,23 +190,37 @@ def value(a: argparse.Action) -> st.SearchStrategy[str]:
 
 @st.composite
 def draw_argv(draw, leaf: Leaf) -> list[str]:
-    """An argument vector for leaf: positionals in order, required flags, ~1/3 of the optional flags."""
+    """An argument vector for leaf: positionals in order, required flags, ~1/3 of the optional flags.
+
+    A case is 'clean' (every value plausible: it reaches the command's work), 'one' (exactly one value
+    hostile: each check on its own) or 'free' (each value hostile with probability 1/3)."""
+    mode = draw(st.sampled_from(["clean", "one", "one", "one", "free", "free"]))
     argv = list(leaf.prefix)
+    picks: list[tuple[argparse.Action, str | None]] = []
     for a in leaf.actions:
         if a.option_strings:
             if not a.required and not draw(st.integers(0, 2)) == 0:
                 continue
             opt = draw(st.sampled_from(a.option_strings))
+            picks.append((a, None) if _kind(a) == "flag" else (a, opt))
             if _kind(a) == "flag":
                 argv.append(opt)
             else:
-                argv += [opt, draw(value(a))]
+                argv += [opt, ""]
         elif a.nargs in ("?", "*") and draw(st.booleans()):
             continue
-        elif a.nargs == "+" or a.nargs == "*":
-            argv += draw(st.lists(value(a), min_size=1, max_size=2))
         else:
-            argv.append(draw(value(a)))
+            picks.append((a, None))
+            argv.append("")
+    valued = [i for i, (a, _) in enumerate(picks) if _kind(a) != "flag"]
+    hostile = {draw(st.sampled_from(valued))} if mode == "one" and valued else set()
+    slots = [i for i, s in enumerate(argv) if s == "" and i >= len(leaf.prefix)]
+    for slot, i in zip(slots, valued, strict=True):
+        a = picks[i][0]
+        if mode == "free":
+            argv[slot] = draw(value(a))
+        else:
+            argv[slot] = draw(st.sampled_from(_hostile(a) if i in hostile else _plausible(a)))
     if draw(st.integers(0, 9)) == 0:  # an unknown flag, or one twice
         argv.append(draw(st.sampled_from(["--no-such-flag", "--help", argv[-1]])))
     return argv

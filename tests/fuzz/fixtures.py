@@ -9,6 +9,7 @@ trace whose shard values were changed with a matching CRC-32.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -32,6 +33,7 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     # the built-in model's geometry (4 MoE layers, 8 experts, top-2, H 128), so model commands accept it
     tr = build_small_trace(num_requests=6, prompt_len=5, decode_len=4, num_layers=4, num_experts=8, logits=True,
                            hidden=128)
+    tr = dataclasses.replace(tr, spec=dataclasses.replace(tr.spec, expert_bytes=393216))  # builtin's expert size
     f["trace"] = write_trace(tr, root / "trace", shard_tokens=20)  # 54 rows, 3 shards: the lazy path
     f["trace-small"] = write_trace(build_small_trace(num_requests=3, prompt_len=3, decode_len=2, num_experts=4),
                                    root / "trace-small")

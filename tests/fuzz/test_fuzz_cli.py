@@ -25,7 +25,7 @@ from tests.fuzz.engine import commands, draw_argv, outcome, preload, resolve, ru
 from tests.fuzz.fixtures import build_fixtures, diff, snapshot
 
 BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "2"))  # per case: work past this is stopped (engine.run_case)
-LIMIT_S = float(os.environ.get("FUZZ_LIMIT_S", "30"))  # per case: not stopped by then is a hang
+LIMIT_S = float(os.environ.get("FUZZ_LIMIT_S", "60"))  # per case: not stopped by then is a hang
 GOOD = {"ok", "refused", "working"}
 
 
@@ -83,6 +83,8 @@ def _fuzz(world, n: int, seed: int, budget_s: float = BUDGET_S) -> dict:
     per_cmd = Counter(r["cmd"] for r in rows)
     bad = [r for r in rows if r["outcome"] not in GOOD]
     slowest = sorted(rows, key=lambda r: -r["secs"])[:5]
+    why = Counter((r["cmd"], (r["stderr"].strip().splitlines() or [""])[-1].split(": error: ")[-1][:90])
+                  for r in rows if r["outcome"] == "refused")
     head = [f"fuzz: {len(rows)} generated cases over {len(per_cmd)} subcommands in {wall:.0f} s: "
             + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))]
     print("\n" + head[0])
@@ -95,6 +97,8 @@ def _fuzz(world, n: int, seed: int, budget_s: float = BUDGET_S) -> dict:
         table("per subcommand", [{"command": c, "cases": per_cmd[c],
                                   **{k: sum(1 for r in rows if r["cmd"] == c and r["outcome"] == k) for k in by}}
                                  for c in sorted(per_cmd)]),
+        table("most frequent refusals", [{"command": c, "sentence": s[:90], "cases": k}
+                                         for (c, s), k in why.most_common(30)]),
         table("slowest cases", [{"argv": " ".join(r["argv"])[:120], "s": round(r["secs"], 2)} for r in slowest])],
         data={"cases": len(rows), "seed": seed, "limit_s": LIMIT_S, "budget_s": budget_s, "wall_s": wall, "failures": bad[:100]},
         quick=n < 1000, path=Path(os.environ.get("FUZZ_JSON", "out/bench/fuzz.json")))
