@@ -278,7 +278,14 @@ def run_case(argv: list[str], scratch: Path, *, budget_s: float, limit_s: float,
     sys.stdout.flush()
     sys.stderr.flush()
     t0 = time.monotonic()
-    pid = os.fork()
+    for attempt in range(40):  # EAGAIN: the machine's process table is momentarily full (a shared CI box)
+        try:
+            pid = os.fork()
+            break
+        except BlockingIOError:
+            if attempt == 39:
+                raise
+            time.sleep(0.25)
     if pid == 0:  # the child: never returns
         code, exc, spent = 1, None, False
         try:
