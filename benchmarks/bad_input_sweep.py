@@ -352,6 +352,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per row unless the row says more (default 20)")
     ap.add_argument("--json", default="out/bad_input_sweep.json", help="where to write every row's outcome")
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir, removed at the end)")
+    ap.add_argument("--timeout-scale", type=float, default=1.0,
+                    help="multiply every row's timeout (a loaded machine: imports alone take tens of seconds)")
     ap.add_argument("--issue20", action="store_true", help="run only the rows of issue 20's classes "
                     "(bad_input_rows_issue20.py)")
     ap.add_argument("--only", default=None, help="run only rows whose command contains one of these comma-separated strings")
@@ -386,6 +388,8 @@ def main() -> int:
         cwd = ws / "cwd"
         cwd.mkdir(exist_ok=True)
         with cf.ThreadPoolExecutor(a.jobs) as pool:
+            for r in rows:
+                r.timeout = (r.timeout or a.timeout) * a.timeout_scale
             results = list(pool.map(lambda r: run_row(r, env, a.timeout, cwd), rows))
     finally:
         if a.work is None:
