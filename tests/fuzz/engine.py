@@ -33,6 +33,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,7 @@ class Leaf:
 
     prefix: list[str]
     actions: list[argparse.Action] = field(default_factory=list)
+    outputs: tuple[str, ...] = ()  # the output flags its handler declares (routecast.common.outputs.writes)
 
     @property
     def name(self) -> str:
@@ -121,25 +123,48 @@ def _owned_parser(main, prefix: list[str]) -> argparse.ArgumentParser | None:
     return None if p is None or p.prog == "routecast" else p
 
 
-def _leaves(p: argparse.ArgumentParser, prefix: list[str], main) -> list[Leaf]:
+def _leaves(p: argparse.ArgumentParser, prefix: list[str], main, outs: tuple[str, ...] = ()) -> list[Leaf]:
+    outs = tuple(getattr(p.get_default("fn"), "routecast_writes", ())) or outs
     subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
     if subs:
-        return [leaf for a in subs for name, sp in a.choices.items() for leaf in _leaves(sp, [*prefix, name], main)]
+        return [leaf for a in subs for name, sp in a.choices.items()
+                for leaf in _leaves(sp, [*prefix, name], main, outs)]
     acts = [a for a in p._actions if not isinstance(a, argparse._HelpAction)]
     pos = [a for a in acts if not a.option_strings]
     if pos and pos[0].nargs == argparse.REMAINDER:
         owned = _owned_parser(main, prefix)
-        return [Leaf(prefix, acts)] if owned is None else _leaves(owned, prefix, main)
+        return [Leaf(prefix, acts, outs)] if owned is None else _leaves(owned, prefix, main, outs)
     if pos and pos[0].choices and len(prefix) == 1:
         out = []
         for choice in pos[0].choices:
             owned = _owned_parser(main, [*prefix, choice])
             if owned is not None:  # the choice forwards to a parser of its own (place export)
-                out += _leaves(owned, [*prefix, choice], main)
+                out += _leaves(owned, [*prefix, choice], main, outs)
             else:
-                out.append(Leaf([*prefix, choice], [a for a in acts if a is not pos[0]]))
+                out.append(Leaf([*prefix, choice], [a for a in acts if a is not pos[0]], outs))
         return out
-    return [Leaf(prefix, acts)]
+    return [Leaf(prefix, acts, outs)]
+
+
+def replaced_ok(leaf: Leaf, argv: list[str], fixtures_root: Path) -> Callable[[str], bool]:
+    """Which fixture changes a case may make: with --overwrite, the path given to one of the command's declared
+    output flags (or a path inside it), when no other argument names that path, a path inside it or a folder
+    holding it (then it is an input too, and must be refused)."""
+    outs: list[Path] = []
+    others: list[Path] = []
+    for i, tok in enumerate(argv[:-1]):
+        if tok.startswith("-") and Path(argv[i + 1]).is_absolute():
+            flag = tok.split("=")[0]
+            names = next((a.option_strings for a in leaf.actions if flag in a.option_strings), [flag])
+            (outs if set(names) & set(leaf.outputs) else others).append(Path(argv[i + 1]))
+    others += [Path(t) for j, t in enumerate(argv) if Path(t).is_absolute() and (j == 0 or not argv[j - 1].startswith("-"))]
+    mine = [o for o in outs if not any(o == x or o in x.parents or x in o.parents for x in others)]
+
+    def ok(rel: str) -> bool:
+        p = fixtures_root / rel
+        return "--overwrite" in argv and any(p == o or o in p.parents for o in mine)
+
+    return ok
 
 
 def commands() -> list[Leaf]:

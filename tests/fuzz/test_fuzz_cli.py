@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.fuzz.engine import commands, draw_argv, outcome, preload, resolve, run_case
+from tests.fuzz.engine import commands, draw_argv, outcome, preload, replaced_ok, resolve, run_case
 from tests.fuzz.fixtures import build_fixtures, diff, snapshot
 
 BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "2"))  # per case: work past this is stopped (engine.run_case)
@@ -54,11 +54,12 @@ def _fuzz(world, n: int, seed: int, budget_s: float = BUDGET_S) -> dict:
         before = snapshot(fixtures["trace"].parent)
         top_before = {p.name for p in root.iterdir()}
         r = run_case(argv, scratch, budget_s=budget_s, limit_s=LIMIT_S + budget_s)
-        changes = diff(before, snapshot(fixtures["trace"].parent))
+        ok = replaced_ok(leaf, argv, fixtures["trace"].parent)
+        changes = [c for c in diff(before, snapshot(fixtures["trace"].parent)) if not ok(c.split(" ", 1)[1])]
         changes += [f"created {root / x}" for x in sorted({p.name for p in root.iterdir()} - top_before)]
         kind = outcome(r)
-        if changes:
-            kind = "changed-input"
+        if changes or diff(before, snapshot(fixtures["trace"].parent)):  # restore whatever changed
+            kind = "changed-input" if changes else kind
             fx = fixtures["trace"].parent
             shutil.rmtree(fx)
             shutil.copytree(pristine, fx, symlinks=True)
@@ -118,3 +119,18 @@ def test_fuzz_every_subcommand(world):
 @pytest.mark.slow
 def test_fuzz_every_subcommand_long(world):
     _check(_fuzz(world, int(os.environ.get("FUZZ_SLOW_CASES", "2000")), seed=1, budget_s=15.0))
+
+
+def test_only_an_overwritten_output_may_change(tmp_path):
+    from tests.fuzz.engine import Leaf
+
+    leaf = next(leaf for leaf in commands() if leaf.name == "serve-sim")
+    assert "--out" in leaf.outputs
+    fx = tmp_path / "fixtures"
+    ok = replaced_ok(leaf, ["serve-sim", "--out", str(fx / "empty.json"), "--overwrite"], fx)
+    assert ok("empty.json") and not ok("notes.txt")
+    assert not replaced_ok(leaf, ["serve-sim", "--out", str(fx / "empty.json")], fx)("empty.json")
+    inside = replaced_ok(leaf, ["serve-sim", "--trace", str(fx / "trace"), "--out", str(fx / "trace" / "trace.json"),
+                                "--overwrite"], fx)
+    assert not inside("trace/trace.json")  # the output is inside an input: it must be refused, not replaced
+    assert Leaf(["x"]).outputs == ()
