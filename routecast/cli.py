@@ -260,7 +260,7 @@ def _profile_for(trace, load_model):
     return load_model(name)
 
 
-@writes("--out", "--sample-out")
+@writes("--out")
 def cmd_train_builtin(a: argparse.Namespace) -> int:
     from routecast.models.train import main as train_main
 
@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="map an input field name to a canonical one (request, layer, position, token_id, experts, "
         "weights, phase, step, task, arrival_s); repeatable",
     )
-    p.add_argument("--num-experts", type=N.integer(1, 32767, why='int16 expert ids'), default=None, help="experts per layer (default: max id + 1)")
+    p.add_argument("--num-experts", type=N.integer(1, 32768, why='int16 expert ids'), default=None, help="experts per layer (default: max id + 1)")
     p.add_argument("--top-k", type=N.positive(1024), default=None, help="experts per token (default: from the data)")
     p.add_argument("--spec", default=None, metavar="JSON", help="a MoESpec as JSON (fixes layers, experts, top-k)")
     p.add_argument(
