@@ -39,7 +39,7 @@ import torch
 
 from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
-from routecast.common.outputs import check_out_dir, fix_mode, names_matcher
+from routecast.common.outputs import check_out_dir, declare_inputs, fix_mode, names_matcher
 from routecast.models.builtin import check_checkpoint, load_model
 from routecast.models.corpus import SPLITS, Document, load_corpus, read_manifest
 from routecast.models.tokenizer import balanced_texts, load_tokenizer, train_tokenizer
@@ -449,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     except N.UsageError as e:
         print(f"{e.prog}: error: {e}", file=sys.stderr)
         return 2
+    declare_inputs(args, ("--corpus", "--tokenizer"))  # --out may not be, hold or lie inside either
     if args.arch == "deepseek-v3":
         cfg = fine_config(**(_TINY_FINE if args.tiny else {}))
     else:

@@ -158,3 +158,11 @@ def test_cli_refuses_with_one_sentence(argv, expect, capsys):
     assert main(argv) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and ": error: " in err[0] and expect in err[0], err
+
+
+def test_run_max_new_tokens_is_bounded_by_the_models_positions(capsys):
+    from routecast.cli import main
+
+    assert main(["run", "--max-new-tokens", "100000", "--prompts", "corpus:val:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--max-new-tokens is 100000" in err and "positions" in err, err
