@@ -25,7 +25,7 @@ from tests.fuzz.engine import commands, draw_argv, outcome, preload, replaced_ok
 from tests.fuzz.fixtures import build_fixtures, diff, snapshot
 
 BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "2"))  # per case: work past this is stopped (engine.run_case)
-LIMIT_S = float(os.environ.get("FUZZ_LIMIT_S", "60"))  # per case: not stopped by then is a hang
+LIMIT_S = float(os.environ.get("FUZZ_LIMIT_S", "120"))  # per case: not stopped by then is a hang
 GOOD = {"ok", "refused", "working"}
 
 
