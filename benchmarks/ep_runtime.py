@@ -1,5 +1,5 @@
 """Expert parallelism for real: the fine-grained built-in model's trace replayed through its MoE layers on EP 2 and
-EP 4 gloo ranks (torchrun, CPU), per plan (static EP, EPLB, PROBE; MoE-GPS with --plans).
+EP 4 gloo ranks (one process group started by routecast, CPU), per plan (static EP, EPLB, PROBE; MoE-GPS with --plans).
 
 Every plan replays the same steps with the routing forced from the trace (same tokens per rank). Per plan:
 items processed per rank (sum over (step, layer) of the busiest rank's and of the mean rank's), IR = their ratio,

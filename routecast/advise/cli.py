@@ -98,7 +98,7 @@ def advise_cli(a: argparse.Namespace, html_writer: Any = None) -> int:
 
 def advise_main(a: argparse.Namespace, html_writer: Any = None) -> int:
     """The full advisor (module docstring): table or JSON on stdout, artifacts under --out, HTML to --html."""
-    from routecast.common.outputs import check_out_dir, check_out_file
+    from routecast.common.outputs import check_out_dir, check_out_file, claim
 
     if a.trace is not None and a.preset is not None:
         raise ConfigError("--trace and --preset are both given; expected one of them.")
@@ -109,8 +109,10 @@ def advise_main(a: argparse.Namespace, html_writer: Any = None) -> int:
     ttft, tpot = slo_value(a.slo_ttft_ms, "--slo-ttft-ms"), slo_value(a.slo_tpot_ms, "--slo-tpot-ms")
     if a.out:
         check_out_dir(a.out, "--out", overwrite=a.overwrite)
+        claim(a.out, "--out", "dir")
     if a.html:
         check_out_file(a.html, "--html")
+        claim(a.html, "--html")
         if html_writer is None:
             raise ConfigError("--html needs the report writer; expected `routecast advise` from the command line.")
     from routecast.advise.run import advise_trace, make_deployment

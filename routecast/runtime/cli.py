@@ -17,27 +17,29 @@ import json
 from pathlib import Path
 from typing import Any
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import writes
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="generate with the model, optionally with experts offloaded to disk (--offload)")
     p.add_argument("--model", default="builtin-fine", help="builtin, builtin-fine or a Hugging Face MoE model folder")
     p.add_argument("--prompts", default="corpus:val:8", help="JSONL prompts file or corpus:SPLIT[:N] (default corpus:val:8)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per request (default 32)")
+    p.add_argument("--max-new-tokens", type=N.positive(1 << 20), default=32, help="new tokens per request (default 32)")
     p.add_argument("--offload", action="store_true", help="keep at most --budget experts in memory, the rest on disk")
-    p.add_argument("--budget", default="50%", help="fast-tier expert slots: '50%%' of all L*E, a count '96', or bytes '12MB'")
+    p.add_argument("--budget", type=N.budget_text(), default="50%", help="fast-tier expert slots: '50%%' of all L*E, a count '96', or bytes '12MB'")
     p.add_argument("--prefetch", default="none", help="predictor driving prefetch: none, lookahead, expertflow or ffn")
     p.add_argument("--predictor", default=None, help="a saved predictor folder (`routecast predict fit`) for --prefetch")
     p.add_argument("--fit-trace", default=None, help="fit the --prefetch predictor on this trace of the model instead")
     p.add_argument("--per-layer", action="store_true", help="split the slots evenly per layer (default one pool)")
     p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
-    p.add_argument("--loader-threads", type=int, default=2, help="background reader threads (default 2)")
-    p.add_argument("--prefetch-depth", type=int, default=1,
+    p.add_argument("--loader-threads", type=N.loader_threads(), default=2, help="background reader threads (default 2)")
+    p.add_argument("--prefetch-depth", type=N.positive(1024), default=1,
                    help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
-    p.add_argument("--prefetch-top", type=int, default=0,
+    p.add_argument("--prefetch-top", type=N.nonneg(1024), default=0,
                    help="confidence gate: each token prefetches only its N most likely experts (default 0 = top-k)")
-    p.add_argument("--prefetch-min-prob", type=float, default=0.0,
+    p.add_argument("--prefetch-min-prob", type=N.real(0.0, 1.0), default=0.0,
                    help="confidence gate: prefetch only experts forecast with at least this probability (default 0)")
     p.add_argument("--fallback", action="store_true",
                    help="eMoE fallback: a token routed to an expert without a slot uses the best held expert instead of "
@@ -48,13 +50,14 @@ def add_parser(sub: Any) -> None:
                    "(cache/zoo.py, the replay's objects; default lru)")
     p.add_argument("--out", default=None, help="write the generations as JSONL here (one line per request: prompt, text, ids)")
     p.add_argument("--figures", default=None, help="write the run's figures as JSON here")
-    p.add_argument("--batch-size", type=int, default=1,
+    p.add_argument("--batch-size", type=N.positive(4096), default=1,
                    help="requests generated together, left-padded (default 1); offloaded = the all-resident batch's tokens")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed for fitting a predictor (default 0)")
+    p.add_argument("--threads", type=N.threads(), default=1, help="torch threads (default 1)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="seed for fitting a predictor (default 0)")
     p.set_defaults(fn=cmd_run)
 
 
+@writes("--out", "--figures", "--write-profile", inputs=("--model", "--prompts", "--predictor", "--fit-trace", "--hardware"))
 def cmd_run(a: argparse.Namespace) -> int:
     from routecast.runtime.offload.engine import PREFETCHERS
 
@@ -109,6 +112,10 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(a.threads)
     check_runtime_policy(a.policy)  # an unknown name is refused before the model loads
     model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens, experts=not a.offload)
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if ctx and requests:  # generation past the model's positions never ends well: refuse before it starts
+        longest = max(requests, key=lambda r: len(r[0]) + r[1])
+        N.check_max_new_tokens(longest[1], int(ctx), len(longest[0]))
     if not a.offload:
         res = run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
         return {**res, "generations": generations(tok, requests, res["tokens"])}

@@ -87,7 +87,7 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch", "psychic"], "--prefetch is 'psychic'"),
     (["--prefetch", "lookahead"], "expected --offload"),
     (["--offload", "--model", "NOPE_DIR"], "--model"),
-    (["--offload", "--batch-size", "0"], "--batch-size 0"),
+    (["--offload", "--batch-size", "0"], "--batch-size is 0"),
     (["--fallback"], "expected --offload"),
     (["--offload", "--prefetch-min-prob", "nan"], "--prefetch-min-prob is nan"),
     (["--offload", "--prefetch-top", "-1"], "--prefetch-top is -1"),
