@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
 
 FAMILY_HELP = "placement,shuffle,cache,scheduler"
@@ -25,14 +26,14 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("advise", help="rank every strategy of the five systems for a model, hardware and workload")
     p.add_argument("--model-profile", required=True, help="model profile name (sim/models/*.toml), builtin-fine or a config path")
     p.add_argument("--hardware", required=True, help="hardware profile name (sim/hardware/*.toml) or TOML path")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs (devices) of the deployment")
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel degree (default: --gpus)")
-    p.add_argument("--memory-gb", type=float, default=None, help="memory per GPU, GB (default: the profile's capacity)")
+    p.add_argument("--gpus", type=N.positive(1 << 16), required=True, help="GPUs (devices) of the deployment")
+    p.add_argument("--ep", type=N.positive(1 << 16), default=None, help="expert-parallel degree (default: --gpus)")
+    p.add_argument("--memory-gb", type=N.real(0.0, 1e6, lo_open=True), default=None, help="memory per GPU, GB (default: the profile's capacity)")
     p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="GPU-GPU link (default nvlink)")
     p.add_argument("--trace", default=None, help="trace directory (captured, imported or synthetic)")
     p.add_argument("--preset", default=None, help="synthetic preset trace made on first use (e.g. mixtral-8x7b)")
-    p.add_argument("--requests", type=int, default=None, help="--preset: requests to synthesise (default 64)")
-    p.add_argument("--rate", type=float, default=None, help="requests/s offered to the schedulers (default 70%% of capacity)")
+    p.add_argument("--requests", type=N.positive(100_000), default=None, help="--preset: requests to synthesise (default 64)")
+    p.add_argument("--rate", type=N.real(0.0, 1e7, lo_open=True), default=None, help="requests/s offered to the schedulers (default 70%% of capacity)")
     p.add_argument("--slo-ttft-ms", default="5x", help="TTFT SLO in ms, or 'Nx' the unloaded latency (default 5x)")
     p.add_argument("--slo-tpot-ms", default="5x", help="TPOT SLO in ms, or 'Nx' the unloaded latency (default 5x)")
     p.add_argument("--only", default=FAMILY_HELP, help=f"strategy families to price (default {FAMILY_HELP})")
@@ -44,21 +45,21 @@ def add_parser(sub: Any) -> None:
                    help="write into a non-empty --out, replacing the advisor's files (others are kept)")
     p.add_argument("--html", default=None, help="write the HTML report (verdict first) to this file")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
+    p.add_argument("--threads", type=N.threads(), default=1, help="torch CPU threads (default 1)")
     g = p.add_argument_group("MoE-GPS mode (no --trace/--preset, or --moe-gps)")
     g.add_argument("--moe-gps", action="store_true", help="answer MoE-GPS's question only (its table and flags)")
-    g.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
-    g.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    g.add_argument("--seq", type=N.positive(1 << 24), default=512, help="sequence length (default 512)")
+    g.add_argument("--batch", type=N.positive(1 << 20), default=1, help="batch size (default 1)")
     g.add_argument("--placement", choices=("replicas", "ideal"), default="replicas",
                    help="replicas: every copy re-reads its weights (default); ideal: MoE-GPS's each-rank-at-mean")
     g.add_argument("--error-model", choices=("optimistic", "typical", "pessimistic"), default="typical",
                    help="how prediction errors land on ranks (MoE-GPS §3.3; default typical)")
-    g.add_argument("--skewness", type=float, default=None, help="override the skewness (default: trace's, else 1.4)")
-    g.add_argument("--link-gbps", type=float, default=None, help="override the per-direction link bandwidth, GB/s")
+    g.add_argument("--skewness", type=N.real(1.0, 1e4), default=None, help="override the skewness (default: trace's, else 1.4)")
+    g.add_argument("--link-gbps", type=N.real(0.0, 1e6, lo_open=True), default=None, help="override the per-direction link bandwidth, GB/s")
     g.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn",
                    help="predictors to measure on --trace (comma list)")
-    g.add_argument("--epochs", type=int, default=3, help="training epochs for neural predictors (default 3)")
+    g.add_argument("--epochs", type=N.positive(10000), default=3, help="training epochs for neural predictors (default 3)")
     g.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin, builtin-fine or none")
     p.set_defaults(fn=advise_cli)
 

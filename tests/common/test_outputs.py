@@ -229,6 +229,8 @@ WRITERS_ALLOWED = {
     "runtime/ep/launch.py": "rank configs into the launcher's scratch folder",
     "runtime/ep/ranks.py": "the ranks' stdout/stderr logs in a private temp folder, deleted when the ranks end",
     "runtime/ep/forward.py": "per-plan files inside the claimed --out folder",
+    "runtime/offload/geometry.py": "a GB-sized random-weight file streamed to a temp name beside it, fsync, rename",
+    "report/results.py": "removes only docs/results pages it rendered whose benchmark JSON is gone",
     "runtime/ep/results.py": "per-plan files inside the claimed --out folder",
     "runtime/offload/tier.py": "the slow tier's expert file in a private temp folder",
     "runtime/offload/store.py": "the slow tier's expert file in a private temp folder",

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import write_atomic
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
 
@@ -109,7 +110,7 @@ def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    side.write_text(json.dumps(meta))
+    write_atomic(side, json.dumps(meta), "--geometry")
     return path
 
 
