@@ -212,59 +212,12 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def cmd_place_compare(a: argparse.Namespace) -> int:
-    from routecast.common.outputs import check_out_dir, os_error, write_atomic
-    from routecast.place.compare import compare_methods, summarize
+    from routecast.place.compare_cli import compare_main
     from routecast.report.placement import plot_throughput
-    from routecast.sim.hardware import capacity_note, load_hardware
-    from routecast.sim.models import load_model
-    from routecast.trace.io import read_trace
 
     _threads(a.threads)
     _positive(a.ep, "--ep")
-    out = check_out_dir(a.out, "--out", overwrite=a.overwrite)
-    trace = read_trace(a.trace, load_hidden=False)
-    hw = load_hardware(a.hardware)
-    model = load_model(a.model_profile) if a.model_profile else _profile_for(trace, load_model)
-    if model.num_experts != trace.spec.num_experts:
-        raise ConfigError(f"--model-profile {model.name} has {model.num_experts} experts and --trace {a.trace} "
-                          f"routes over {trace.spec.num_experts}; expected a profile with the trace's expert count.")
-    if a.shift_step >= 0 and trace.num_tokens and a.shift_step > int(trace.step.max()):
-        raise ConfigError(f"--shift-step {a.shift_step} is beyond the trace's last step {int(trace.step.max())}; "
-                          "expected a step inside the trace (or -1 for no shift).")
-    res = compare_methods(trace, ep=a.ep, hw=hw, model=model)
-    rows = summarize(res, shift_step=a.shift_step, model_layers=model.num_layers)
-    note = capacity_note(model, hw, a.ep)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        png = plot_throughput(res, str(out / "throughput.png"), shift_step=a.shift_step,
-                              model_layers=model.num_layers)
-    except OSError as e:
-        raise os_error(e, "--out", out) from None
-    write_atomic(out / "summary.json", json.dumps(rows, indent=2, default=float), "--out")
-    if a.json:
-        print(json.dumps(rows, indent=2, default=float))
-    else:
-        cols = list(rows[0])
-        print("  ".join(f"{c:>14}" for c in cols))
-        for r in rows:
-            print("  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in r.values()))
-    if note:
-        print(f"note: {note}")
-    print(f"wrote {png} and {out / 'summary.json'}")
-    return 0
-
-
-def _profile_for(trace, load_model):
-    # A trace from the built-in model prices as that model; otherwise match the expert count. builtin-fine's
-    # 98 KB experts would make every placement cost the same latency floor: it prices as DeepSeek-V2-Lite,
-    # the production model with its routed geometry (64 experts top-6), as the demo and benchmarks do.
-    name = "builtin" if trace.spec.name == "builtin" else {
-        8: "mixtral-8x7b", 64: "deepseek-v2-lite", 128: "qwen3-235b-a22b", 256: "deepseek-v3"}.get(trace.spec.num_experts)
-    if name is None:
-        raise ConfigError(
-            f"no model profile matches a trace with {trace.spec.num_experts} experts; pass --model-profile."
-        )
-    return load_model(name)
+    return compare_main(a, plot_throughput)
 
 
 def cmd_train_builtin(a: argparse.Namespace) -> int:

@@ -70,7 +70,7 @@ def test_import_round_trip(tmp_path):
 def test_place_compare_prices_builtin_fine_traces_as_deepseek_v2_lite():
     import numpy as np
 
-    from routecast.cli import _profile_for
+    from routecast.place.compare_cli import profile_for as _profile_for
     from routecast.sim.models import load_model
     from routecast.trace import MoESpec, Trace, make_columns
 

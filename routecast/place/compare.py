@@ -163,8 +163,6 @@ def lookahead_forecast(trace: Trace, model_dir: Any, *, train_fraction: float = 
     slot shares x the step's tokens x k (with "topk" rounded to integers by largest remainder). Both conserve
     k slots per token.
     """
-    import torch
-
     from routecast.predict.lookahead import LookaheadConfig, LookaheadPredictor
 
     if counts not in ("topk", "probs"):
@@ -173,12 +171,25 @@ def lookahead_forecast(trace: Trace, model_dir: Any, *, train_fraction: float = 
         raise ConfigError("the trace has no hidden_TLH or logits_TLE; the lookahead forecast needs both: "
                           "capture with --hidden --logits (or use transition_forecast).")
     train, held = split_requests(trace, train_fraction)
+    pred = LookaheadPredictor.from_model(model_dir, held.spec, config=LookaheadConfig(epochs=epochs, seed=seed))
+    return lookahead_counts(pred.fit(train), held, counts=counts)
+
+
+def lookahead_counts(pred: Any, held: Trace, *, counts: str = "topk") -> np.ndarray:
+    """A fitted LookaheadPredictor's forecast of every step of `held` -> (T, L, E) counts (see lookahead_forecast).
+
+    held needs hidden_TLH (the router inputs); steps in step_loads order.
+    """
+    import torch
+
+    if counts not in ("topk", "probs"):
+        raise ConfigError(f"counts is {counts!r}; expected 'topk' or 'probs'.")
+    if held.hidden_TLH is None:
+        raise ConfigError("the trace has no hidden_TLH; the lookahead forecast needs router inputs (--hidden).")
     s = held.spec
     L, E, K = s.num_layers, s.num_experts, s.top_k
-    cfg = LookaheadConfig(epochs=epochs, seed=seed)
-    pred = LookaheadPredictor.from_model(model_dir, s, config=cfg).fit(train)
-    loads, tokens, _ = step_loads(held)
-    T = loads.shape[0]
+    tokens, _ = step_meta(held)
+    T = tokens.size
     _, step_idx = np.unique(held.tokens["step"], return_inverse=True)
     out = np.empty((T, L, E))
     out[:, 0] = pred.layer0_dist()[None, :] * (tokens * K)[:, None]
@@ -189,7 +200,7 @@ def lookahead_forecast(trace: Trace, model_dir: Any, *, train_fraction: float = 
         out[:, 0] = low + (rank < short[:, None])
     with torch.no_grad():
         for layer in range(1, L):
-            logits = torch.from_numpy(pred.predict_logits(layer, held.hidden_TLH[:, layer - 1]))
+            logits = torch.from_numpy(pred.predict_logits(layer, np.asarray(held.hidden_TLH[:, layer - 1])))
             probs = pred.rule.forecast(logits, pred.net.correction[layer - 1]).double()
             if counts == "topk":
                 key, w = step_idx[:, None] * E + probs.topk(K, dim=1).indices.numpy(), None
@@ -273,8 +284,11 @@ def _windows(attn_T: np.ndarray, ffn_TLG: np.ndarray) -> np.ndarray:
 
 def _price(counts_CGE: np.ndarray, work: Workload, model: ModelProfile, hw: Hardware, link: str,
            xfer_bytes_CG: Any = 0.0, window_CG: Any = None) -> LayerCost:
-    """layer_cost under probe_options(link) with each rank's transfer bytes charged against its window."""
-    opts = dataclasses.replace(probe_options(link), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG)
+    """layer_cost under probe_options(link), regime-priced (roofline "rank": a rank's expert time is the slower
+    of its token compute and its distinct experts' weight reads), each rank's transfer bytes charged against
+    its window."""
+    opts = dataclasses.replace(probe_options(link), transfer_bytes=xfer_bytes_CG, hide_window_s=window_CG,
+                               roofline="rank")
     return layer_cost(counts_CGE, model=model, hw=hw, work=work, opts=opts)
 
 

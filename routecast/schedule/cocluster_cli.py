@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-METHOD_HELP = "smoe, metis, kmeans, hypergraph, random, sts (token shuffling only), none (plain EP)"
+METHOD_HELP = ("auto (the best of smoe, metis, kmeans, hypergraph on a validation part of the training documents), "
+               "smoe, metis, kmeans, hypergraph, random, sts (token shuffling only), none (plain EP)")
 # Training tokens a plan is fitted on at most (a seeded sample of whole requests beyond): their routing is
 # copied into memory, 243 MB at DeepSeek-V3 geometry (58 layers x top-8 int16), as predict fit's cap.
 MAX_FIT_TOKENS = 262144
@@ -24,7 +25,10 @@ MAX_REBATCH_TOKENS = 32768
 def add_cocluster_flags(p: argparse.ArgumentParser) -> None:
     """Flags of `routecast schedule cocluster` (the `schedule` parser is shared with `rebatch`)."""
     p.add_argument("--ep", type=int, default=8, help="cocluster: EP ranks = co-clusters (default 8)")
-    p.add_argument("--method", default="smoe", help=f"cocluster: one of {METHOD_HELP} (default smoe)")
+    p.add_argument("--method", default="auto", help=f"cocluster: one of {METHOD_HELP} (default auto)")
+    p.add_argument("--score", default=None, metavar="PLAN",
+                   help="cocluster: score this saved plan on every token of the trace (LAR, all-to-all bytes, "
+                        "imbalance) beside plain EP; fits nothing")
     p.add_argument("--plan", default=None, help="cocluster: plan file to write (default: next to --out, *-plan.json)")
     p.add_argument("--beta", type=float, default=1.1, help="cocluster: token-load bound, x mean (the paper's 1.1)")
     p.add_argument("--rho", type=float, default=0.2, help="cocluster smoe: elite share per iteration (the paper's 0.2)")
@@ -62,9 +66,12 @@ def cocluster_main(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import heldout_rows
     from routecast.schedule.ceo import CEOConfig
     from routecast.schedule.cocluster import METHODS, cocluster, evaluate_plan, fit_sample
+    from routecast.schedule.cocluster_auto import auto_line, pick_method
     from routecast.trace.io import read_trace
 
-    if a.method not in METHODS:
+    if a.score is not None:
+        return score_main(a)
+    if a.method not in (*METHODS, "auto"):
         raise ConfigError(f"--method is {a.method!r}; expected one of {', '.join(METHODS)}.")
     out = a.out if a.out != "out/schedule/rebatch.json" else "out/schedule/cocluster.json"
     plan_path = a.plan or str(Path(out).with_name(Path(out).stem + "-plan.json"))
@@ -86,16 +93,22 @@ def cocluster_main(a: argparse.Namespace) -> int:
     # The fit holds its rows' routing: over --max-tokens it sees a sample of whole requests (and says so);
     # the scoring streams the trace a window of steps at a time, in sample on the fitted rows.
     fit_rows, note = fit_sample(trace, train, max_tokens, a.seed)
+    auto = None
+    method = a.method
+    if method == "auto":
+        method, auto = pick_method(trace, a.ep, train, config=cfg, max_tokens=max_tokens,
+                                   respect_groups=a.respect_groups, progress=not a.quiet)
     del train
     rows = []
-    for m in dict.fromkeys(("none", a.method)):
+    for m in dict.fromkeys(("none", method)):
         plan = cocluster(trace, a.ep, m, rows=fit_rows, config=cfg, progress=not a.quiet, respect_groups=a.respect_groups)
         r = {"method": m, "fit_s": float(sum(plan.fit_s)), "in_sample": evaluate_plan(plan, trace, rows=fit_rows)}
         if test is not None:
             r["held_out"] = evaluate_plan(plan, trace, rows=test)
         rows.append(r)
     base = rows[0].get("held_out", rows[0]["in_sample"])["a2a_bytes"]
-    res = {"settings": {"trace": str(a.trace), "ep": a.ep, "method": a.method, "split": used, "beta": a.beta,
+    res = {"settings": {"trace": str(a.trace), "ep": a.ep, "method": method, "asked": a.method, "auto": auto,
+                        "split": used, "beta": a.beta,
                         "rho": a.rho, "seed": a.seed, "respect_groups": a.respect_groups, "plan": plan_path,
                         "max_tokens": max_tokens, "fit_tokens": int(fit_rows.sum()), "fit_note": note},
            "rows": rows}
@@ -109,6 +122,8 @@ def cocluster_main(a: argparse.Namespace) -> int:
           f"scored on {'the same tokens' if test is None else 'the held-out rest'} (in-sample LAR in brackets)")
     if note:
         print(note)
+    if auto is not None:
+        print(auto_line(auto))
     print(f"{'method':<11} {'LAR':>6} {'(in)':>7} {'exp.imb':>8} {'tok.imb':>8} {'a2a MB/layer':>13} {'vs EP':>7} {'fit s':>7}")
     for r in rows:
         e = r[where]
@@ -116,6 +131,35 @@ def cocluster_main(a: argparse.Namespace) -> int:
               f"{e['token_imbalance']:>8.3f} {e['a2a_bytes'] / 1e6:>13.4f} {e['a2a_bytes'] / base - 1 if base else np.nan:>+7.1%} "
               f"{r['fit_s']:>7.2f}")
     print(f"wrote {out} and the plan {plan_path}")
+    return 0
+
+
+def score_main(a: argparse.Namespace) -> int:
+    """`routecast schedule cocluster TRACE --score PLAN`: a saved plan on every token of another trace."""
+    from routecast.common.outputs import check_out_file, write_atomic
+    from routecast.schedule.cocluster import read_plan
+    from routecast.schedule.cocluster_auto import score_plan
+    from routecast.trace.io import read_trace
+
+    out = a.out if a.out != "out/schedule/rebatch.json" else "out/schedule/cocluster-score.json"
+    check_out_file(out, "--out")
+    plan = read_plan(a.score, "--score")
+    trace = read_trace(a.trace, load_hidden=False, load_logits=False)
+    rows = score_plan(plan, trace)
+    res = {"settings": {"trace": str(a.trace), "plan": str(a.score), "method": plan.method, "ep": plan.ep}, "rows": rows}
+    write_atomic(out, json.dumps(res, indent=1, default=float), "--out")
+    if a.json:
+        print(json.dumps(res, indent=1, default=float))
+        return 0
+    print(f"{trace!r}; plan {a.score} ({plan.method}, EP {plan.ep}) scored on all {rows[0]['scored']['tokens']} tokens")
+    base = rows[0]["scored"]["a2a_bytes"]
+    print(f"{'method':<11} {'LAR':>6} {'exp.imb':>8} {'tok.imb':>8} {'a2a MB/layer':>13} {'vs EP':>7} {'seen':>6}")
+    for r in rows:
+        e = r["scored"]
+        print(f"{r['method']:<11} {e['lar']:>6.3f} {e['expert_imbalance']:>8.3f} {e['token_imbalance']:>8.3f} "
+              f"{e['a2a_bytes'] / 1e6:>13.4f} {e['a2a_bytes'] / base - 1 if base else np.nan:>+7.1%} "
+              f"{e['seen_share']:>6.2f}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -7,7 +7,9 @@ at once.
             + shared + overhead
     A2A_g = alpha + V_g / B_link,  V_g = (1 - local_g) * U_g * H * bytes
 
-where c_call is the fixed cost of one expert call (the launch / dispatch floor of an eager expert loop, which
+(with CostOptions.roofline = "rank", the regime pricing: FFN_g = max(sum_e flops(n_ge) / (eta(n_ge) peak),
+D_g x W / B(W)) + D_g c_call + activations, D_g the distinct experts rank g runs: a decode step is bound by the
+experts a rank reads, a prefill step by the tokens it computes), where c_call is the fixed cost of one expert call (the launch / dispatch floor of an eager expert loop, which
 sets a one-token decode step), B(W) the weight-read bandwidth at expert size W (the measured curve of a
 calibrated profile, else HBM_eff), a the cost per activation value an eager expert call touches outside its
 GEMMs (gather, SiLU x up, scale, scatter-add), overhead the fixed per-layer router cost, n_ge the number of (token,
@@ -148,6 +150,11 @@ class CostOptions:
       beyond its window `hide_window_s` is exposed: max_g max(0, bytes_g / B_link - window_g) (PROBE §3.4).
     hide_window_s: seconds of compute the transfers overlap, (C,) or (C, G) per rank (None = the attention
       time: MoE-GPS §5 hides duplication behind attention).
+    roofline: "expert" (each active expert costs the slower of its weight read and its GEMM, summed over the
+      rank's experts) or "rank" (the regime pricing of a step: a rank's expert time is the slower of its
+      token compute, sum_e flops(n_ge) / (eta(n_ge) peak), and its weight reads, D_g x W / B(W), where D_g
+      is the distinct experts it runs; plus D_g call floors and the activation work). Decode steps are then
+      priced by how many experts a rank reads, prefill steps by how many tokens it computes.
     """
 
     link: str = "nvlink"
@@ -162,8 +169,11 @@ class CostOptions:
     predict_s: ArrayLike = 0.0
     transfer_bytes: ArrayLike = 0.0
     hide_window_s: ArrayLike | None = None
+    roofline: str = "expert"
 
     def __post_init__(self) -> None:
+        if self.roofline not in ("expert", "rank"):
+            raise ConfigError(f"CostOptions.roofline is {self.roofline!r}; expected 'expert' or 'rank'.")
         if self.link not in ("nvlink", "pcie"):
             raise ConfigError(f"CostOptions.link is {self.link!r}; expected 'nvlink' or 'pcie'.")
         if self.attn_parallel not in ("tp", "dp"):
@@ -306,12 +316,38 @@ def _link(hw: Hardware, opts: CostOptions, C: int) -> np.ndarray:
     return np.full(C, hw.link_bandwidth(opts.link))
 
 
-def _expert_time(n: np.ndarray, model: ModelProfile, hw: Hardware, staircase: bool) -> np.ndarray:
+def rank_parts(n: np.ndarray, model: ModelProfile, hw: Hardware, staircase: bool = False
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C, G, E) counts -> (compute_CG, read_CG, fixed_CG) seconds of routed-expert work per rank.
+
+    compute: sum over active experts of flops(n_ge) / (eta(n_ge) x peak); read: distinct active experts x
+    W / B(W); fixed: distinct active experts x the call floor plus n x (3 H + 2 I) activation values. The
+    "rank" roofline is max(compute, read) + fixed.
+    """
+    C, G, E = n.shape
+    t_read = float(hw.weight_read_time(model.expert_bytes()))
+    per_token = model.expert_flops_per_token / hw.peak_flops
+    act_per_token = hw.activation_cost * (3 * model.hidden_size + 2 * model.expert_ffn)
+    flat = n.reshape(-1)
+    active = np.flatnonzero(flat)
+    v = flat[active]
+    rank = active // E
+    comp = np.bincount(rank, weights=v * per_token / hw.eta(v, staircase=staircase), minlength=C * G)
+    dist = np.bincount(rank, minlength=C * G).astype(np.float64)
+    fixed = dist * hw.expert_call_overhead + np.bincount(rank, weights=v, minlength=C * G) * act_per_token
+    return comp.reshape(C, G), (dist * t_read).reshape(C, G), fixed.reshape(C, G)
+
+
+def _expert_time(n: np.ndarray, model: ModelProfile, hw: Hardware, staircase: bool,
+                 roofline: str = "expert") -> np.ndarray:
     """(C, G, E) counts -> (C, G) seconds of routed-expert calls per rank (experts with no tokens cost 0).
 
     An active expert costs its call floor, the slower of reading its weights and its GEMM FLOPs, and its
-    activation work (n x (3 H + 2 I) values at hw.activation_cost each).
+    activation work (n x (3 H + 2 I) values at hw.activation_cost each). roofline="rank": see rank_parts.
     """
+    if roofline == "rank":
+        comp, read, fixed = rank_parts(n, model, hw, staircase)
+        return np.maximum(comp, read) + fixed
     C, G, E = n.shape
     t_mem = float(hw.weight_read_time(model.expert_bytes())) + hw.expert_call_overhead
     per_token = model.expert_flops_per_token / hw.peak_flops
@@ -380,7 +416,7 @@ def layer_cost(
     H, b, K = float(model.hidden_size), float(model.dtype_bytes), float(model.top_k)
 
     # FFN: each active (rank, expert) runs one GEMM group; it is bound by weight reads or by compute.
-    ffn_CG = _expert_time(n, model, hw, opts.staircase)
+    ffn_CG = _expert_time(n, model, hw, opts.staircase, opts.roofline)
     tokens = _per_config(work.batch, C, "Workload.batch") * _per_config(work.seq_len, C, "Workload.seq_len")
     if model.num_shared_experts:
         local_tokens = tokens / G  # shared experts run on every rank over the tokens it holds

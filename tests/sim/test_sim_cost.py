@@ -216,3 +216,29 @@ def test_bad_inputs_get_one_clear_sentence():
     with pytest.raises(ConfigError, match="no bandwidth"):
         layer_cost(np.ones((2, 8)), model=MIX, hw=cpu)
     assert layer_cost(np.ones((1, 8)), model=MIX, hw=cpu).total[0] > 0  # one rank needs no link
+
+
+def test_rank_roofline_golden_case_by_hand():
+    # Mixtral-8x7B on A100 (no call floor, no activation cost), 2 ranks, one step:
+    #   rank 0 runs experts 0, 1, 2 with one token each (a decode step's shape);
+    #   rank 1 runs expert 4 with 2048 tokens and experts 5, 6, 7 with one token each.
+    # weight read  t_r = 352,321,536 B / (2039 GB/s x 0.8)              = 215.99 us
+    # one token    c_1 = 352,321,536 FLOP / (eta(1) = 0.15 x 312 TFLOP/s) =   7.528 us
+    # 2048 tokens  c_2048 = 2048 x 352,321,536 / (eta = 0.80 x 312e12)    = 2890.8 us
+    # rank roofline  max(compute, distinct x t_r):
+    #   rank 0: max(3 x 7.528, 3 x 215.99)          =  647.97 us (weight-read bound)
+    #   rank 1: max(2890.8 + 3 x 7.528, 4 x 215.99) = 2913.4 us (compute bound)
+    # expert roofline (each expert the slower of its read and its GEMM, summed): rank 1 = 2890.8 + 3 x 215.99 = 3538.8 us
+    assert A100.eta(1) == pytest.approx(0.15) and A100.eta(2048) == pytest.approx(0.80)
+    counts = np.zeros((1, 2, 8))
+    counts[0, 0, :3] = 1
+    counts[0, 1, 4], counts[0, 1, 5:] = 2048, 1
+    rank = _expert_time(counts, MIX, A100, False, "rank")[0]
+    expert = _expert_time(counts, MIX, A100, False, "expert")[0]
+    np.testing.assert_allclose(rank * 1e6, [647.97, 2913.4], rtol=2e-4)
+    np.testing.assert_allclose(expert * 1e6, [647.97, 3538.8], rtol=2e-4)
+    opts = dataclasses.replace(probe_options(), roofline="rank")
+    r = layer_cost(counts, model=MIX, hw=A100, work=decode(2054, 0), opts=opts)
+    assert r.ffn[0] * 1e6 == pytest.approx(2913.4, rel=2e-4)
+    with pytest.raises(ConfigError, match="roofline"):
+        CostOptions(roofline="both")
