@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from routecast.cache.policy import ExpertPolicy
+from routecast.cache.forecast_evict import StepUse
+from routecast.cache.policy import BasePolicy
+from routecast.cache.zoo import make_policy
 from routecast.common.errors import ConfigError
 
 Load = tuple[int, int, int]  # (key, slot, evicted key or -1)
@@ -41,9 +43,10 @@ class SlotCache:
     prefetch_issued / useful / cancelled / dropped, evictions, mispredicted, max_occupied."""
 
     def __init__(self, L: int, E: int, budget: int, per_layer: bool = False, depth: int = 1,
-                 keep_per_layer: int = 0) -> None:
+                 keep_per_layer: int = 0, policy: str = "lru") -> None:
         """keep_per_layer: a victim is never taken from a layer holding this many experts or fewer (eMoE's
-        fallback needs top-k experts of every layer once warm); needs budget >= L * keep_per_layer."""
+        fallback needs top-k experts of every layer once warm); needs budget >= L * keep_per_layer.
+        policy: the replacement policy object of each pool (cache/zoo.py: lru, lfu, arc, s3fifo, lirs, fc-evict)."""
         n_keys = L * E
         if budget > 0 and keep_per_layer * L > budget:
             raise ConfigError(f"budget is {budget} expert slots; the fallback keeps {keep_per_layer} per layer, "
@@ -63,7 +66,7 @@ class SlotCache:
         self.capacity = [base + (i < extra) for i in range(n_pools)]
         starts = np.concatenate([[0], np.cumsum(self.capacity)])
         self.free = [list(range(int(starts[i + 1]) - 1, int(starts[i]) - 1, -1)) for i in range(n_pools)]
-        self.policies = [ExpertPolicy() for _ in range(n_pools)]
+        self.policies: list[BasePolicy] = [make_policy(policy, c, L, E) for c in self.capacity]
         self.held = np.zeros(n_keys, bool)
         self.slot_of = np.full(n_keys, -1, np.int64)
         self.key_of = np.full(self.budget, -1, np.int64)
@@ -92,7 +95,7 @@ class SlotCache:
         def kept(k: int) -> bool:
             return self.pins[k] > 0 or (k // self.E != lk and self.held_L[k // self.E] <= self.keep)
 
-        victim = self.policies[p].victim(kept, below)
+        victim = self.policies[p].victim(kept, below, key)
         if victim < 0:
             return key, -1, -1
         slot = self._drop(victim)
@@ -204,12 +207,18 @@ class SlotCache:
         self.stats["prefetch_cancelled"] += len(released)
         return released
 
-    def end_step(self) -> None:
-        """The forward step finished: its forecast marks are dropped."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        """A forward step starts: the policies that use them get its requests and forecast sets (fc-evict)."""
+        for pol in self.policies:
+            pol.begin_step(requests, forecast_LE)
+
+    def end_step(self, observed: StepUse | None = None) -> None:
+        """The forward step finished: its forecast marks are dropped; observed (the step's routing per request)
+        updates the policies' request profiles (fc-evict)."""
         self.forecast.clear()
         self.pending.clear()
         for pol in self.policies:
-            pol.end_step()
+            pol.end_step(observed)
 
     def check(self) -> None:
         """Assert the slot accounting: held keys <= each pool's capacity (the budget), maps consistent."""
