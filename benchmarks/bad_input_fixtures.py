@@ -30,6 +30,7 @@ class Row:
     valid: bool = False  # exit 0 is the right answer (e.g. --overwrite onto routecast's own output)
     may_assume: bool = False  # exit 0 is fine when the output states what was assumed
     marker: Path | None = None  # a file whose existence means custom model code ran
+    frozen: list[Path] = field(default_factory=list)  # inputs whose content must be the same after the run
 
 
 def _run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> None:

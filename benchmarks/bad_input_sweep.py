@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import shutil
@@ -43,6 +44,7 @@ from bad_input_fixtures import (  # a sibling script: benchmarks/ is sys.path[0]
     build_specs,
     build_traces,
 )
+from bad_input_rows_issue20 import issue20_rows
 from bad_input_rows_recent import build_recent, recent_rows
 
 # ------------------------------------------------------------------------------------------ rows
@@ -299,8 +301,16 @@ def input_rows(ws: Path, fx: dict[str, Path], logs: dict[str, Path], specs: dict
 
 
 # ------------------------------------------------------------------------------------------ running
-def classify(row: Row, rc: int | None, out: str, err: str) -> str:
+def _digest(p: Path) -> str | None:
+    try:
+        return hashlib.blake2b(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else None
+    except OSError:
+        return None
+
+
+def classify(row: Row, rc: int | None, out: str, err: str, before: dict[Path, str | None] | None = None) -> str:
     lost = [s for s in row.sentinels if not s.is_file() or s.read_text() != SENTINEL_TEXT]
+    lost += [p for p, h in (before or {}).items() if _digest(p) != h]
     if lost:
         return "data_loss"
     if row.marker is not None and row.marker.exists():
@@ -323,13 +333,14 @@ def classify(row: Row, rc: int | None, out: str, err: str) -> str:
 
 def run_row(row: Row, env: dict[str, str], timeout: float, cwd: Path) -> dict:
     t0 = time.perf_counter()
+    before = {p: _digest(p) for p in row.frozen}
     try:
         r = subprocess.run([sys.executable, "-m", "routecast.cli", *row.argv], env=env, cwd=cwd, capture_output=True,
                            text=True, timeout=row.timeout or timeout, errors="replace")
         rc, out, err = r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = None, str(e.stdout or ""), str(e.stderr or "")
-    outcome = classify(row, rc, out, err)
+    outcome = classify(row, rc, out, err, before)
     tail = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [""]
     return {"cmd": row.cmd, "class": row.cls, "argv": row.argv, "rc": rc, "outcome": outcome,
             "seconds": round(time.perf_counter() - t0, 2), "stderr_last": tail[0][:300]}
@@ -341,6 +352,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per row unless the row says more (default 20)")
     ap.add_argument("--json", default="out/bad_input_sweep.json", help="where to write every row's outcome")
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir, removed at the end)")
+    ap.add_argument("--timeout-scale", type=float, default=1.0,
+                    help="multiply every row's timeout (a loaded machine: imports alone take tens of seconds)")
+    ap.add_argument("--issue20", action="store_true", help="run only the rows of issue 20's classes "
+                    "(bad_input_rows_issue20.py)")
     ap.add_argument("--only", default=None, help="run only rows whose command contains one of these comma-separated strings")
     a = ap.parse_args()
     from routecast.common.machine import machine_info
@@ -363,6 +378,9 @@ def main() -> int:
               "full": _can_mknod(fxd)}
         rows = writer_rows(ws, fx) + trace_rows(ws, traces) + input_rows(ws, fx, logs, specs, prompts, models)
         rows += recent_rows(ws, fx, traces)
+        fx["model_builtin"] = Path(__file__).resolve().parents[1] / "routecast" / "models" / "builtin"
+        new = issue20_rows(ws, fx)
+        rows = new if a.issue20 else rows + new
         if a.only:
             rows = [r for r in rows if any(s in r.cmd for s in a.only.split(","))]
         print(f"fixtures built in {time.perf_counter() - t0:.0f} s; running {len(rows)} rows, {a.jobs} at a time",
@@ -370,6 +388,8 @@ def main() -> int:
         cwd = ws / "cwd"
         cwd.mkdir(exist_ok=True)
         with cf.ThreadPoolExecutor(a.jobs) as pool:
+            for r in rows:
+                r.timeout = (r.timeout or a.timeout) * a.timeout_scale
             results = list(pool.map(lambda r: run_row(r, env, a.timeout, cwd), rows))
     finally:
         if a.work is None:

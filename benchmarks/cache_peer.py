@@ -13,10 +13,11 @@ can, then counts a miss); routecast's Belady may stream a miss without caching i
 is needed sooner, which makes it optimal (moe-policylang's can be beaten).
 
 moe-policylang is never a routecast dependency: it runs from its own virtual environment (--peer-venv,
-created with `python -m venv` + `pip install moe-policylang` when missing); when it cannot be installed the
+created with `python -m venv` + `pip install --no-deps moe-policylang lark` when missing, reading torch,
+numpy and pyarrow from this environment); when it cannot be installed the
 benchmark prints why and exits 0 having compared nothing.
 
-Run: python benchmarks/cache_peer.py --trace DIR [--peer-venv /tmp/moe-policylang-venv] [--requests 40]
+Run: python benchmarks/cache_peer.py [--trace DIR] [--peer-venv DIR] [--requests 40] [--quick]
 Writes out/bench/cache_peer.json; ends with one line per policy and budget:
 `POLICY budget F: routecast X, moe-policylang Y (difference D)`.
 """
@@ -27,12 +28,14 @@ import argparse
 import json
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from routecast.cache.replay import ReplayConfig, build_accesses, run_policy
+from routecast.common.bench import table, write_bench
 from routecast.common.machine import machine_info
 from routecast.sim.hardware import load_hardware
 from routecast.trace import MoESpec, Trace, make_columns
@@ -48,16 +51,23 @@ print(json.dumps([{"label": r.label, "budget": r.budget, "frac": r.budget_frac, 
 """
 
 
-def peer_python(venv: Path) -> Path | None:
-    """The peer venv's python, creating the venv and installing moe-policylang when missing; None if impossible."""
+def peer_python(venv: Path, timeout: float = 1800) -> Path | None:
+    """The peer venv's python, creating the venv and installing moe-policylang when missing; None if impossible.
+
+    timeout: seconds the install may take (a machine without a reachable package index fails after it)."""
     py = venv / "bin" / "python"
     probe = [str(py), "-c", "import moe_policylang.benchmark.replay"]
     if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return py
     try:
+        # Only moe-policylang and lark go into the throwaway venv; its other dependencies (torch, numpy, pyarrow)
+        # are read from this environment through a .pth file (seconds instead of a fresh torch download).
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "moe-policylang"], check=True, capture_output=True,
-                       timeout=1800)
+        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "_routecast_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "moe-policylang", "lark"], check=True,
+                       capture_output=True, timeout=timeout)
     except (subprocess.SubprocessError, OSError) as e:
         print(f"moe-policylang could not be installed into {venv} ({type(e).__name__}); nothing compared.")
         return None
@@ -121,21 +131,30 @@ def ours(trace: Trace, frac: float) -> dict[str, tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True, help="trace directory")
+    ap.add_argument("--trace", default=None, help="trace directory (default: the standard trace 'builtin')")
+    ap.add_argument("--quick", action="store_true", help="first 10 requests only")
     ap.add_argument("--requests", type=int, default=40, help="first N requests of the trace (moe-policylang is slow)")
     ap.add_argument("--peer-venv", default=str(Path(tempfile.gettempdir()) / "moe-policylang-venv"),
                     help="throwaway virtual environment for moe-policylang (created when missing)")
     ap.add_argument("--out", default="out/bench/cache_peer.json", help="JSON output")
     a = ap.parse_args()
     from routecast.trace.io import read_trace
+    from routecast.trace.standard import standard_trace
+
+    if a.trace is None:
+        a.trace = standard_trace("builtin")
+    if a.quick:
+        a.requests = min(a.requests, 10)
 
     trace = read_trace(a.trace, mmap=False, load_hidden=False, load_logits=False)
     if (trace.experts_TLK < 0).any():
         trace = trace.select(~(trace.experts_TLK < 0).any(axis=(1, 2)))  # moe-policylang has no dropped slots
     keep = np.unique(trace.request)[: a.requests]
     trace = trace.select(np.isin(trace.request, keep))
-    py = peer_python(Path(a.peer_venv))
+    py = peer_python(Path(a.peer_venv), timeout=240 if a.quick else 1800)
     if py is None:
+        write_bench("cache_peer", title="Cache replay beside moe-policylang", quick=a.quick, path=a.out,
+                    headline=["moe-policylang could not be installed; nothing compared"])
         return
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "trace.jsonl"
@@ -158,12 +177,13 @@ def main() -> None:
     for r in rows:
         print(f"{r['policy']:<10} {r['fraction']:>6.2f} {r['routecast_hit']:>10.4f} {r['peer_hit']:>15.4f} "
               f"{r['routecast_accesses']:>12}/{r['peer_accesses']}")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=1))
+    head = [f"{r['policy']} budget {r['fraction']:.2f}: routecast {r['routecast_hit']:.4f}, moe-policylang "
+            f"{r['peer_hit']:.4f} (difference {r['routecast_hit'] - r['peer_hit']:+.4f})" for r in rows]
+    write_bench("cache_peer", title="Cache replay beside moe-policylang on identical input", headline=head,
+                tables=[table(f"hit ratio, {trace.num_tokens} tokens of {len(keep)} requests; per-layer caches, "
+                              "cold per prompt", rows)], quick=a.quick, path=a.out)
     print(f"machine: {machine_info().get('cpu', '?')}; wrote {a.out}")
-    for r in rows:
-        print(f"{r['policy']} budget {r['fraction']:.2f}: routecast {r['routecast_hit']:.4f}, moe-policylang "
-              f"{r['peer_hit']:.4f} (difference {r['routecast_hit'] - r['peer_hit']:+.4f})")
+    print("\n".join(head))
 
 
 if __name__ == "__main__":

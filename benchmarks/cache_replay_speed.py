@@ -28,7 +28,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from collections import OrderedDict  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -43,6 +42,7 @@ from routecast.cache.replay import (  # noqa: E402
     run_policy,
     true_sets,
 )
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
 from routecast.trace import Trace  # noqa: E402
@@ -121,12 +121,17 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="also time a captured trace directory")
     ap.add_argument("--window-steps", type=int, default=16, help="steps per kernel call of the windowed replay")
     ap.add_argument("--out", default="out/bench/cache_replay_speed.json", help="JSON output")
+    ap.add_argument("--quick", action="store_true", help="1 repeat, the mixtral-8x7b trace only (100 requests)")
     a = ap.parse_args()
+    if a.quick:
+        a.reps = 1
     from routecast.trace.synth import generate
     from routecast.trace.synth_presets import preset_config
 
-    traces = [("mixtral-8x7b (synthetic)", generate(preset_config("mixtral-8x7b", requests=300, seed=0))),
-              ("deepseek-v3 (synthetic)", generate(preset_config("deepseek-v3", requests=10, seed=0)))]
+    traces = [("mixtral-8x7b (synthetic)", generate(preset_config("mixtral-8x7b", requests=100 if a.quick else 300,
+                                                                            seed=0)))]
+    if not a.quick:
+        traces.append(("deepseek-v3 (synthetic)", generate(preset_config("deepseek-v3", requests=10, seed=0))))
     if a.trace:
         from routecast.trace.io import read_trace
 
@@ -139,16 +144,24 @@ def main() -> None:
                   f"{v['windowed_events_per_s'] / 1e6:>9.2f} {'yes' if v['windowed_identical'] else 'NO':>5}")
         print(f"{r['trace']:<26} {'python LRU':<13} {r['python_lru_events_per_s'] / 1e6:>11.2f}"
               f"   (LRU demand loads: kernel {r['kernel_lru_loads']}, Python {r['python_lru_loads']})")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"machine": machine_info(), "results": results}, indent=1))
-    print(f"machine: {machine_info().get('cpu', '?')}; wrote {a.out}")
+    head = []
     for r in results:
         lru = r["policies"]["lru"]["events_per_s"]
-        print(f"{r['trace']}: kernel LRU {lru / 1e6:.2f} M events/s, Python LRU {r['python_lru_events_per_s'] / 1e6:.2f} "
+        head.append(f"{r['trace']}: kernel LRU {lru / 1e6:.2f} M events/s, Python LRU {r['python_lru_events_per_s'] / 1e6:.2f} "
               f"M events/s, {lru / r['python_lru_events_per_s']:.1f} x; slowest policy {r['slowest']} "
               f"{r['slowest_events_per_s'] / 1e6:.2f} M events/s; windowed ({r['window_steps']} steps a call) slowest "
               f"{r['windowed_slowest']} {r['windowed_slowest_events_per_s'] / 1e6:.2f} M events/s, bit-identical to one "
               f"call: {'yes' if r['windowed_identical'] else 'NO'}")
+    rows = [{"trace": r["trace"], "policy": p, "M events/s": v["events_per_s"] / 1e6,
+             "windowed M events/s": v["windowed_events_per_s"] / 1e6, "windowed identical": v["windowed_identical"]}
+            for r in results for p, v in r["policies"].items()]
+    rows += [{"trace": r["trace"], "policy": "python LRU", "M events/s": r["python_lru_events_per_s"] / 1e6}
+             for r in results]
+    write_bench("cache_replay_speed", title="Cache replay kernel speed against a Python LRU", headline=head,
+                tables=[table(f"replay speed, median of {a.reps} runs (thread CPU time)", rows)],
+                data={"results": results}, quick=a.quick, path=a.out)
+    print(f"machine: {machine_info().get('cpu', '?')}; wrote {a.out}")
+    print("\n".join(head))
 
 
 if __name__ == "__main__":

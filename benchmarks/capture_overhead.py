@@ -26,7 +26,6 @@ Writes out/bench/capture_overhead.json; prints a table and the machine it ran on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from routecast.common.bench import table, write_bench
 from routecast.trace.capture import RoutingRecorder
 
 MODES = ("off", "ids", "ids+logits+hidden")
@@ -190,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0, help="prompt and model seed")
     ap.add_argument("--out", default="out/bench/capture_overhead.json", help="JSON result path")
+    ap.add_argument("--quick", action="store_true", help="7 repetitions instead of --reps")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.reps = min(a.reps, 7)
     torch.set_num_threads(a.threads)
     model = tiny_mixtral(a.seed) if a.model == "tiny" else builtin_model(a.model)
     batches = make_batches(model.config.vocab_size, a.batches, a.batch_size, a.seed)
@@ -225,9 +228,21 @@ def main(argv: list[str] | None = None) -> int:
               "batch_size": a.batch_size, "batches": a.batches, "max_new_tokens": a.max_new_tokens,
               "machine": machine(), "results": rows, "hook_call": per_call, "forward_cpu_s": fwd_s,
               "hooks_estimate_pct": 100 * per_call["overhead_us"] * 1e-6 * per_call["hooks_per_forward"] / fwd_s}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    head = []
+    for r in rows[1:]:
+        for what in ("hooks", "total"):
+            sp = r[f"{what}_spread_pct"]
+            resolved = "resolved" if sp["ci95"][0] > 0 or sp["ci95"][1] < 0 else "not resolved from 0"
+            head.append(f"{r['mode']} {what}: {sp['median']:+.1f}% of hook-free generate [95% CI of the median "
+                        f"{sp['ci95'][0]:+.1f}, {sp['ci95'][1]:+.1f}], n={sp['n']}: {resolved}")
+    head.append(f"per hooked call: +{per_call['overhead_us']:.1f} us ({per_call['hooks_per_forward']} hooked calls per "
+                f"forward of {fwd_s * 1e3:.2f} ms) -> estimated hooks overhead {result['hooks_estimate_pct']:.2f}%")
+    cols = ("mode", "generate_cpu_s", "bookkeeping_cpu_s", "hooks_overhead_pct", "total_overhead_pct",
+            "wall_overhead_pct", "tokens_per_cpu_s")
+    out = write_bench("capture_overhead", title=f"Capture overhead: routing hooks on generate ({a.model} model)",
+                      headline=head, tables=[table(f"medians of {a.reps} interleaved repetitions (thread CPU time)",
+                                                   [{c: r[c] for c in cols} for r in rows])],
+                      data=result, quick=a.quick, path=a.out)
     mc = result["machine"]
     print(f"machine: {mc['cpu']}, {mc['cores']} cores, torch {mc['torch']} with {mc['torch_threads']} thread(s)")
     print(f"model: {a.model} ({spec.num_layers} MoE layers, {spec.num_experts} experts, top-{spec.top_k}); "
@@ -245,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             resolved = "resolved" if sp["ci95"][0] > 0 or sp["ci95"][1] < 0 else "not resolved from 0"
             print(f"  {r['mode']:<18} {what:<6} {sp['median']:+.1f}% [{sp['ci95'][0]:+.1f}, {sp['ci95'][1]:+.1f}] "
                   f"({sp['p25']:+.1f} .. {sp['p75']:+.1f}), n={sp['n']}: {resolved}")
-    print(f"per hooked call: +{per_call['overhead_us']:.1f} us ({per_call['hooks_per_forward']} hooked calls per forward "
-          f"of {fwd_s * 1e3:.2f} ms) -> estimated hooks overhead {result['hooks_estimate_pct']:.2f}%")
+    print(head[-1])
     print(f"wrote {out}")
     return 0
 

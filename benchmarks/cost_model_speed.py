@@ -20,13 +20,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one core, as the claim says
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import cpu_name  # noqa: E402
 from routecast.sim.cost import layer_cost, moe_gps_options, prefill, probe_options  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
@@ -49,7 +49,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed calls per row (median reported)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every row's C (e.g. 0.1 for a smoke run)")
     ap.add_argument("--out", default="out/bench", help="output directory")
+    ap.add_argument("--quick", action="store_true", help="3 repeats, every row's C x 0.2")
     args = ap.parse_args()
+    if args.quick:
+        args.reps, args.scale = min(args.reps, 3), args.scale * 0.2
     rng = np.random.default_rng(0)
     results = []
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores (1 used), numpy {np.__version__}, {platform.python_version()}")
@@ -79,15 +82,14 @@ def main() -> None:
             "tokens": tokens, "options": preset, "cpu_s": t_cpu, "wall_s": t_wall, "evals_per_s": rate,
             "mean_total_us": float(res.total.mean() * 1e6),
         })
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
-                       "numpy": np.__version__}, "reps": args.reps, "rows": results,
-           "headline": results[HEADLINE]}
-    (out / "cost_model_speed.json").write_text(json.dumps(doc, indent=2))
     h = results[HEADLINE]
-    print(f"headline: {h['row']} ({h['model']} on {h['ranks']} x {h['hardware']}, C = {h['configs']}), target >= 100,000")
-    print(f"{h['evals_per_s']:.0f} layer evaluations/s")
+    head = [f"{h['evals_per_s']:.0f} layer evaluations/s: {h['row']} ({h['model']} on {h['ranks']} x "
+            f"{h['hardware']}, C = {h['configs']}), target >= 100,000"]
+    write_bench("cost_model_speed", title="Cost model speed: vectorised layer evaluations per second",
+                headline=head, tables=[table(f"median of {args.reps} calls per row, one thread (CPU time)", results)],
+                data={"reps": args.reps, "scale": args.scale}, quick=args.quick,
+                path=Path(args.out) / "cost_model_speed.json")
+    print("\n".join(head))
 
 
 if __name__ == "__main__":

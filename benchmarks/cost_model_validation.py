@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from routecast.common.bench import table, write_bench
 from routecast.common.machine import machine_info
 from routecast.sim.calibrate import cache_flusher, calibrate, cpu_clock, median_times
 from routecast.sim.cost import layer_cost, prefill
@@ -148,11 +149,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the GPU run needs ~30 GB of GPU memory)")
     ap.add_argument("--repeats", type=int, default=3, help="calibrate-then-validate rounds (seeds 0, 1, ...)")
-    ap.add_argument("--quick", action="store_true", help="quick calibration (fewer points and repeats)")
+    ap.add_argument("--quick", action="store_true", help="quick calibration (fewer points and repeats), 1 round, "
+                                                          "5 timing repeats")
     ap.add_argument("--reps", type=int, default=15, help="interleaved timing repeats per measured batch")
     ap.add_argument("--profiles", nargs="+", help="validate these profile TOMLs instead of calibrating")
     ap.add_argument("--out", default="out/bench", help="output directory")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.reps = 1, min(args.reps, 5)
     torch.set_num_threads(1)
     is_cuda = args.device.startswith("cuda")
     if is_cuda and not torch.cuda.is_available():
@@ -198,7 +202,7 @@ def main() -> None:
           + f"; torch {torch.__version__}, 1 thread, {'bf16' if is_cuda else 'fp32'}; {n_rounds} rounds, "
           f"{args.reps} timing repeats each; target: MAE <= 15% on every shape")
     print(f"{'shape':<14}{'MAE median':>11}{'min':>8}{'max':>8}{'peak-only median':>18}")
-    summary = {}
+    summary, head = {}, []
     for name in shapes:
         maes = np.array([rd["shapes"][name]["mae"] for rd in rounds])
         roof = np.array([rd["shapes"][name]["peak_only_mae"] for rd in rounds])
@@ -206,11 +210,18 @@ def main() -> None:
                          "mae_max": float(maes.max()), "peak_only_mae_median": float(np.median(roof)),
                          "within_target_all_rounds": bool(np.all(maes <= 0.15))}
         print(f"{name:<14}{np.median(maes):>11.1%}{maes.min():>8.1%}{maes.max():>8.1%}{np.median(roof):>18.1%}")
+        head.append(f"{name}: mean absolute error {np.median(maes):.1%} (median of {n_rounds} rounds, "
+                    f"{maes.min():.1%}-{maes.max():.1%}); peak-only roofline {np.median(roof):.1%}; target <= 15%")
     result = {"benchmark": "cost_model_validation", "device": args.device, "machine": info, "tokens": list(tokens),
               "shapes": shapes, "reps": args.reps, "quick": args.quick, "rounds": rounds, "summary": summary,
               "profiles_given": bool(args.profiles)}
-    path = out / f"cost_model_validation{suffix}{'-profiles' if args.profiles else ''}.json"
-    path.write_text(json.dumps(result, indent=2))
+    name = f"cost_model_validation{suffix}{'-profiles' if args.profiles else ''}"
+    err_rows = [{"round": i, "shape": sh, **{f"{b} tok": e for b, e in zip(tokens, row["error"], strict=True)},
+                 "MAE": row["mae"], "peak-only MAE": row["peak_only_mae"]}
+                for i, rd in enumerate(rounds) for sh, row in rd["shapes"].items()]
+    path = write_bench(name, title=f"Cost model out of sample on {args.device}: predicted vs measured MoE block time",
+                       headline=head, tables=[table("prediction error per batch size (tokens)", err_rows)],
+                       data=result, quick=args.quick, path=out / f"{name}.json")
     print(f"wrote {path}")
 
 

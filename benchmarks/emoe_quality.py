@@ -18,7 +18,7 @@ tolerance to inaccurate routing (Observation 3); eMoE saves up to 80% of expert 
    eMoE's choice, eMoE without its task-aware allocation (emoe-flat), random, LRU and an oracle, chosen again
    every prompt; then every p = 5, 20, 40 prompts at 50%.
 
-Run: python benchmarks/emoe_quality.py --builtin /work/data/traces/builtin --fine /work/data/traces/fine
+Run: python benchmarks/emoe_quality.py [--quick] [--builtin DIR --fine DIR]   (default: the standard traces)
 Writes out/bench/emoe_quality.json. One torch thread (--threads).
 """
 
@@ -29,11 +29,11 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+from routecast.common.bench import table, write_bench  # noqa: E402
 
 PERIODS = (1, 2, 5, 10, 20, 40)
 
@@ -83,15 +83,25 @@ def predictor_rows(name: str, trace_dir: str, epochs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--builtin", required=True, help="trace of the built-in model (routecast capture ... builtin)")
-    ap.add_argument("--fine", required=True, help="trace of builtin-fine")
+    ap.add_argument("--builtin", default=None, help="trace of the built-in model (default: the standard trace "
+                                                    "'builtin', captured on first use)")
+    ap.add_argument("--fine", default=None, help="trace of builtin-fine (default: the standard trace 'fine')")
+    ap.add_argument("--quick", action="store_true", help="4 windows per task, 60 epochs, budgets 25/50%% only, "
+                                                          "reuse every 5 prompts only")
     ap.add_argument("--per-task", type=int, default=8, help="text windows per task (quality and profile)")
     ap.add_argument("--seq-len", type=int, default=64, help="tokens per window")
     ap.add_argument("--epochs", type=int, default=300, help="eMoE predictor training epochs")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: predict, profile, quality")
-    ap.add_argument("--out", default="out/bench/emoe_quality.json")
+    ap.add_argument("--out", default="out/bench/emoe_quality.json", help="JSON output")
     a = ap.parse_args()
+    from routecast.trace.standard import standard_trace
+
+    a.builtin = a.builtin or standard_trace("builtin")
+    a.fine = a.fine or standard_trace("fine")
+    if a.quick:
+        a.per_task, a.epochs = min(a.per_task, 4), min(a.epochs, 60)
+    budgets, periods = ((0.25, 0.5), (5,)) if a.quick else ((0.25, 0.5, 0.75), (5, 20, 40))
     import torch
 
     from routecast.common.machine import machine_info
@@ -116,7 +126,7 @@ def main() -> None:
         out.setdefault("profile", {})[m] = {**prof.as_dict(), "text": format_profile(prof)}
         if "quality" not in skip:
             t0 = time.perf_counter()
-            cfg = QualityConfig(budgets=(0.25, 0.5, 0.75), reuse_periods=(5, 20, 40), reuse_budget=0.5,
+            cfg = QualityConfig(budgets=budgets, reuse_periods=periods, reuse_budget=0.5,
                                 residency=("emoe", "emoe-flat", "random", "lru", "oracle"),
                                 eval_text=TextConfig(split="val", **text),
                                 warmup_text=TextConfig(split="test", seed=1, **text),
@@ -126,8 +136,27 @@ def main() -> None:
             res["text"] = format_quality(res)
             out.setdefault("quality", {})[m] = res
     out["load_avg_end"] = os.getloadavg()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1))
+    head, tables = [], []
+    for m, res in out.get("predictors", {}).items():
+        best = max(res["rows"], key=lambda r: r["top_k_accuracy"])
+        head.append(f"[{m}] best predictor {best['predictor']} (p {best['p']}): top-k accuracy "
+                    f"{best['top_k_accuracy']:.3f} on held-out documents (paper Table 2: ~70%)")
+        tables.append(table(f"{m}: predictors every p prompts, held out by {res['split']}",
+                            [{k: r[k] for k in ("predictor", "p", "top_k_accuracy", "active_f1", "distribution_error",
+                                                "us_per_token")} for r in res["rows"]]))
+    for m, q in out.get("quality", {}).items():
+        full = q["full"]["ppl"]
+        for r in q["rows"]:
+            if r["choice"] == "emoe" and r["period"] == 1:
+                head.append(f"[{m}] eMoE with {r['budget']:.0%} of experts resident: perplexity "
+                            f"{r['ppl']:.2f} vs {full:.2f} full ({r['ppl'] / full - 1:+.1%})")
+        tables.append(table(f"{m}: perplexity with a share of experts resident (val split)",
+                            [{"budget": r["budget"], "p": r["period"], "choice": r["choice"], "ppl": r["ppl"],
+                              "vs full": r["ppl"] / full - 1, "agreement": r["agreement"],
+                              "fallback": r["fallback_share"]} for r in q["rows"]],
+                            note=f"full model perplexity {full:.3f}"))
+    write_bench("emoe_quality", title="eMoE: predictor accuracy vs p, task sensitivity, perplexity vs expert budget",
+                headline=head, tables=tables, data=out, quick=a.quick, path=a.out)
 
     info = out["machine"]
     print(f"machine: {info.get('cpu', '?')}, load average {out['load_avg_start'][0]:.1f} -> {out['load_avg_end'][0]:.1f}")
@@ -147,6 +176,7 @@ def main() -> None:
         print(f"\n[{m}] sensitivity\n{p['text']}")
     for m, q in out.get("quality", {}).items():
         print(f"\n[{m}] quality ({q['wall_s']:.0f} s)\n{q['text']}")
+    print("\n".join(head))
     print(f"\nwrote {a.out}")
 
 

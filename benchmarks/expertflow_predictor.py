@@ -36,8 +36,8 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-from pathlib import Path  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.predict.batch_eval import batch_accuracy_rows  # noqa: E402
 from routecast.predict.evaluate import rows_to_json  # noqa: E402
@@ -47,7 +47,9 @@ SIZES = (8, 16, 32)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True, help="trace directory (the built-in model's capture)")
+    ap.add_argument("--trace", default=None, help="trace directory (default: the standard trace 'builtin', with "
+                                                  "--model builtin)")
+    ap.add_argument("--quick", action="store_true", help="2 training epochs for the neural predictors")
     ap.add_argument("--model", default=None, help="checkpoint for ffn embeddings and the lookahead (e.g. builtin)")
     ap.add_argument("--predictors", default="distribution,conditional-token,ffn,lookahead,tlp,slp,expertflow",
                     help="comma-separated predictor names")
@@ -60,6 +62,13 @@ def main() -> None:
     ap.add_argument("--out", default="out/bench/expertflow_predictor.json", help="JSON output")
     a = ap.parse_args()
     import torch
+
+    if a.trace is None:
+        from routecast.trace.standard import standard_trace
+
+        a.trace, a.model = standard_trace("builtin"), a.model or "builtin"
+    if a.quick and a.epochs is None:
+        a.epochs = 2
 
     torch.set_num_threads(1)
     from routecast.predict.expertflow import parse_config
@@ -90,25 +99,31 @@ def main() -> None:
         cells = [r["predictor"], r["horizon"], str(r["train_tokens"]), f"{r['fit_s']:.0f}", f"{r['top_k_accuracy']:.3f}",
                  f"{r['recall_at_2k']:.3f}", f"{r['batch_level_accuracy']:.3f}", f"{r['us_per_token']:.1f}", *[f"{r[f'batch_{b}']:.3f}" for b in SIZES]]
         print("  ".join(f"{c:>14}" if i else f"{c:<20}" for i, c in enumerate(cells)))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"machine": machine_info(), "expertflow_config": dataclasses.asdict(ef),
-                                       "train_extra": a.train_extra, "rows": json.loads(rows_to_json(rows))}, indent=1))
-    print(f"\nmachine: {machine_info().get('cpu', '?')}; wrote {a.out}")
     by = {r["predictor"]: r for r in rows}
-    for r in rows:
-        print(f"{r['predictor']}: batch acc 8 / 16 / 32 = " + " / ".join(f"{r[f'batch_{b}']:.3f}" for b in SIZES))
+    lines = [f"{r['predictor']}: batch acc 8 / 16 / 32 = " + " / ".join(f"{r[f'batch_{b}']:.3f}" for b in SIZES)
+             for r in sorted(rows, key=lambda r: r["predictor"] != "expertflow")]
     if "expertflow" in by:
         for base in ("tlp", "slp"):
             if base in by:
                 d = [100 * (by["expertflow"][f"batch_{b}"] - by[base][f"batch_{b}"]) for b in SIZES]
-                print(f"expertflow - {base} at 8/16/32: " + " / ".join("n/a" if math.isnan(x) else f"{x:+.1f}" for x in d)
-                      + " points")
+                lines.append(f"expertflow - {base} at 8/16/32: "
+                             + " / ".join("n/a" if math.isnan(x) else f"{x:+.1f}" for x in d) + " points")
     for base in ("tlp", "slp"):  # eq. 7 is at most 1: no predictor can lead a baseline by more than this
         if base in by:
             acc = [by[base][f"batch_{b}"] for b in SIZES]
             room = " / ".join(f"{100 * (1 - x):+.1f}" for x in acc)
             ok = " / ".join("yes" if 1 - x >= 0.30 else "no" for x in acc)
-            print(f"room above {base} at 8/16/32 (100 - {base}): {room} points; a +30 lead possible: {ok}")
+            lines.append(f"room above {base} at 8/16/32 (100 - {base}): {room} points; a +30 lead possible: {ok}")
+    js = json.loads(rows_to_json(rows))
+    cols = ("predictor", "horizon", "train_tokens", "fit_s", "top_k_accuracy", "recall_at_2k", "batch_level_accuracy",
+            "us_per_token", *[f"batch_{b}" for b in SIZES])
+    write_bench("expertflow_predictor", title="ExpertFlow: batch-level accuracy (eq. 7) of the routing-path predictor",
+                headline=lines, tables=[table("held-out 20% of the documents; eq. 7 over decode batches of B requests",
+                                              [{c: r.get(c) for c in cols} for r in js])],
+                data={"expertflow_config": dataclasses.asdict(ef), "train_extra": a.train_extra, "rows": js},
+                quick=a.quick, path=a.out)
+    print(f"\nmachine: {machine_info().get('cpu', '?')}; wrote {a.out}")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

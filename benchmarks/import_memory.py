@@ -9,7 +9,7 @@ The log imitates a vLLM hook on a 16-layer, 64-expert, top-2 model: each forward
 256 tokens (a prompt chunk of one request, or one decode token of each of 256 running requests), logged
 layer by layer, so a token's 16 records are spread over ~4k records.
 
-Usage: python benchmarks/import_memory.py [--sizes-mb 64 256] [--seed 0] [--keep DIR] [--shard-tokens 16384]
+Usage: python benchmarks/import_memory.py [--sizes-mb 64 256] [--seed 0] [--keep DIR] [--shard-tokens 16384] [--quick]
 """
 
 from __future__ import annotations
@@ -128,7 +128,10 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the logs and traces in this directory")
     ap.add_argument("--shard-tokens", type=int, default=16384,
                     help="TraceWriter shard size; small enough that every size fills the writer's buffer")
+    ap.add_argument("--quick", action="store_true", help="logs of 16 and 64 MiB")
     args = ap.parse_args()
+    if args.quick:
+        args.sizes_mb = [16, 64]
     res = run(args.sizes_mb, args.seed, args.keep, args.shard_tokens)
     m = res["machine"]
     print(f"machine: {m['platform']}, {m['processor']}, {m['cpu_count']} CPUs, Python {m['python']}")
@@ -137,9 +140,16 @@ def main() -> None:
     print("  ".join(f"{c:>20s}" for c in cols))
     for r in res["rows"]:
         print("  ".join(f"{r[c]:>20}" for c in cols))
-    out = ROOT / "out" / "bench" / "import_memory.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    sys.path.insert(0, str(ROOT))
+    from routecast.common.bench import table, write_bench
+
+    lo, hi = res["rows"][0], res["rows"][-1]
+    head = [f"import of a {lo['size_mb']:g} MB log: peak RSS {lo['peak_rss_mb']:g} MB; {hi['size_mb']:g} MB log: "
+            f"{hi['peak_rss_mb']:g} MB ({hi['records_per_s']:,} records/s)"]
+    out = write_bench("import_memory", title="routecast import streams: peak memory against log size", headline=head,
+                      tables=[table("one fresh subprocess per log size", [{c: r[c] for c in cols} for r in res["rows"]])],
+                      data=res, quick=args.quick, path=ROOT / "out" / "bench" / "import_memory.json")
+    print(head[0])
     print(f"wrote {out}")
 
 

@@ -17,7 +17,7 @@ top-k accuracy (layers >= 1) per window of --window steps, and the cost: the pre
 the built-in model's ``model.layers[l].mlp``) timed in this run on the same step batches of held-out
 tokens, one thread, best of --repeat.
 
-Usage: python benchmarks/lookahead_predictor.py --trace DIR [--model builtin|builtin-fine|DIR] [--split document|request] [--epochs 8]
+Usage: python benchmarks/lookahead_predictor.py [--trace DIR] [--quick] [--model builtin|builtin-fine|DIR] [--split document|request] [--epochs 8]
        [--window 25] [--repeat 3] [--out out/bench/lookahead_predictor.json]
 Prints a table and writes the JSON; the machine is stated in both.
 """
@@ -31,13 +31,12 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXP
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.predict.harness import run_harness  # noqa: E402
 from routecast.predict.lookahead import LookaheadConfig, LookaheadPredictor  # noqa: E402
@@ -95,7 +94,9 @@ def time_costs(pred: LookaheadPredictor, blocks: list, test: Trace, repeat: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--trace", required=True, help="trace directory captured with --hidden --logits")
+    ap.add_argument("--trace", default=None, help="trace directory captured with --hidden --logits (default: the "
+                                                  "standard trace 'builtin')")
+    ap.add_argument("--quick", action="store_true", help="2 distillation epochs, 1 timing repeat")
     ap.add_argument("--model", default="builtin", help="model the trace was captured from: builtin, builtin-fine or a directory")
     ap.add_argument("--split", choices=("document", "request"), default="document",
                     help="held-out split (default document: no source document on both sides)")
@@ -107,9 +108,15 @@ def main() -> None:
     ap.add_argument("--online-updates", type=int, default=1)
     ap.add_argument("--window", type=int, default=25, help="steps per window of the online accuracy curve")
     ap.add_argument("--repeat", type=int, default=3, help="cost timing repeats (best taken)")
-    ap.add_argument("--out", default="out/bench/lookahead_predictor.json")
+    ap.add_argument("--out", default="out/bench/lookahead_predictor.json", help="JSON output")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.trace is None:
+        from routecast.trace.standard import standard_trace
+
+        a.trace = standard_trace("builtin")
+    if a.quick:
+        a.epochs, a.repeat = min(a.epochs, 2), 1
 
     trace = read_trace(a.trace)
     (train, test), split, note = trace.heldout_split(a.split, (a.train_fraction, 1 - a.train_fraction), seed=a.seed)
@@ -169,11 +176,21 @@ def main() -> None:
     doc = {"trace": str(a.trace), "model": a.model, "trace_tokens": trace.num_tokens, "test_tokens": test.num_tokens,
            "test_steps": int(len(np.unique(test.step))), "train_fraction": a.train_fraction, "seed": a.seed,
            "split": split,
-           "args": vars(a), "machine": {**mach, "torch_threads": 1}, "variants": results, "cost": cost,
+           "args": {k: str(v) for k, v in vars(a).items()}, "machine": {**mach, "torch_threads": 1}, "variants": results, "cost": cost,
            "paper": PAPER}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    head = [f"{name}: top-k accuracy {r['mean_layers_ge_1']['top_k_accuracy']:.3f}, recall@2k "
+            f"{r['mean_layers_ge_1']['recall_at_2k']:.3f} (mean of layers >= 1, held-out {split}s)"
+            for name, r in results.items()]
+    head += [f"layer {c['layer']}: predictor {c['predictor_us_per_token']:.3f} µs/token = {c['ratio']:.3f} x the MoE "
+             f"block's {c['moe_us_per_token']:.3f}" for c in cost]
+    rows = [{"variant": name, "layer": layer, **{m: r["per_layer"][m][layer] for m in METRICS}}
+            for name, r in results.items() for layer in range(L)]
+    out = write_bench("lookahead_predictor", title="PROBE's gate-initialised lookahead predictor: accuracy and cost",
+                      headline=head, tables=[table("per variant and layer, held-out steps", rows,
+                                                   note="layer 0 falls back to the training slot shares"),
+                                             table("cost per token, one layer", cost)],
+                      data=doc, quick=a.quick, path=a.out)
+    print("\n".join(head))
     print(f"wrote {out}")
 
 

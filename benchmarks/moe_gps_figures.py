@@ -15,7 +15,7 @@ The sensitivity table scales every overhead by x0.1 / x0.3 / x1 / x3 / x10. The 
 Figure 4's points (fits.FIG4_ESTIMATE: hand-written, the figure is not in our copy) appears only as a labelled
 what-if.
 
-Settings (routecast.sim.advisor.moe_gps_setting):
+Settings (routecast.advise.moegps.moe_gps_setting):
 - paper   : links at the paper's 600 / 64 GB/s used as the link speed (its Figure 7 values; DESIGN's
             per-direction figures would be 300 / 32), duplication idealised (each rank at the mean load,
             MoE-GPS's assumption), typical error model.
@@ -47,8 +47,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 import routecast  # noqa: E402
-from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
-from routecast.sim.advisor import (  # noqa: E402
+from routecast.advise.moegps import (  # noqa: E402
     ACCURACIES,
     FIG7_GBPS,
     PAPER_LINK_GBPS,
@@ -58,6 +57,8 @@ from routecast.sim.advisor import (  # noqa: E402
     moe_gps_setting,
     sweep,
 )
+from routecast.common.bench import table, write_bench  # noqa: E402
+from routecast.report.moegps import FIG6_SKEWS, FIG7_SKEWS, plot_accuracy_overhead, plot_figure6, plot_figure7  # noqa: E402
 from routecast.sim.fits import (  # noqa: E402
     FIG4_ESTIMATE,
     REFERENCE_FILE,
@@ -160,7 +161,7 @@ def measured_fits(trace_dir: str | None, epochs: int | None, seed: int, out: Pat
     """Our predictors on a trace: accuracy, overhead vs the forward timed in the same run, and the fits."""
     import torch
 
-    from routecast.sim.advisor import advise, trace_skewness
+    from routecast.advise.moegps import advise, trace_skewness
 
     torch.set_num_threads(1)
     if trace_dir:
@@ -211,7 +212,11 @@ def main() -> None:
                     help="neural predictor epochs for the measured fits (default: the preset with early stopping, "
                          "as `routecast predict eval` trains them)")
     ap.add_argument("--seed", type=int, default=0, help="split, trace and training seed (default 0)")
+    ap.add_argument("--json", default="out/bench/moe_gps_figures.json", help="benchmark JSON output")
+    ap.add_argument("--quick", action="store_true", help="--no-measure: the shipped reference measurement only")
     a = ap.parse_args()
+    if a.quick:
+        a.no_measure = True
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -278,10 +283,15 @@ def main() -> None:
     print(f"\nheadline, skewness {HEADLINE_SKEW}, NVLink; speedup = best token-to-expert time / distribution-only time "
           f"- 1 (MoE-GPS: {PAPER_SPEEDUP:.0%}); measured overheads, accuracies {in_range[0]:.2f}-{in_range[-1]:.2f}, "
           f"distribution error {derr:.4f}:")
+    head = []
     for name in sets:
         r = doc["headline"][name] = headline_at(sets[name]["nvlink"], curve, derr, in_range)
-        print(f"  {name:<30} none {r['none_us']:.0f} µs, dist {r['dist_us']:.0f} µs, best token {r['best_token_us']:.0f} "
-              f"µs at acc {r['best_token_accuracy']:.2f} -> speedup {r['speedup']:+.1%}")
+        head.append(f"{name} setting, skewness {HEADLINE_SKEW}, NVLink: speedup {r['speedup']:+.1%} (MoE-GPS: "
+                    f"{PAPER_SPEEDUP:.0%}); none {r['none_us']:.0f} µs, dist {r['dist_us']:.0f} µs, best token "
+                    f"{r['best_token_us']:.0f} µs at acc {r['best_token_accuracy']:.2f}")
+        print("  " + head[-1])
+    head.append("speedup = best token-to-expert time / distribution-only time - 1; measured predictor overheads, "
+                f"accuracies {in_range[0]:.2f}-{in_range[-1]:.2f}")
     scales = (0.1, 0.3, 1.0, 3.0, 10.0)
     variants = {"measured, paper setting": (sets["paper"]["nvlink"], curve, derr, in_range),
                 "measured, strict setting": (sets["strict"]["nvlink"], curve, derr, in_range),
@@ -340,8 +350,16 @@ def main() -> None:
     mc = doc["machine"]
     doc["seconds"] = time.perf_counter() - t0
     print(f"machine: {mc['processor']}, {mc['cpu_count']} CPUs, {mc['platform']}; {doc['seconds']:.1f} s")
-    (out / "moe_gps_figures.json").write_text(json.dumps(doc, indent=1, default=_json) + "\n")
-    print(f"wrote {out}/moe_gps_figures.json and the PNGs")
+    fig6 = [{"setting": name, "link": link, "skewness": sk, "none µs": d["none_s"]["total"][i] * 1e6,
+             "dist-only µs": d["distribution_s"]["total"][i] * 1e6,
+             "best token acc": d["best_token_accuracy"][i], "speedup": d["speedup"][i]}
+            for name, by in doc["figure6"].items() for link, d in by.items() for i, sk in enumerate(FIG6_SKEWS)]
+    write_bench("moe_gps_figures", title="MoE-GPS: when does token-to-expert prediction beat distribution-only?",
+                headline=head, tables=[table("Figure 6: Mixtral-8x7B on 4 x A100, measured predictor overheads", fig6),
+                                       table("headline per setting (skewness 1.4, NVLink)",
+                                             [{"setting": k, **v} for k, v in doc["headline"].items()])],
+                data=json.loads(json.dumps(doc, default=_json)), quick=a.quick, path=a.json)
+    print(f"wrote {a.json} and the PNGs in {out}")
 
 
 def _json(o):

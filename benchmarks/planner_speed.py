@@ -35,7 +35,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one core, as the claim says
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -45,6 +44,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import cpu_name  # noqa: E402
 from routecast.place.duplication import sharded_placement  # noqa: E402
 from routecast.place.eplb import placement_ir, rebalance_experts  # noqa: E402
@@ -98,7 +98,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15, help="timed calls of each planner per case (median reported)")
     ap.add_argument("--out", default="out/bench", help="output directory")
+    ap.add_argument("--quick", action="store_true", help="3 repeats instead of --reps")
     args = ap.parse_args()
+    if args.quick:
+        args.reps = min(args.reps, 3)
     rng = np.random.default_rng(0)
     rows = []
     jit = jit_seconds()
@@ -162,18 +165,8 @@ def main() -> None:
             "probe_times_s": t_probe, "eplb_times_s": t_eplb,
             "anchor_eplb_ms_per_call": {"torch": ANCHOR_MS[case][0], "numpy_port": ANCHOR_MS[case][1]},
         })
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
-                       "numpy": np.__version__, "python": platform.python_version()}, "jit": jit,
-           "reps": args.reps, "timer": "time.thread_time, median of interleaved repeats", "cases": rows}
-    (out / "planner_speed.json").write_text(json.dumps(doc, indent=2))
-    for r in rows:
-        torch_ms, numpy_ms = ANCHOR_MS[r["case"]]
-        print(f"{r['case']}: ANCHORS EPLB per call {torch_ms} ms (torch) / {numpy_ms} ms (vLLM numpy port) "
-              f"for {r['layers']} layers; routecast EPLB {r['eplb_ms_per_call']:.1f} ms")
-    print("target: <= 1 ms per layer on one core and >= 10 x faster than EPLB; batched = one call for all L "
-          "layers / L")
+    doc = {"jit": jit, "reps": args.reps, "timer": "time.thread_time, median of interleaved repeats", "cases": rows}
+    head = []
     for r in rows:
         for mode, p_key, e_key, q_key in (
                 ("batched", "probe_ms_per_layer", "eplb_ms_per_layer", "speedup_q25_q75"),
@@ -182,9 +175,22 @@ def main() -> None:
             x = r[e_key] / r[p_key]
             slower = f" (the planner is {1 / x:.1f} x slower)" if x < 1 else ""
             lo, hi = r[q_key]
-            print(f"{r['case']} ({mode}): planner {r[p_key]:.3f} ms, EPLB baseline {r[e_key]:.3f} ms, "
-                  f"{x:.2f} x faster{slower}; per-repeat ratio q25-q75 {lo:.2f}-{hi:.2f}")
-
+            head.append(f"{r['case']} ({mode}): planner {r[p_key]:.3f} ms, EPLB baseline {r[e_key]:.3f} ms, "
+                        f"{x:.2f} x faster{slower}; per-repeat ratio q25-q75 {lo:.2f}-{hi:.2f}")
+    cols = ("case", "layers", "ranks", "experts", "probe_ms_per_layer", "eplb_ms_per_layer", "speedup",
+            "probe_ms_one_layer_call", "eplb_ms_one_layer_call", "ir_start", "ir_probe", "ir_eplb_in_sample")
+    write_bench("planner_speed", title="PROBE's planner against the EPLB baseline: time per layer and imbalance",
+                headline=head, tables=[table(f"median of {args.reps} interleaved calls (thread CPU time)",
+                                             [{c: r[c] for c in cols} for r in rows],
+                                             note="target: <= 1 ms per layer on one core, >= 10 x faster than EPLB")],
+                data=doc, quick=args.quick, path=Path(args.out) / "planner_speed.json")
+    for r in rows:
+        torch_ms, numpy_ms = ANCHOR_MS[r["case"]]
+        print(f"{r['case']}: ANCHORS EPLB per call {torch_ms} ms (torch) / {numpy_ms} ms (vLLM numpy port) "
+              f"for {r['layers']} layers; routecast EPLB {r['eplb_ms_per_call']:.1f} ms")
+    print("target: <= 1 ms per layer on one core and >= 10 x faster than EPLB; batched = one call for all L "
+          "layers / L")
+    print("\n".join(head))
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXP
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -35,6 +34,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.timing import median_seconds  # noqa: E402
 from routecast.predict.embeddings import load_input_embeddings, resolve_model_dir  # noqa: E402
@@ -93,7 +93,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="split, synthetic trace and training seed (default 0)")
     ap.add_argument("--out", default="out/bench/predictor_cost.json", help="JSON output path")
+    ap.add_argument("--quick", action="store_true", help="4096 tokens, 2 training epochs, 5 timed forwards")
     a = ap.parse_args()
+    if a.quick:
+        a.tokens, a.repeat = min(a.tokens, 4096), min(a.repeat, 5)
+        a.epochs = 2 if a.epochs is None else a.epochs
     torch.set_num_threads(a.threads)
 
     if a.trace:
@@ -130,9 +134,13 @@ def main() -> None:
               f"{model['decode_us_per_token']:.1f} µs/token")
 
     rows = []
-    for name in [n.strip() for n in a.predictors.split(",") if n.strip()]:
+    names = [n.strip() for n in a.predictors.split(",") if n.strip()]
+    if "lookahead" in names and (trace.hidden_TLH is None or model_dir is None):
+        names.remove("lookahead")  # it reads the router inputs of a captured trace and the model's routers
+        print("note: lookahead left out: it needs a trace captured with --hidden --logits and its model.")
+    for name in names:
         pred = make_predictor(name, trace.spec, embeddings=emb, embedding_source=str(model_dir or ""), seed=a.seed,
-                              threads=a.threads, progress=False, epochs=a.epochs)
+                              threads=a.threads, progress=False, epochs=a.epochs, model_path=model_dir)
         t0 = time.perf_counter()
         pred.fit(train)
         fit_s = time.perf_counter() - t0
@@ -154,11 +162,17 @@ def main() -> None:
         print(line + (f"{r['ratio_to_decode_token']:>10.3f}" if model else ""))
     m = machine()
     print(f"machine: {m['processor']}, {m['cpu_count']} CPUs, torch {m['torch']} with {m['torch_threads']} thread(s)")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"trace": trace_desc, "split": split, "test_tokens": test.num_tokens, "test_steps": steps, "machine": m,
            "model_forward": model, "predictors": rows}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    head = [f"{r['predictor']}: {r['us_per_token']:.2f} µs/token, top-k accuracy {r['top_k_accuracy']:.3f}"
+            + (f", {r['ratio_to_decode_token']:.3f} x a decode token's forward" if model else "") for r in rows]
+    if model:
+        head.insert(0, f"model forward: prefill {model['prefill_us_per_token']:.1f} µs/token, decode batch "
+                       f"{a.decode_batch}: {model['decode_us_per_token']:.1f} µs/token")
+    out = write_bench("predictor_cost", title="Predictor cost: µs per token against the model's own forward",
+                      headline=head, tables=[table(f"{trace_desc}; held out by {split}",
+                                                   [{k: v for k, v in r.items() if k != "embedding"} for r in rows])],
+                      data=doc, quick=a.quick, path=a.out)
     print(f"wrote {out}")
 
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import time
@@ -54,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routecast.common.bench import table, write_bench
 from routecast.common.machine import cpu_name
 from routecast.place.compare import compare_lookahead, compare_methods, split_requests, summarize
 from routecast.report.placement import plot_throughput
@@ -120,7 +120,8 @@ def main() -> None:
     ap.add_argument("--link", default="nvlink", choices=("nvlink", "pcie"),
                     help="link between the EP ranks (all-to-all and expert-weight transfers)")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (seconds; for tests)")
-    ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="output directory")
+    ap.add_argument("--out", default="out/bench/probe_vs_eplb", help="folder of the table and the PNGs")
+    ap.add_argument("--json", default="out/bench/probe_vs_eplb.json", help="benchmark JSON output")
     args = ap.parse_args()
     hw = load_hardware(args.hardware)
     out = Path(args.out)
@@ -146,7 +147,7 @@ def main() -> None:
                              None, None))
     doc = {"machine": machine, "workloads": {}}
     kw = {"eplb_redundant": args.eplb_redundant}
-    lines = []
+    lines, all_verdicts, tables = [], [], []
     for name, make, model_name, shift, model_layers in jobs:
         t0 = time.perf_counter()
         trace = make()
@@ -200,6 +201,8 @@ def main() -> None:
                             f"[{col}]{fe}")
         verdict = "\n".join(verdicts)
         lines.extend(verdicts)
+        all_verdicts.extend(verdicts)
+        tables.append(table(head.removeprefix("== "), rows))
         for ln in lines[-len(rows) - 2 - len(verdicts):]:
             print(ln)
         doc["workloads"][name] = {"rows": rows, "settings": res["settings"], "shift_step": shift, "png": png,
@@ -208,8 +211,9 @@ def main() -> None:
                                                                           * (model_layers or res["settings"]["layers"])))
                                                    .tolist() for k, m in res["methods"].items()}}
     (out / "table.txt").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
-    print(f"wrote {out / 'results.json'}, {out / 'table.txt'} and one PNG per workload")
+    write_bench("probe_vs_eplb", title="PROBE against EPLB and static EP on the simulator: MoE-layer time per step",
+                headline=all_verdicts, tables=tables, data=doc, quick=args.quick, path=args.json)
+    print(f"wrote {args.json}, {out / 'table.txt'} and one PNG per workload")
 
 
 if __name__ == "__main__":

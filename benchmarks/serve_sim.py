@@ -27,12 +27,12 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from tqdm import tqdm  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.report.serving import plot_lar, plot_rates  # noqa: E402
 from routecast.serve.engine import EngineConfig, ExpertLoader, build_engine  # noqa: E402
@@ -160,7 +160,16 @@ def main() -> None:
                 print(f"  {model:<13} {hw:<14} {mine:<10} vs {ref:<8}: " + " ".join(f"{100 * x:+.1f}%" for x in d))
     doc = {"machine": info, "requests": args.requests, "seed": args.seed, "rates": rows_a, "lar": rows_b,
            "emoe_change": summary, "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0}
-    (out / "serve_sim.json").write_text(json.dumps(doc, indent=2))
+    head = [f"{r['model']} {r['hardware']} {r['scheduler']} vs {r['vs']}: mean E2E latency change at 0.75, 1, 1.25, "
+            "1.5, 2 x capacity " + " ".join(f"{100 * x:+.1f}%" for x in r["changes"]) for r in summary]
+    head += [f"{r['setting']}: LAR {r['lar']:.3f}, {r['throughput_under_slo']:.1f} tok/s under SLO, "
+             f"{r['gain']:.2f} x plain EP" for r in rows_b]
+    write_bench("serve_sim", title="Serving simulator: eMoE's scheduler against FastGen and vLLM; LAR against "
+                "throughput under SLO", headline=head,
+                tables=[table(f"latency per scheduler and load ({args.requests} requests a simulation)", rows_a),
+                        table("throughput under SLO against the local-activation rate", rows_b)],
+                data=doc, quick=args.quick, path=out / "serve_sim.json")
+    print("\n".join(head))
     print(f"wrote {out / 'serve_sim.json'} ({doc['cpu_s']:.0f} s CPU, {doc['wall_s']:.0f} s wall)")
 
 

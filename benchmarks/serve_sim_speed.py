@@ -21,12 +21,12 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.serve.engine import EngineConfig, build_engine  # noqa: E402
 from routecast.serve.loop import simulate  # noqa: E402
@@ -40,7 +40,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=32.0, help="arrival rate, requests/s (default 32)")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per scheduler (median reported)")
     ap.add_argument("--out", default="out/bench", help="output directory")
+    ap.add_argument("--quick", action="store_true", help="10,000 requests, 1 timed run per scheduler")
     args = ap.parse_args()
+    if args.quick:
+        args.requests, args.reps = min(args.requests, 10_000), 1
     info = machine_info()
     load0 = os.getloadavg()
     print(f"machine: {info['cpu']}, {info['cpus']} cores (1 used), numpy {info['numpy']}, load {load0[0]:.1f}")
@@ -73,11 +76,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"machine": info, "load_before": load0, "load_after": load1, "rate": args.rate, "requests": req.n,
            "build_cpu_s": build_s, "rows": rows}
-    (out / "serve_sim_speed.json").write_text(json.dumps(doc, indent=2))
     slow = min(rows, key=lambda r: r["req_per_min_cpu"])
+    head = [f"slowest scheduler ({slow['scheduler']}): {slow['req_per_min_cpu']:,.0f} simulated requests per CPU "
+            f"minute ({slow['req_per_min_wall']:,.0f} per wall minute)"]
+    write_bench("serve_sim_speed", title="Serving simulator speed: simulated requests per CPU minute", headline=head,
+                tables=[table(f"{req.n} requests at {args.rate} req/s, median of {args.reps} runs",
+                              [{k: v for k, v in r.items() if k not in ("cpu_all", "wall_all")} for r in rows])],
+                data=doc, quick=args.quick, path=out / "serve_sim_speed.json")
     print(f"load average {load0[0]:.1f} -> {load1[0]:.1f}; wrote {out / 'serve_sim_speed.json'}")
-    print(f"slowest scheduler ({slow['scheduler']}): {slow['req_per_min_cpu']:,.0f} simulated requests per CPU minute "
-          f"({slow['req_per_min_wall']:,.0f} per wall minute)")
+    print(head[0])
 
 
 if __name__ == "__main__":

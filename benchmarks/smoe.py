@@ -45,7 +45,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from routecast.common.machine import machine_info  # noqa: E402
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.schedule.ceo import CEOConfig, paper_preset  # noqa: E402
 from routecast.schedule.cocluster import cocluster, evaluate_plan  # noqa: E402
 from routecast.trace import Trace  # noqa: E402
@@ -214,41 +214,53 @@ def scale_time(tokens: int, reps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fine", default="/work/data/traces/fine", help="fine trace directory")
+    ap.add_argument("--fine", default=None, help="fine trace directory (default: the standard trace 'fine', "
+                                                 "captured on first use)")
     ap.add_argument("--ds-preset", default="deepseek-v3", help="synthetic preset of the second case (default deepseek-v3)")
     ap.add_argument("--ds-requests", type=int, default=20, help="requests of the synthetic trace")
     ap.add_argument("--ds-layers", type=int, default=2, help="MoE layers of it co-clustered")
     ap.add_argument("--scale-tokens", type=int, default=100_000, help="tokens of the timing case")
     ap.add_argument("--reps", type=int, default=3, help="repeats of the timing case (0: skip it)")
-    ap.add_argument("--quick", action="store_true", help="fine trace only, no synthetic cases")
+    ap.add_argument("--quick", action="store_true", help="fine trace only, no synthetic cases, no timing case, "
+                                                          "400 requests per serving simulation")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset (none is always run first)")
     ap.add_argument("--scale-only", action="store_true", help="only the timing case (writes --out too)")
     ap.add_argument("--e2e-from", default=None,
                     help="only the end-to-end serving part, at the LARs of a previous run's JSON (writes --out)")
     ap.add_argument("--e2e-requests", type=int, default=1500, help="requests per serving simulation (default 1500)")
-    ap.add_argument("--out", default="out/bench/smoe.json")
+    ap.add_argument("--out", default="out/bench/smoe.json", help="JSON output")
     a = ap.parse_args()
     from routecast.trace.io import read_trace
     from routecast.trace.synth import generate
     from routecast.trace.synth_presets import preset_config
 
     t_start = time.perf_counter()
+    if a.quick:
+        a.e2e_requests = min(a.e2e_requests, 400)
     print(f"load: {os.getloadavg()[0]:.1f} (1-min) on {os.cpu_count()} cores", flush=True)
     if a.e2e_from:
         prev = json.loads(Path(a.e2e_from).read_text())
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"machine": machine_info(), "from": a.e2e_from,
-                                           "end_to_end": end_to_end(prev["rows"], a.e2e_requests)}, indent=1))
+        prev = prev.get("data", prev)  # write_bench keeps the rows under data
+        e2e = end_to_end(prev["rows"], a.e2e_requests)
+        write_bench("smoe", title="Speculative MoE: end-to-end serving at measured LARs",
+                    headline=[f"end to end at the LARs of {a.e2e_from}"], data={"from": a.e2e_from, "end_to_end": e2e},
+                    quick=a.quick, path=a.out)
         return
     if a.scale_only:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"machine": machine_info(), "scale": scale_time(a.scale_tokens, a.reps)},
-                                          indent=1, default=float))
+        sc = scale_time(a.scale_tokens, a.reps)
+        write_bench("smoe", title="Speculative MoE: Algorithm 1 time on one DeepSeek-V3-sized layer",
+                    headline=[f"Algorithm 1, {sc['tokens']} tokens, 256 experts, EP 32, 1 thread: median "
+                              f"{sc['median_cpu_s']:.2f} s CPU, {sc['median_s']:.2f} s wall"],
+                    data={"scale": sc}, quick=a.quick, path=a.out)
         return
+    if a.fine is None:
+        from routecast.trace.standard import standard_trace
+
+        a.fine = standard_trace("fine")
     fine = read_trace(a.fine, load_hidden=False, load_logits=False).materialise()
     methods = tuple(dict.fromkeys(["none", *[m for m in a.methods.split(",") if m in METHODS]]))
     rows = run_case("fine", fine, (4, 8), methods)
-    res: dict = {"machine": machine_info()}
+    res: dict = {}
     if not a.quick:
         ds = first_layers(generate(preset_config(a.ds_preset, requests=a.ds_requests, seed=0)), a.ds_layers)
         print(f"synthetic {a.ds_preset}: {ds!r} ({a.ds_requests} requests, first {a.ds_layers} MoE layers)", flush=True)
@@ -266,23 +278,38 @@ def main() -> None:
         res["scale"] = scale_time(a.scale_tokens, a.reps)
     res["load_end"] = os.getloadavg()[0]
     res["total_s"] = time.perf_counter() - t_start
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1, default=float))
-    print(f"wrote {a.out} ({res['total_s']:.0f} s, load {res['load_end']:.1f} at the end)")
-    print("paper (Fig. 5): LAR +43 points (DeepSeek-V2, 0.12 -> 0.54), +61 (Mixtral, 0.21 -> 0.82); ours, held out:")
+    head = []
     for r in rows:
         if r["method"] == "smoe":
             b = next(x for x in rows if x["trace"] == r["trace"] and x["ep"] == r["ep"] and x["method"] == "none")
-            print(f"  {r['trace']} EP {r['ep']}: {b['held_out']['lar']:.3f} -> {r['held_out']['lar']:.3f} "
-                  f"({(r['held_out']['lar'] - b['held_out']['lar']) * 100:+.1f} points; in sample "
-                  f"{(r['in_sample']['lar'] - b['in_sample']['lar']) * 100:+.1f})")
-    print("held-out documents of the fine trace (fit on the other 80%):")
+            head.append(f"smoe held-out LAR, {r['trace']} EP {r['ep']}: plain EP {b['held_out']['lar']:.3f} -> "
+                        f"{r['held_out']['lar']:.3f} "
+                        f"({(r['held_out']['lar'] - b['held_out']['lar']) * 100:+.1f} points; in sample "
+                        f"{(r['in_sample']['lar'] - b['in_sample']['lar']) * 100:+.1f})")
+    head.append("paper (Fig. 5): LAR +43 points (DeepSeek-V2, 0.12 -> 0.54), +61 (Mixtral, 0.21 -> 0.82)")
+    head.append("held-out documents of the fine trace (fit on the other 80%):")
     for r in rows:
         if r["trace"] == "fine":
             h = r["held_out"]
-            print(f"{r['method']} EP {r['ep']}: LAR {h['lar']:.3f}, imbalance {h['expert_imbalance']:.3f}, "
-                  f"a2a bytes {r['a2a_change_held'] * 100:+.1f}%")
-
+            head.append(f"{r['method']} EP {r['ep']}: LAR {h['lar']:.3f}, imbalance {h['expert_imbalance']:.3f}, "
+                        f"a2a bytes {r['a2a_change_held'] * 100:+.1f}%")
+    held = [{"trace": r["trace"], "EP": r["ep"], "method": r["method"], "LAR held out": r["held_out"]["lar"],
+             "LAR in sample": r["in_sample"]["lar"], "imbalance held out": r["held_out"]["expert_imbalance"],
+             "a2a bytes vs plain EP": r["a2a_change_held"]} for r in rows]
+    simt = [{"trace": s["trace"], "EP": s["ep"], "method": s["method"], "link": s["link"], "LAR": s["lar"],
+             "layer µs": s["layer_us"], "speedup vs plain EP": s["speedup"]} for s in sim]
+    p = write_bench("smoe", title="Speculative MoE: co-clustering LAR, all-to-all bytes and simulated speedup",
+                    headline=[h.strip() for h in head],
+                    tables=[table("co-clustering: fit on 80% of the documents, scored in sample and held out", held),
+                            table("simulated MoE layer (sim/comm) at the held-out LAR", simt),
+                            table("end to end: throughput under SLO on the serving simulator", res["end_to_end"]),
+                            table("smoe predictor on held-out documents (fine trace, EP 8)",
+                                  [{"setting": k, "top-k acc": v["top_k_accuracy"],
+                                    "device acc": v["device_accuracy"], "speculative LAR": v["speculative_lar"],
+                                    "µs/token": v["us_per_token"]} for k, v in res["predictor"].items()])],
+                    data=res, quick=a.quick, path=a.out)
+    print("\n".join(head))
+    print(f"wrote {p} ({res['total_s']:.0f} s, load {res['load_end']:.1f} at the end)")
 
 if __name__ == "__main__":
     main()

@@ -28,7 +28,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXP
     os.environ[_v] = "1"
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -36,6 +35,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.trace import MoESpec, Trace, make_columns  # noqa: E402
 from routecast.trace import stats as rs  # noqa: E402
 from routecast.trace.io import read_trace, write_trace  # noqa: E402
@@ -151,7 +151,10 @@ def main() -> None:
     ap.add_argument("--drop", type=float, default=0.01, help="share of routing slots marked dropped (-1)")
     ap.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU (Linux only)")
     ap.add_argument("--out", default="out/bench/stats_throughput.json", help="JSON output path")
+    ap.add_argument("--quick", action="store_true", help="65,536 tokens per trace, 3 timed runs")
     args = ap.parse_args()
+    if args.quick:
+        args.tokens, args.repeat = min(args.tokens, 65536), min(args.repeat, 3)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
 
@@ -197,19 +200,22 @@ def main() -> None:
     for r in rows:
         print(f"{r['layout']:9s} {r['steps']:6d}  {r['case']:30s} {r['seconds']:8.3f} {r['cpu_seconds']:8.3f} "
               f"{r['mrec_per_s']:13.1f} {r['mrec_per_cpu_s']:12.1f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(machine=machine, tokens=args.tokens, drop=args.drop, rows=rows), indent=1))
-    print(f"wrote {out}")
     head = next(r for r in rows if r["layout"] != "decode16" and r["case"].startswith("step pass"))
     full = next(r for r in rows if r["layout"] != "decode16" and r["case"] == "full pass, disk, CRC on")
     off = next(r for r in rows if r["layout"] != "decode16" and r["case"] == "full pass, disk, CRC off")
-    print(f"CRC-32 on read costs {full['cpu_seconds'] / off['cpu_seconds'] - 1:+.0%} of the full pass from disk "
-          f"(CPU time; wall {full['seconds'] / off['seconds'] - 1:+.0%})")
+    lines = []
     for name, r in (("fast pass (counts + skewness + IR)", head),
                     ("full pass (routing_stats, every statistic, from disk with CRC)", full)):
-        print(f"{name}: {r['mrec_per_cpu_s']:.1f} M records per CPU-second, {r['mrec_per_s']:.1f} M records/s wall")
-
+        lines.append(f"{name}: {r['mrec_per_cpu_s']:.1f} M records per CPU-second, {r['mrec_per_s']:.1f} M records/s "
+                     "wall")
+    lines.append(f"CRC-32 on read costs {full['cpu_seconds'] / off['cpu_seconds'] - 1:+.0%} of the full pass from disk "
+                 f"(CPU time; wall {full['seconds'] / off['seconds'] - 1:+.0%})")
+    out = write_bench("stats_throughput", title="Routing statistics throughput at DeepSeek-V3 geometry",
+                      headline=lines, tables=[table(f"L=58 E=256 K=8, ~{args.tokens} tokens a trace, best of "
+                                                    f"{args.repeat} runs", rows)],
+                      data=dict(machine=machine, tokens=args.tokens, drop=args.drop), quick=args.quick, path=args.out)
+    print(f"wrote {out}")
+    print("\n".join(lines))
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ Stage "cocluster" runs `schedule cocluster --method M` (--cocluster-method, defa
 --max-tokens sample of whole training requests (default 262,144 tokens), the scoring streams the whole trace;
 "none" (plain EP: no fit) times only the data path.
 
-Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch /work/scratch-NAME
+Usage: nice -n 5 python benchmarks/trace_scale.py --gb 3 30 --scratch DIR   (or --quick: 0.05 and 0.2 GB)
        [--stages synth,tile,stats,eval,compare,replay,replay-plec,cocluster] [--tile N] [--keep]
        [--out out/bench/trace_scale.json] [--cocluster-method smoe]
        [--merge OTHER.json ...]   (--stages "" --merge ...: only print the merged table of earlier runs)
@@ -120,13 +120,32 @@ def run(stage: str, argv: list[str]) -> dict:
     return r
 
 
+def _prev(path: Path) -> dict:
+    """An earlier run's results (rows by stage@GB) from its benchmark JSON."""
+    doc = json.loads(path.read_text())
+    return dict(doc.get("data", doc))
+
+
+def _write(out: Path, res: dict, head: list[str], quick: bool) -> None:
+    from routecast.common.bench import table, write_bench
+
+    rows = [{"stage": k.split("@")[0], "GB": r["gb"], "tokens": r.get("tokens"), "wall s": r["seconds"],
+             "CPU s": r.get("cpu_seconds"), "peak RSS GB": r["peak_rss_gb"]} for k, r in sorted(res["rows"].items())]
+    write_bench("trace_scale", title="Traces larger than memory: peak RSS and time against trace size",
+                headline=head, tables=[table("every command on each trace size (own child process)", rows)],
+                data=res, quick=quick, path=out)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2:])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, nargs="+", default=[3.0, 30.0], help="trace sizes in GB (small, large)")
-    ap.add_argument("--scratch", required=True, help="directory for the traces (deleted at the end unless --keep)")
+    ap.add_argument("--scratch", default="out/scratch/trace_scale",
+                    help="directory for the traces (deleted at the end unless --keep; default out/scratch/trace_scale)")
+    ap.add_argument("--quick", action="store_true", help="sizes 0.05 and 0.2 GB instead of --gb; "
+                                                          "cocluster --method none")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--keep", action="store_true", help="keep the traces (to run later stages separately)")
     ap.add_argument("--tile", type=int, default=0, help="write the largest size as N copies of the size N times smaller")
@@ -134,17 +153,17 @@ def main() -> None:
     ap.add_argument("--merge", nargs="*", default=[], help="JSON outputs of other runs (run in parallel) to merge in")
     ap.add_argument("--cocluster-method", default="smoe", help="stage cocluster's --method (none: the data path only)")
     a = ap.parse_args()
-    from routecast.common.machine import machine_info
+    if a.quick:  # small sizes; cocluster times its data path only (the smoe fit is benchmarks/smoe.py's)
+        a.gb, a.cocluster_method = [0.05, 0.2], "none"
 
     stages = [s for s in a.stages.split(",") if s]
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     out = Path(a.out)
-    res = json.loads(out.read_text()) if out.is_file() else {}
-    res["machine"] = machine_info()
+    res = _prev(out) if out.is_file() and not a.quick else {}
     rows = res.setdefault("rows", {})
     for other in a.merge:
-        rows.update(json.loads(Path(other).read_text()).get("rows", {}))
+        rows.update(_prev(Path(other)).get("rows", {}))
     for gb in a.gb:
         tokens = int(gb * 1e9 / BYTES_PER_TOKEN)
         trace = scratch / f"dsv3-{gb:g}gb"
@@ -164,10 +183,10 @@ def main() -> None:
             print(f"{st} ({' '.join(cmds[st][:2])}): {r['gb']:.1f} GB in {r['seconds']:.0f} s "
                   f"({r['cpu_seconds']:.0f} s CPU), peak RSS {r['peak_rss_gb']:.2f} GB, load {r['load'][0]:.1f}-"
                   f"{r['load'][1]:.1f}", flush=True)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(res, indent=1))
+            _write(out, res, [], a.quick)
     # The whole table so far (this run and earlier ones merged from the JSON), then linearity per command.
     sizes = sorted({float(k.split("@")[1]) for k in rows})
+    head = []
     for st in STAGES:
         for gb in sizes:
             r = rows.get(f"{st}@{gb:g}")
@@ -181,12 +200,14 @@ def main() -> None:
             r0, r1 = rows[f"{st}@{lo:g}"], rows[f"{st}@{hi:g}"]
             cpu = (f", CPU ratio {r1['cpu_seconds'] / r0['cpu_seconds']:.1f}x"
                    if r0.get("cpu_seconds") and r1.get("cpu_seconds") else "")
-            print(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x{cpu} for size ratio {r1['gb'] / r0['gb']:.1f}x "
-                  f"({lo:g} -> {hi:g} GB); peak RSS {r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
+            head.append(f"{st}: time ratio {r1['seconds'] / r0['seconds']:.1f}x{cpu} for size ratio "
+                        f"{r1['gb'] / r0['gb']:.1f}x ({lo:g} -> {hi:g} GB); peak RSS {r0['peak_rss_gb']:.2f} -> "
+                        f"{r1['peak_rss_gb']:.2f} GB")
+            print(head[-1])
     if any(k.startswith("tile@") for k in rows):
-        print("tile: the largest trace is copies of the smallest synthesised one (--tile), not a synthesis")
-    m = res["machine"]
-    print(f"machine: {m}")
+        head.append("tile: the largest trace is copies of the smallest synthesised one (--tile), not a synthesis")
+        print(head[-1])
+    _write(out, res, head, a.quick)
     if not a.keep:
         for gb in a.gb:
             shutil.rmtree(scratch / f"dsv3-{gb:g}gb", ignore_errors=True)

@@ -11,7 +11,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError, RoutecastError, TraceError
+from routecast.common.outputs import NAME_RESOLVERS, add_overwrite_flags, writes
 from routecast.place.export_cli import run_export
 from routecast.runtime.ep.cli import add_parser as add_ep_parser
 from routecast.schedule import cocluster_cli
@@ -19,34 +21,23 @@ from routecast.schedule import cocluster_cli
 
 def _threads(n: int) -> None:
     # 1 thread is fastest for small forwards on the 2-core machines this was measured on.
-    _positive(n, "--threads")
     import torch
 
     torch.set_num_threads(n)
 
 
-def _positive(n: int | None, flag: str) -> None:
-    if n is not None and n < 1:
-        raise ConfigError(f"{flag} is {n}; expected a positive integer.")
-
-
-def _add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"write into a non-empty --out, replacing {what} (files routecast did not write are kept)")
-
-
 def _add_threads(p: argparse.ArgumentParser, default: int = 1) -> None:
     p.add_argument(
-        "--threads", type=int, default=default, help=f"torch CPU threads (default {default}; 1 was fastest measured)"
+        "--threads", type=N.threads(), default=default, help=f"torch CPU threads (default {default}; 1 was fastest measured)"
     )
 
 
 def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
     """Flags shared by `cache replay` and `schedule rebatch`."""
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile: its h2d link moves experts (default h100-sxm)")
-    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert (default: the trace's spec)")
+    p.add_argument("--expert-bytes", type=N.nonneg(1 << 40), default=0, help="bytes per expert (default: the trace's spec)")
     p.add_argument("--model", default=None, help="checkpoint for neural/lookahead predictors (DIR, builtin, none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the predictor (default 0)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="seed of the held-out split and the predictor (default 0)")
     p.add_argument("--split", choices=("document", "request"), default="document",
                    help="hold out whole documents (default; by request when the trace records none) or requests")
     p.add_argument("--out", default=out, help=f"JSON output (default {out})")
@@ -56,16 +47,17 @@ def _add_replay_flags(p: argparse.ArgumentParser, out: str) -> None:
 
 
 # ------------------------------------------------------------------ handlers
+@writes("--out", inputs=("--model",))
 def cmd_demo(a: argparse.Namespace) -> int:
     from routecast.demo import run_demo
 
     _threads(a.threads)
-    _positive(a.requests, "--requests")
     run_demo(out_dir=a.out, synthetic=a.synthetic, requests=a.requests, seed=a.seed, overwrite=a.overwrite,
              model=a.model)
     return 0
 
 
+@writes("--out")
 def cmd_synth(a: argparse.Namespace) -> int:
     from routecast.trace.synth_presets import calibrate_preset_table, parse_set_args, synth_to_disk
 
@@ -85,6 +77,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--plot", inputs=("trace",))
 def cmd_stats(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.report.stats import stats_main
@@ -95,6 +88,7 @@ def cmd_stats(a: argparse.Namespace) -> int:
     return stats_main(a.trace, ep=a.ep, window=a.window, as_json=a.json, plot=a.plot, seq_len=a.seq_len)
 
 
+@writes("--out", inputs=("src", "--spec"))
 def cmd_import(a: argparse.Namespace) -> int:
     from routecast.trace.importers import import_jsonl
 
@@ -121,20 +115,10 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    import numpy as np
-
-    from routecast.trace.summary import inspect_trace
+    from routecast.trace.summary import inspect_lines, inspect_trace
 
     info = inspect_trace(a.trace)
-    if a.json:
-        print(json.dumps(info, indent=2, default=str))
-    else:
-        for k, v in info.items():
-            if isinstance(v, dict):  # long arrays (e.g. the routers' correction bias) print as their shape
-                v = {kk: f"<{np.shape(vv)} array; see --json>" if isinstance(vv, list) and np.size(vv) > 16 else vv
-                     for kk, vv in v.items()}
-            if k != "error":  # the error goes to stderr below
-                print(f"{k:>16}: {v}")
+    print(json.dumps(info, indent=2, default=str) if a.json else "\n".join(inspect_lines(info)))
     if info.get("valid"):
         return 0
     # Like every other command: the reason on stderr, exit code 2 (the summary above stays on stdout).
@@ -151,10 +135,10 @@ def _load_spec(path: str):
     return MoESpec.from_dict(d, where=path)
 
 
+@writes("--out", inputs=("--model", "--prompts"))
 def cmd_capture(a: argparse.Namespace) -> int:
     from routecast.trace.capture import capture_to_disk
 
-    _positive(a.threads, "--threads")
     path = capture_to_disk(
         a.model, a.prompts, a.out, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
         hidden=a.hidden, logits=a.logits, threads=a.threads, resume=not a.no_resume, progress=not a.quiet,
@@ -164,11 +148,11 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out")
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file
     from routecast.sim.calibrate import calibrate
 
-    _positive(a.threads, "--threads")
     out = a.out or f"out/hardware/calibrated-{a.device.replace(':', '')}.toml"
     check_out_file(out, "--out")  # before minutes of measuring, not after
     hw = calibrate(out, device=a.device, threads=a.threads, quick=a.quick)
@@ -176,22 +160,18 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out", "--html", inputs=("--trace", "--hardware", "--model-profile", "--emoe-quality", "--predictor"))
 def cmd_advise(a: argparse.Namespace) -> int:
-    from routecast.sim.advisor import advise_main
+    from routecast.advise.cli import advise_cli
+    from routecast.report.advise import write_html
 
-    _threads(a.threads)
-    return advise_main(
-        model_profile=a.model_profile, hardware=a.hardware, gpus=a.gpus, link=a.link, trace=a.trace, seq=a.seq,
-        batch=a.batch, as_json=a.json, placement=a.placement, error_model=a.error_model, skewness=a.skewness,
-        link_gbps=a.link_gbps, predictors=a.predictors, epochs=a.epochs, model_dir=a.model, seed=a.seed,
-    )
+    return advise_cli(a, html_writer=write_html)
 
 
+@writes("--out", inputs=("trace", "--model", "--train-extra", "--predictors"))
 def cmd_predict(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import predict_eval_main, predict_fit_main
 
-    _positive(a.threads, "--threads")
-    _positive(a.epochs, "--epochs")
 
     if a.action == "eval":
         return predict_eval_main(
@@ -211,21 +191,23 @@ def cmd_predict(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", inputs=("--trace", "--hardware", "--model-profile"))
 def cmd_place_compare(a: argparse.Namespace) -> int:
     from routecast.place.compare_cli import compare_main
     from routecast.report.placement import plot_throughput
 
     _threads(a.threads)
-    _positive(a.ep, "--ep")
     return compare_main(a, plot_throughput)
 
 
+@writes("--out")
 def cmd_train_builtin(a: argparse.Namespace) -> int:
     from routecast.models.train import main as train_main
 
     return train_main(a.args)
 
 
+@writes("--out", inputs=("trace", "--model", "--predictor", "--hardware"))
 def cmd_cache(a: argparse.Namespace) -> int:
     from routecast.cache.cli import cache_replay_main
 
@@ -238,15 +220,18 @@ def cmd_cache(a: argparse.Namespace) -> int:
     )
 
 
+@writes("--out", "--plan", inputs=("trace", "--model", "--predictor", "--hardware", "--score"))
 def cmd_schedule(a: argparse.Namespace) -> int:
     if a.action == "cocluster":
         return cocluster_cli.cocluster_main(a)
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
+    from routecast.common.outputs import check_out_file, write_json
     from routecast.schedule.rebatch import run_rebatch
     from routecast.sim.hardware import load_hardware
     from routecast.trace.io import read_trace
     _threads(a.threads)
+    check_out_file(a.out, "--out")  # before the work, not after it
     s = (trace := read_trace(a.trace, load_hidden=False, load_logits=False)).spec
     eb = a.expert_bytes or s.expert_bytes
     cfg = ReplayConfig(budget=parse_budget(a.budget, s.num_layers * s.num_experts, eb),
@@ -262,8 +247,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     speedup = rows[0]["us_per_token"] / rows[1]["us_per_token"]
     out = {"settings": {**res["settings"], "policy": a.policy, "budget_slots": cfg.budget, "hardware": a.hardware},
            "rows": rows, "speedup_clustered": speedup}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(_clean(out), indent=1))
+    write_json(a.out, _clean(out), "--out")
     if a.json:
         print(json.dumps(_clean(out), indent=1))
         return 0
@@ -277,6 +261,7 @@ def cmd_schedule(a: argparse.Namespace) -> int:
     return 0
 
 
+@writes("--out", "--sample-out")
 def cmd_corpus(a: argparse.Namespace) -> int:
     from routecast.models.corpus import main as corpus_main
 
@@ -285,7 +270,7 @@ def cmd_corpus(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = N.Parser(
         prog="routecast",
         description="Predict Mixture-of-Experts routing and act on it (replication, offloading, scheduling).",
     )
@@ -301,19 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", choices=("builtin", "builtin-fine"), default="builtin",
                    help="built-in model to capture (default builtin: Mixtral, 8 experts; builtin-fine: DeepSeek-V3, 64)")
-    p.add_argument("--requests", type=int, default=None,
+    p.add_argument("--requests", type=N.positive(4096), default=None,
                    help="number of requests to capture/generate (default: 80 builtin, 48 builtin-fine, 16 synthetic)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    _add_overwrite(p, "the demo's trace, report, summary and figures")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     _add_threads(p)
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("synth", help="generate a synthetic trace from a preset")
     p.add_argument("--preset", default=None, help="preset name, e.g. mixtral-8x7b, mixtral-8x7b:sst2, deepseek-v3")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", type=int, default=None, help="stop at the step where N tokens are reached")
-    g.add_argument("--requests", type=int, default=None, help="run N requests to completion")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--tokens", type=N.count_by_memory(4096, what='tokens'), default=None, help="stop at the step where N tokens are reached")
+    g.add_argument("--requests", type=N.count_by_memory(1 << 20, what='requests'), default=None, help="run N requests to completion")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument(
         "--set", action="append", metavar="KNOB=VALUE",
         help="override a SynthConfig field (repeatable; tuples comma-separated, inf allowed)",
@@ -326,10 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stats", help="routing statistics of a trace (skewness, IR, entropy, predictability)")
     p.add_argument("trace", help="trace directory")
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks for the imbalance ratio (default 8)")
-    p.add_argument("--window", type=int, default=None, help="steps per window for drift (default: auto)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="expert-parallel ranks for the imbalance ratio (default 8)")
+    p.add_argument("--window", type=N.positive(1 << 30), default=None, help="steps per window for drift (default: auto)")
     p.add_argument(
-        "--seq-len", type=int, default=None, help="also report skewness per sequence of this many tokens (MoE-GPS: 512)"
+        "--seq-len", type=N.positive(1 << 24), default=None, help="also report skewness per sequence of this many tokens (MoE-GPS: 512)"
     )
     p.add_argument("--json", action="store_true", help="print the statistics as JSON instead of a table")
     p.add_argument(
@@ -347,13 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="map an input field name to a canonical one (request, layer, position, token_id, experts, "
         "weights, phase, step, task, arrival_s); repeatable",
     )
-    p.add_argument("--num-experts", type=int, default=None, help="experts per layer (default: max id + 1)")
-    p.add_argument("--top-k", type=int, default=None, help="experts per token (default: from the data)")
+    p.add_argument("--num-experts", type=N.integer(1, 32768, why='int16 expert ids'), default=None, help="experts per layer (default: max id + 1)")
+    p.add_argument("--top-k", type=N.positive(1024), default=None, help="experts per token (default: from the data)")
     p.add_argument("--spec", default=None, metavar="JSON", help="a MoESpec as JSON (fixes layers, experts, top-k)")
     p.add_argument(
-        "--window", type=int, default=1 << 20, help="records within which all of a token's layer records appear"
+        "--window", type=N.count_by_memory(256, what='records'), default=1 << 20, help="records within which all of a token's layer records appear"
     )
-    p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per safetensors shard (default 65536)")
+    p.add_argument("--shard-tokens", type=N.positive(1 << 24), default=65536, help="tokens per safetensors shard (default 65536)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the import completes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_import)
@@ -369,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts", required=True, help="prompts .jsonl ({prompt, task?, max_new_tokens?, arrival_s?}) or corpus:NAME[:N]"
     )
-    p.add_argument("--max-new-tokens", type=int, default=32, help="decode steps per request (default 32)")
-    p.add_argument("--batch-size", type=int, default=8, help="requests per generate() batch (default 8)")
+    p.add_argument("--max-new-tokens", type=N.positive(1 << 20), default=32, help="decode steps per request (default 32)")
+    p.add_argument("--batch-size", type=N.positive(4096), default=8, help="requests per generate() batch (default 8)")
     p.add_argument("--out", required=True, help="output trace directory")
     p.add_argument("--hidden", action="store_true", help="also record each MoE layer's router input (hidden_TLH)")
     p.add_argument("--logits", action="store_true", help="also record router logits (logits_TLE)")
@@ -389,32 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(fn=cmd_calibrate)
 
-    p = sub.add_parser("advise", help="MoE-GPS: which prediction strategy pays for a model on given hardware")
-    p.add_argument("--model-profile", required=True, help="model profile name (sim/models/*.toml) or HF config path")
-    p.add_argument("--hardware", required=True, help="hardware profile name (sim/hardware/*.toml) or TOML path")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs (expert-parallel ranks)")
-    p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="interconnect (default nvlink)")
-    p.add_argument("--trace", default=None, help="trace directory: use its skewness and its predictors' accuracy/cost")
-    p.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument(
-        "--placement", choices=("replicas", "ideal"), default="replicas",
-        help="replicas: every copy re-reads its weights (default); ideal: MoE-GPS's each-rank-at-mean assumption",
-    )
-    p.add_argument(
-        "--error-model", choices=("optimistic", "typical", "pessimistic"), default="typical",
-        help="how prediction errors land on ranks (MoE-GPS §3.3; default typical)",
-    )
-    p.add_argument("--skewness", type=float, default=None, help="override the skewness (default: trace's, else 1.4)")
-    p.add_argument("--link-gbps", type=float, default=None, help="override the per-direction link bandwidth, GB/s")
-    p.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn",
-                   help="predictors to measure on --trace (comma list)")
-    p.add_argument("--epochs", type=int, default=3, help="training epochs for neural predictors (default 3)")
-    p.add_argument("--model", default=None, help="checkpoint for embeddings and forward timing: DIR, builtin, builtin-fine or none")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    _add_threads(p)
-    p.set_defaults(fn=cmd_advise)
+    from routecast.advise.cli import add_parser as add_advise_parser  # light: argparse only
+
+    add_advise_parser(sub)
+    sub.choices["advise"].set_defaults(fn=cmd_advise)
 
     p = sub.add_parser("predict", help="evaluate (eval) or fit and save (fit) routing predictors on a trace")
     p.add_argument("action", choices=("eval", "fit"), help="eval: score predictors causally; fit: train and save one")
@@ -429,45 +391,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out split: document (default; requests from one source document stay on one side; "
                         "falls back to request, with a note, on traces that record no documents), request, or "
                         "for fit: none (fit on the whole trace)")
-    p.add_argument("--train-fraction", type=float, default=0.8,
+    p.add_argument("--train-fraction", type=N.fraction(hi_open=True), default=0.8,
                    help="share of documents (or requests) to fit on (default 0.8)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs for ffn/lstm (default: preset)")
+    p.add_argument("--epochs", type=N.positive(10000), default=None, help="training epochs for ffn/lstm (default: preset)")
     p.add_argument("--train-extra", default=None, help="eval (one DIR), fit (DIR[,DIR...]): traces of the same model "
                    "on documents disjoint from the held-out ones (e.g. corpus:train), added to every predictor's training")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="eval: print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_overwrite(p, "fit: predictor.json and predictor.safetensors")
     _add_threads(p)
     p.set_defaults(fn=cmd_predict)
 
     p = sub.add_parser("place", help="expert placement: compare static EP, EPLB and PROBE on a trace")
-    p.add_argument("action", choices=("compare",), help="compare: per-step IR and simulated latency per method")
+    p.add_argument("action", choices=("compare", "export"), help="compare: per-step IR and simulated latency per "
+                   "method; export: a plan as SGLang JSON (see `routecast place export --help`)")
     p.add_argument("--trace", required=True, help="trace directory")
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks (default 8)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="expert-parallel ranks (default 8)")
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile (default h100-sxm)")
     p.add_argument("--model-profile", default=None, help="model profile for the cost model (default: by trace)")
-    p.add_argument("--shift-step", type=int, default=-1, help="report before/after this step (default: no shift)")
+    p.add_argument("--shift-step", type=N.integer(-1, 1 << 40), default=-1, help="report before/after this step (default: no shift)")
     p.add_argument("--out", default="out/place", help="output directory for the plot and JSON (default out/place)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    _add_overwrite(p, "throughput.png and summary.json")
     _add_threads(p)
     p.set_defaults(fn=cmd_place_compare)
 
     p = sub.add_parser("cache", help="expert caching: replay a trace through cache/prefetch policies")
     p.add_argument("action", choices=("replay",), help="replay: hit ratio, bytes moved, stall, gap to Belady per policy")
     p.add_argument("trace", help="trace directory")
-    p.add_argument("--budget", default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
+    p.add_argument("--budget", type=N.budget_text(), default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
     p.add_argument("--policies", default="lru,lfu,lfuda,arc,s3fifo,lirs,plec-correct,fc-evict,belady",
                    help="comma-separated: lru, lfu, lfuda, lru-layer, semoe, plec*, belady, arc, s3fifo, lirs, fc-evict, NAME+admit")
     p.add_argument("--score-all", action="store_true", help="score a --predictor folder from another trace on all rows")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
-    p.add_argument("--dense-us", type=float, default=0.0, help="non-expert time per layer before the router, µs (default 0)")
+    p.add_argument("--dense-us", type=N.real(0.0, 1e9), default=0.0, help="non-expert time per layer before the router, µs (default 0)")
     p.add_argument("--plec-fallback", choices=("lfu", "lru"), default="lfu",
                    help="how PLEC ranks experts with no predicted use left in the step (default lfu)")
-    p.add_argument("--plec-depth", type=int, default=1, help="layers ahead PLEC prefetches (default 1)")
-    p.add_argument("--train-fraction", type=float, default=0.8, help="share of requests the predictor is fitted on")
+    p.add_argument("--plec-depth", type=N.positive(1024), default=1, help="layers ahead PLEC prefetches (default 1)")
+    p.add_argument("--train-fraction", type=N.fraction(hi_open=True), default=0.8, help="share of requests the predictor is fitted on")
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 
@@ -477,9 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace directory")
     p.add_argument("--predictor", default="conditional-token",
                    help="paths from a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
-    p.add_argument("--budget", default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
+    p.add_argument("--budget", type=N.budget_text(), default="50%", help="cache budget for pricing the batches ('50%%', a count, or bytes)")
     p.add_argument("--policy", default="plec-correct", help="cache policy that prices the batches (default plec-correct)")
-    p.add_argument("--min-tokens", type=int, default=4, help="decode steps with fewer tokens stay one batch (default 4)")
+    p.add_argument("--min-tokens", type=N.nonneg(1 << 30), default=4, help="decode steps with fewer tokens stay one batch (default 4)")
     _add_replay_flags(p, "out/schedule/rebatch.json")
     cocluster_cli.add_cocluster_flags(p)
     p.set_defaults(fn=cmd_schedule)
@@ -507,9 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from routecast.serve.cli import add_parser as add_serve_sim  # parser + handler live in serve/
     add_serve_sim(sub)
-    return ap
+    return N.annotate_help(add_overwrite_flags(ap))
 
 
+NAME_RESOLVERS.append("routecast.sim.hardware:named_file")  # built-in model and shipped profile names
 _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 
 
@@ -522,7 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # These commands own their flags; forward everything after the name (argparse.REMAINDER drops --help).
         a = argparse.Namespace(cmd=argv[0], fn=_FORWARDED[argv[0]], args=argv[1:])
     else:
-        a = ap.parse_args(argv)
+        try:
+            a = ap.parse_args(argv)
+        except N.UsageError as e:  # one sentence, like every other refusal (not argparse's usage block)
+            print(f"{e.prog}: error: {e}", file=sys.stderr)
+            return 2
     try:
         return int(a.fn(a) or 0)
     except RoutecastError as e:

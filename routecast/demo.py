@@ -146,7 +146,14 @@ def section_serving(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
     return run(trace, out)
 
 
+def section_advise(trace: Trace, out: Path) -> tuple[Section, dict[str, Any]]:
+    from routecast.report.advise import section_advise as run
+
+    return run(trace, out)
+
+
 SECTIONS: list[tuple[str, SectionFn]] = [
+    ("advise", section_advise),  # the report opens with the verdict
     ("stats", section_stats),
     ("moegps", section_moegps),
     ("probe", section_probe),
@@ -190,7 +197,8 @@ def run_demo(
         origin = _capture_builtin(trace_dir, requests or DEFAULT_REQUESTS[model], seed, max_new_tokens, model)
     trace = read_trace(trace_dir)
     print(f"trace: {trace!r}")
-    sections = [Section("trace", "Trace", [paragraph(f"{origin['source']}: {trace!r}"), table([_trace_row(trace)])])]
+    trace_sec = Section("trace", "Trace", [paragraph(f"{origin['source']}: {trace!r}"), table([_trace_row(trace)])])
+    sections: list[Section] = []
     summary: dict[str, Any] = {"trace": {**origin, **_trace_row(trace)}}
     timings: dict[str, float] = {}
     for key, fn in SECTIONS:
@@ -198,6 +206,8 @@ def run_demo(
         sec, s = fn(trace, out)
         timings[key] = time.perf_counter() - t0
         sections.append(sec)
+        if key == "advise":  # the verdict first, then what it was computed on
+            sections.append(trace_sec)
         summary[key] = s
         print(f"[{key}] done in {timings[key]:.1f}s")
     summary["timings_s"] = {**timings, "total": time.perf_counter() - t_start}

@@ -31,7 +31,7 @@ if [ -z "$WHEEL" ]; then
     WHEEL="$(ls "$WHEEL_DIR"/gensim-4.4.0-*.whl | head -n 1)"
 fi
 
-ARGS=(build --out "$OUT_DIR" --gensim-wheel "$WHEEL")
+ARGS=(build --out "$OUT_DIR" --gensim-wheel "$WHEEL" --overwrite)
 if [ -n "$SAMPLE_DIR" ]; then
     ARGS+=(--sample-out "$SAMPLE_DIR")
 fi

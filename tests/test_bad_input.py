@@ -225,7 +225,7 @@ def test_pickle_only_model_is_refused_before_torch_load(ws, tmp_path, capsys, mo
     (t / "trace.json").write_text(json.dumps(meta))
     _clean_error(capsys, ["predict", "eval", str(t), "--predictors", "ffn", "--epochs", "1", "--quiet"],
                  "provenance field 'model'", "only pickle weights")
-    _clean_error(capsys, ["advise", "--model-profile", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "4",
+    _clean_error(capsys, ["advise", "--moe-gps", "--model-profile", "mixtral-8x7b", "--hardware", "h100-sxm", "--gpus", "4",
                           "--trace", str(t), "--predictors", "distribution"], "only pickle weights")
 
 

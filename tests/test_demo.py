@@ -13,8 +13,10 @@ def _check(out):
     for key, _ in SECTIONS:
         assert f'id="{key}"' in html, f"section {key} missing from the report"
     assert html.count("data:image/png;base64,") >= 2
+    assert html.index("<section ") == html.index('<section id="advise"'), "the report opens with the verdict"
     summary = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
     assert {k for k, _ in SECTIONS} <= set(summary) and summary["trace"]["tokens"] > 0
+    assert summary["advise"]["verdict"] and (out / "advise" / "verdict.json").is_file()
     return summary
 
 

@@ -236,7 +236,7 @@ class SlotCache:
 def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budget: int, *, per_layer: bool = False,
                  pred_SLE: np.ndarray | None = None, layer_ahead: bool = False, req_comp_s: np.ndarray | None = None,
                  dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1,
-                 keep_per_layer: int = 0) -> dict[str, Any]:
+                 keep_per_layer: int = 0, policy: str = "lru") -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -245,7 +245,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     Timing (only for the late count and the stall, never for a decision): each access spends dense_s before its
     router, each required expert req_comp_s (N,) seconds of compute; reads take xfer_s on one of `links` readers,
     demand loads and late prefetches first, then prefetches nearest layer first, as the runtime's loader threads.
-    depth, keep_per_layer: as SlotCache (the runtime's OffloadConfig.depth; top-k when it runs the fallback).
+    depth, keep_per_layer, policy: as SlotCache (the runtime's OffloadConfig; top-k when it runs the fallback).
     """
     import heapq
 
@@ -256,7 +256,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     if pred_SLE is not None and pred_SLE.shape != (S, L, E):
         raise ConfigError(f"forecast sets have shape {pred_SLE.shape}; expected ({S}, {L}, {E}).")
     comp = np.zeros(len(req_key)) if req_comp_s is None else np.asarray(req_comp_s, np.float64)
-    sc = SlotCache(L, E, budget, per_layer, depth, keep_per_layer)
+    sc = SlotCache(L, E, budget, per_layer, depth, keep_per_layer, policy)
     ready_t = np.zeros(L * E)  # when the current holder's read ends (inf: queued, not started)
     lid = np.zeros(L * E, np.int64)
     jobs: list[tuple[float, int, int, int, float]] = []  # (priority, seq, key, load id, issue time)

@@ -1,7 +1,19 @@
-"""Output paths: check them before any work, write files atomically with the user's umask, never clobber.
+"""Output paths: the one path every writing command goes through. Check before any work, write atomically with
+the user's umask, validate before the rename, never clobber, never touch what the run did not create.
 
-Every command that writes checks its output first (check_out_dir / check_out_file), so a wrong path
-costs one sentence and exit code 2 instead of a traceback after minutes of work. The rules:
+A command handler is wrapped by @writes("--out", ..., inputs=("trace", "--model", ...)): that opens a
+CommandIO for the run, records the real paths of its inputs, and every check_out_file / check_out_dir the run
+makes claims its output there. A claimed output is refused when it
+  - is a symbolic link (routecast never writes through one: rename replaces a link, it never follows it);
+  - is, lies inside, or contains an input of the command (compared as resolved real paths);
+  - names the same path as (or lies inside) another output of the same command;
+  - is an existing file and the command was not given --overwrite.
+write_atomic / write_json write a temp file created fresh beside the target (O_EXCL: never one that existed),
+fsync it, run the caller's validate(temp) and only then rename it over the target, so --overwrite never
+replaces a good file with a bad one. remove_own() and scratch_dir() delete and create only what this run made.
+After the handler returns, every declared output flag with a value must have been claimed (else a bug: a
+command that writes around this module); tests/common/test_outputs.py checks the declarations cover every
+output flag of every subcommand. The older rules, kept:
   - a directory output that exists and is not empty is refused unless the user passed --overwrite;
     even then routecast replaces only the files it writes (`owned`) and never deletes anything else;
   - an output whose parent is a regular file, that cannot be created or written (read-only place,
@@ -14,10 +26,16 @@ one-sentence ConfigError.
 
 from __future__ import annotations
 
+import contextvars
 import errno
+import functools
+import json
 import os
+import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from routecast.common.errors import ConfigError
 
@@ -77,13 +95,23 @@ def _probe(q: Path, flag: str, p: Path) -> None:
         raise os_error(e, flag, p) from None
 
 
+def _refuse_link(p: Path, flag: str) -> None:
+    if p.is_symlink():
+        raise ConfigError(f"{flag} {p} is a symbolic link (to {os.readlink(p)}); expected a plain path "
+                          "(routecast never writes through a link).")
+
+
 def check_out_file(path: str | os.PathLike, flag: str) -> Path:
     """A file output (a PNG, a TOML): not a directory, parents directories, writable. -> Path."""
     p = Path(path)
+    _refuse_link(p, flag)
     if str(path) == "" or p.is_dir():
         raise ConfigError(f"{flag} {str(path)!r} is a directory; expected a file path.")
     if p.exists() and not p.is_file():
         raise ConfigError(f"{flag} {p} is not a regular file (a device or a pipe); expected a file path.")
+    io = _ACTIVE.get()
+    if io is not None:
+        io.claim(flag, p, "file")
     if p.is_file() and not os.access(p, os.W_OK):
         raise ConfigError(f"{flag} {p} is not writable; expected a file routecast may replace.")
     _check_parent(p, flag, "file")
@@ -99,6 +127,10 @@ def check_out_dir(path: str | os.PathLike, flag: str, *, overwrite: bool,
     p = Path(path)
     if str(path) == "":
         raise ConfigError(f"{flag} is empty; expected a directory path.")
+    _refuse_link(p, flag)
+    io = _ACTIVE.get()
+    if io is not None:
+        io.claim(flag, p, "dir")
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {p} is a regular file (or a device); expected a directory path.")
     if not p.is_dir():
@@ -125,18 +157,311 @@ def names_matcher(names: Iterable[str], prefixes: Iterable[str] = ()) -> Callabl
     return lambda n: n in exact or n.startswith(pre)
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str, flag: str) -> Path:
-    """Write data to path via a temp file beside it, fsync, rename; mode per umask; errors as one sentence."""
+def write_atomic(path: str | os.PathLike, data: bytes | str, flag: str,
+                 validate: Callable[[Path], None] | None = None) -> Path:
+    """Write data to path: a fresh temp file beside it (O_EXCL), fsync, validate(temp) (raises to refuse), rename,
+    fsync the directory; mode per umask; errors as one sentence. Within a command, path must be claimed."""
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    io = _ACTIVE.get()
+    if io is not None:
+        io.require_claimed(p, flag)
+    if p.is_symlink():
+        raise ConfigError(f"{flag} {p} is a symbolic link; expected a plain path (routecast never writes through a link).")
+    tmp = None
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        fd, name = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        tmp = Path(name)
+        with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, p)
+        fix_mode(tmp)
+        if validate is not None:
+            validate(tmp)
+        os.replace(tmp, p)  # replaces a link that appeared meanwhile, never its target
+        tmp = None
+        _fsync_dir(p.parent)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise os_error(e, flag, p) from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     return p
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def check_json_value(obj: Any, where: str, flag: str) -> None:
+    """Refuse what JSON readers would misread: NaN/inf (not JSON), ints outside int64 (wrap in C readers)."""
+    stack = [(obj, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            continue
+        if isinstance(v, int):
+            if not INT64[0] <= v <= INT64[1]:
+                raise ConfigError(f"{flag}: {at} is {v}, outside int64; expected counts that fit 64-bit readers "
+                                  "(nothing was written).")
+        elif isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ConfigError(f"{flag}: {at} is {v}; expected finite numbers (nothing was written).")
+        elif isinstance(v, dict):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, list | tuple):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+
+
+def write_json(path: str | os.PathLike, obj: Any, flag: str, *, indent: int | None = 1, finite: bool = True,
+               validate: Callable[[Path], None] | None = None, default: Callable[[Any], Any] | None = None) -> Path:
+    """obj as JSON through write_atomic; numpy scalars/arrays become numbers/lists; with finite, NaN/inf and
+    ints beyond int64 are refused before anything is written."""
+    text = json.dumps(obj, indent=indent, default=default or _json_default)
+    if finite:
+        check_json_value(json.loads(text), Path(path).name, flag)
+    return write_atomic(path, text, flag, validate=validate)
+
+
+def _json_default(v: Any) -> Any:
+    import numpy as np
+
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, Path):
+        return str(v)
+    raise TypeError(f"{type(v).__name__} is not JSON serialisable")
+
+
+# ------------------------------------------------------------------ one command's inputs and outputs
+_ACTIVE: contextvars.ContextVar[CommandIO | None] = contextvars.ContextVar("routecast_command_io", default=None)
+# value -> path for names that stand for files (built-in model names): callables, or "module:function" strings
+# imported on first use (cli.py registers one without importing its stage at start-up)
+NAME_RESOLVERS: list[Callable[[str], Path | None] | str] = []
+
+
+def _resolve_name(v: str) -> list[Path]:
+    import importlib
+
+    out = []
+    for r in NAME_RESOLVERS:
+        if isinstance(r, str):
+            mod, fn = r.split(":")
+            r = getattr(importlib.import_module(mod), fn)
+        q = r(v)
+        if q is not None:
+            out.append(Path(q))
+    return out
+
+
+def _real(p: Path) -> Path:
+    """The real path of p, every link on the way resolved except p itself when p is a link (rename replaces a
+    link, so the link is what a write would touch); '..' is resolved after the links before it, as the OS does."""
+    p = Path(p)
+    if p.name in ("", ".", ".."):
+        return Path(os.path.realpath(p))
+    full = Path(os.path.realpath(p.parent)) / p.name
+    return full if full.is_symlink() else Path(os.path.realpath(full))
+
+
+def claim(path: str | os.PathLike, flag: str, kind: str = "file") -> Path:
+    """Claim path as an output of the running command (inputs, links, duplicates checked); no-op outside one."""
+    p = Path(path)
+    _refuse_link(p, flag)
+    io = _ACTIVE.get()
+    if io is not None:
+        io.claim(flag, p, kind)
+    return p
+
+
+@dataclass
+class CommandIO:
+    """The declared inputs and claimed outputs of one command run, and what the run created."""
+
+    cmd: str
+    overwrite: bool = False
+    inputs: list[tuple[str, Path, Path]] = field(default_factory=list)  # (flag, as given, real)
+    outputs: list[tuple[str, Path, Path, str]] = field(default_factory=list)  # (flag, as given, real, kind)
+    created: set[Path] = field(default_factory=set)
+
+    def input(self, flag: str, value: Any) -> None:
+        """Record an input: a path (or comma list of paths) that exists, or a name a resolver maps to one."""
+        if value is None or value is False or value == "":
+            return
+        for v in dict.fromkeys([str(value), *str(value).split(",")]):
+            v = v.strip()
+            if not v:
+                continue
+            paths = [Path(v)] if os.path.lexists(v) else _resolve_name(v)
+            for q in paths:
+                self.inputs.append((flag, Path(v), _real(q)))
+                if Path(q).is_symlink():
+                    self.inputs.append((flag, Path(v), Path(os.path.realpath(q))))
+
+    def claim(self, flag: str, p: Path, kind: str) -> Path:
+        """Check p as an output of kind 'file' or 'dir' against the rules (see the module doc) and record it."""
+        _refuse_link(p, flag)
+        real = _real(p)
+        for iflag, given, ireal in self.inputs:
+            rel = ("is" if real == ireal else "lies inside" if ireal in real.parents
+                   else "contains" if real in ireal.parents else None)
+            if rel:
+                raise ConfigError(f"{flag} {p} {rel} the input {iflag} {given}; expected an output path outside "
+                                  "every input of the command (the input would be overwritten).")
+        for oflag, given, oreal, _ in self.outputs:
+            if oreal == real and oflag == flag:
+                return p  # the same flag checked twice (a handler and its library)
+            if oreal == real or oreal in real.parents or real in oreal.parents:
+                raise ConfigError(f"{flag} {p} and {oflag} {given} name the same place; expected distinct outputs.")
+        if kind == "file" and not self.overwrite and p.is_file():
+            raise ConfigError(f"{flag} {p} exists; expected a new file (pass --overwrite to replace it).")
+        self.outputs.append((flag, p, real, kind))
+        return p
+
+    def claimed(self, flag: str) -> bool:
+        return any(f == flag for f, *_ in self.outputs)
+
+    def require_claimed(self, p: Path, flag: str) -> None:
+        """A write inside a command must land on, or inside, a claimed output."""
+        real = _real(p)
+        if not any(real == o or (k == "dir" and o in real.parents) or (k == "file" and real.parent == o.parent
+                   and real.name.startswith(f".{o.name}")) for _, _, o, k in self.outputs):
+            raise RuntimeError(f"routecast {self.cmd} wrote {p} ({flag}) without claiming it through "
+                               "routecast.common.outputs; every output must be checked first.")
+
+
+def current() -> CommandIO | None:
+    """The CommandIO of the running command (None outside one)."""
+    return _ACTIVE.get()
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def writes(*flags: str, inputs: Iterable[str] = ()) -> Callable:
+    """Decorator of a command handler fn(args) -> int: declares its output flags and its input flags (dest names
+    or --flags). Runs fn with a CommandIO active; after it returns, each declared output flag with a value must
+    have been claimed."""
+    ins = tuple(inputs)
+
+    def deco(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(a: Any) -> Any:
+            io = CommandIO(cmd=str(getattr(a, "cmd", fn.__name__)), overwrite=bool(getattr(a, "overwrite", False)))
+            for f in ins:
+                io.input(f, getattr(a, _dest(f), None))
+            token = _ACTIVE.set(io)
+            try:
+                rc = fn(a)
+            finally:
+                _ACTIVE.reset(token)
+            missing = [f for f in flags if getattr(a, _dest(f), None) not in (None, False)
+                       and not io.claimed(f) and f not in getattr(a, "_unclaimed_ok", ())]
+            if missing and not rc:
+                raise RuntimeError(f"routecast {io.cmd}: {', '.join(missing)} written without being claimed through "
+                                   "routecast.common.outputs (a bug).")
+            return rc
+
+        run.routecast_writes = flags  # type: ignore[attr-defined]
+        run.routecast_inputs = ins  # type: ignore[attr-defined]
+        return run
+
+    return deco
+
+
+def declare_inputs(a: Any, flags: Iterable[str]) -> None:
+    """Record a's values of flags as inputs of the running command (for handlers that parse their own flags)."""
+    io = _ACTIVE.get()
+    if io is not None:
+        for f in flags:
+            io.input(f, getattr(a, _dest(f), None))
+        io.overwrite = io.overwrite or bool(getattr(a, "overwrite", False))
+
+
+def add_overwrite_flags(parser: Any) -> Any:
+    """Give every subcommand whose handler declares outputs (@writes) an --overwrite flag if it lacks one."""
+    import argparse
+
+    stack = [parser]
+    while stack:
+        p = stack.pop()
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                stack.extend(dict.fromkeys(act.choices.values()))
+        fn = p._defaults.get("fn")
+        flags = getattr(fn, "routecast_writes", ())
+        if flags and "--overwrite" not in p._option_string_actions:
+            p.add_argument("--overwrite", action="store_true",
+                           help=f"replace existing output files ({', '.join(flags)}); without it they are refused")
+    return parser
+
+
+def scratch_dir(out: str | os.PathLike, flag: str) -> Path:
+    """A new, uniquely named folder beside out for a write to finish in (a folder that already exists there,
+    e.g. a user's .OUT.partial, is never reused or deleted). Recorded as created by this run."""
+    p = Path(out)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        d = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}.partial-"))
+    except OSError as e:
+        raise os_error(e, flag, p) from None
+    _CREATED.add(_real(d))
+    io = _ACTIVE.get()
+    if io is not None:
+        io.created.add(_real(d))
+    return d
+
+
+def own_file(path: str | os.PathLike, flag: str) -> Path:
+    """Create path exclusively (refused if anything is there) and record it as created by this run. -> path."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
+        os.close(fd)
+    except FileExistsError:
+        raise ConfigError(f"{flag}: {p} already exists; expected to create it (routecast never replaces a file "
+                          "it did not write; move it away).") from None
+    except OSError as e:
+        raise os_error(e, flag, p) from None
+    _CREATED.add(_real(p))
+    io = _ACTIVE.get()
+    if io is not None:
+        io.created.add(_real(p))
+    return p
+
+
+_CREATED: set[Path] = set()
+
+
+def remove_own(path: str | os.PathLike) -> None:
+    """Delete a file or folder this process created (own_file / scratch_dir); anything else is a bug."""
+    import shutil
+
+    p = Path(path)
+    real = _real(p)
+    io = _ACTIVE.get()
+    if real not in _CREATED and (io is None or real not in io.created):
+        raise RuntimeError(f"routecast would delete {p}, which this run did not create (a bug).")
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+    _CREATED.discard(real)
+    if io is not None:
+        io.created.discard(real)

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
 from routecast.models import sources
 
@@ -254,21 +255,42 @@ def load_corpus(split: str = "train", tasks: Sequence[str] | None = None,
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m routecast.models.corpus build --out DIR --gensim-wheel WHL [...]` -> exit code."""
-    p = argparse.ArgumentParser(prog="routecast corpus", description="Build the multi-domain text corpus.")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `routecast corpus`."""
+    p = N.Parser(prog="routecast corpus", description="Build the multi-domain text corpus.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="read the raw sources, split them, write the corpus (and the sample)")
     d = CorpusSources()
     b.add_argument("--out", required=True, help="output directory for the full corpus")
     b.add_argument("--gensim-wheel", required=True, help="path of the gensim 4.4.0 wheel (pip download --no-deps)")
     b.add_argument("--sample-out", default=None, help="also write the compact sample here (e.g. routecast/models/data)")
-    b.add_argument("--seed", type=int, default=0, help="seed of the document split (default 0)")
+    b.add_argument("--seed", type=N.seed(), default=0, help="seed of the document split (default 0)")
     b.add_argument("--code-dir", default=d.code_dir, help=f"CPython standard library (default {d.code_dir})")
     b.add_argument("--docs-dir", default=d.docs_dir, help=f"Python docs _sources (default {d.docs_dir})")
     b.add_argument("--austen-dir", default=d.austen_dir, help=f"janeaustenr data folder (default {d.austen_dir})")
     b.add_argument("--bible-file", default=d.bible_file, help=f"bible-kjv-text data file (default {d.bible_file})")
-    args = p.parse_args(argv)
+    b.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out / --sample-out, replacing the corpus files there")
+    return N.annotate_help(p)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m routecast.models.corpus build --out DIR --gensim-wheel WHL [...]` -> exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+    except N.UsageError as e:
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
+    from routecast.common.outputs import check_out_dir, declare_inputs
+
+    declare_inputs(args, ("--code-dir", "--docs-dir", "--austen-dir", "--bible-file", "--gensim-wheel"))
+    try:
+        for flag, d in (("--out", args.out), ("--sample-out", args.sample_out)):
+            if d is not None:
+                check_out_dir(d, flag, overwrite=args.overwrite)
+    except ConfigError as exc:
+        print(f"routecast corpus: error: {exc}", file=sys.stderr)
+        return 2
     src = CorpusSources(code_dir=args.code_dir, docs_dir=args.docs_dir, austen_dir=args.austen_dir,
                         bible_file=args.bible_file, gensim_wheel=args.gensim_wheel)
     try:

@@ -37,8 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
-from routecast.common.outputs import check_out_dir, fix_mode, names_matcher
+from routecast.common.outputs import check_out_dir, declare_inputs, fix_mode, names_matcher
 from routecast.models.builtin import check_checkpoint, load_model
 from routecast.models.corpus import SPLITS, Document, load_corpus, read_manifest
 from routecast.models.tokenizer import balanced_texts, load_tokenizer, train_tokenizer
@@ -419,17 +420,15 @@ def eval_per_domain(model_dir: str | Path, split: str = "val", *, root: str | Pa
             for t, s in sorted(streams.items())}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m routecast.models.train --out DIR [--minutes M] [--steps N] [--seed S] [--threads T] [--corpus DIR]`."""
-    import argparse
-    import sys
+def build_parser():
+    """The parser of `routecast train-builtin`."""
 
-    p = argparse.ArgumentParser(prog="routecast train-builtin", description="Train the built-in MoE model.")
+    p = N.Parser(prog="routecast train-builtin", description="Train the built-in MoE model.")
     p.add_argument("--out", required=True, help="output checkpoint directory (replaced atomically at the end)")
-    p.add_argument("--minutes", type=float, default=40.0, help="training wall time in minutes (default 40)")
-    p.add_argument("--steps", type=int, default=None, help="fixed number of steps (overrides --minutes; reproducible)")
-    p.add_argument("--seed", type=int, default=0, help="seed of init and data order (default 0)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on 2 shared cores)")
+    p.add_argument("--minutes", type=N.real(0.0, 1e6, lo_open=True), default=40.0, help="training wall time in minutes (default 40)")
+    p.add_argument("--steps", type=N.positive(10**9), default=None, help="fixed number of steps (overrides --minutes; reproducible)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="seed of init and data order (default 0)")
+    p.add_argument("--threads", type=N.threads(), default=1, help="torch threads (default 1: fastest on 2 shared cores)")
     p.add_argument("--corpus", default=None, help="corpus directory (default: the shipped sample)")
     p.add_argument("--tiny", action="store_true", help="use the test-sized preset (d64, BPE 1024, 100 steps)")
     p.add_argument("--arch", choices=ARCHES, default="mixtral",
@@ -438,7 +437,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="reuse this checkpoint's tokenizer (default for deepseek-v3: the built-in model's; else train one)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the checkpoint at a non-empty --out (refused if it holds other files)")
-    args = p.parse_args(argv)
+    return N.annotate_help(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m routecast.models.train --out DIR [--minutes M] [--steps N] [--seed S] [--threads T] [--corpus DIR]`."""
+    import sys
+
+    try:
+        args = build_parser().parse_args(argv)
+    except N.UsageError as e:
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
+    declare_inputs(args, ("--corpus", "--tokenizer"))  # --out may not be, hold or lie inside either
     if args.arch == "deepseek-v3":
         cfg = fine_config(**(_TINY_FINE if args.tiny else {}))
     else:

@@ -68,6 +68,8 @@ def sglang_counts(load_LE: Any, layer_ids: tuple[int, ...], num_model_layers: in
     a = np.asarray(load_LE)
     if a.ndim != 2 or a.shape[0] != len(layer_ids) or (a < 0).any() or not np.isfinite(a).all():
         raise ConfigError(f"loads have shape {a.shape}; expected ({len(layer_ids)}, experts) finite counts >= 0.")
+    if a.size and float(a.max()) >= 2.0**63:  # np.rint(...).astype(int64) would wrap to a negative count
+        raise ConfigError(f"loads hold a count of {float(a.max()):.3g}; expected counts below 2**63 (int64).")
     _check_layers(layer_ids, num_model_layers)
     out = np.zeros((num_model_layers, a.shape[1]), np.int64)
     out[list(layer_ids)] = np.rint(a).astype(np.int64)
@@ -95,10 +97,9 @@ def read_sglang_file(path: str | Path) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - torch raises many types for a corrupt or foreign file
             raise ConfigError(f"{p}: not a torch file SGLang wrote ({type(e).__name__}).") from None
     else:
-        try:
-            d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}).") from None
+        from routecast.common.schemas import read_json
+
+        d = read_json(p, "PLAN")
     if not isinstance(d, dict) or not ({"physical_to_logical_map", "logical_count"} & set(d)):
         raise ConfigError(f"{p}: holds neither physical_to_logical_map nor logical_count; expected a SGLang "
                           "--init-expert-location file or expert-distribution dump.")

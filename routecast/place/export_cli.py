@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
-from routecast.common.outputs import check_out_file, write_atomic
+from routecast.common.outputs import check_out_file, declare_inputs, write_atomic, writes
 from routecast.place.engines import (
     loads_from_sglang,
     model_num_layers,
@@ -27,21 +28,21 @@ from routecast.place.engines import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="routecast place export",
+    p = N.Parser(prog="routecast place export",
                                 description="write a placement plan as SGLang's --init-expert-location JSON")
     p.add_argument("plan", help="static | eplb | moe-gps (from --trace), or a SGLang .json/.pt to convert")
     p.add_argument("--format", choices=("sglang", "sglang-count"), default="sglang",
                    help="sglang: physical_to_logical_map [layers, physical experts]; sglang-count: logical_count "
                         "[layers, logical experts] (default sglang)")
     p.add_argument("--trace", default=None, help="trace whose spec (and counts) the plan is for")
-    p.add_argument("--ep", type=int, default=8, help="ranks (SGLang --ep-size) for a method plan (default 8)")
-    p.add_argument("--redundant", type=int, default=1, help="EPLB / MoE-GPS redundant slots per rank (default 1)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="ranks (SGLang --ep-size) for a method plan (default 8)")
+    p.add_argument("--redundant", type=N.nonneg(4096), default=1, help="EPLB / MoE-GPS redundant slots per rank (default 1)")
     p.add_argument("--model", default=None, help="checkpoint folder or built-in name, for num_hidden_layers "
                                                  "(default: the trace's model when it is built in)")
-    p.add_argument("--num-layers", type=int, default=None, help="the model's num_hidden_layers (instead of --model)")
+    p.add_argument("--num-layers", type=N.integer(1, 4096, why='layers of a model'), default=None, help="the model's num_hidden_layers (instead of --model)")
     p.add_argument("--out", required=True, help="output .json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    return p
+    return N.annotate_help(p)
 
 
 def _num_layers(a: argparse.Namespace, spec) -> int:
@@ -57,13 +58,12 @@ def _num_layers(a: argparse.Namespace, spec) -> int:
     return model_num_layers(builtin_path(model) if is_builtin_name(model) else model)
 
 
+@writes("--out")
 def run_export(a: argparse.Namespace) -> int:
     """Handler; a.args holds the arguments after `place export`."""
     a = build_parser().parse_args(a.args)
-    out = Path(a.out)
-    if out.exists() and not a.overwrite:
-        raise ConfigError(f"--out {out} exists; expected a new file (pass --overwrite to replace it).")
-    out = check_out_file(out, "--out")
+    declare_inputs(a, ("plan", "--trace", "--model"))
+    out = check_out_file(Path(a.out), "--out")  # refused when it exists (without --overwrite), is a link or an input
     spec = None
     if a.trace:
         from routecast.trace.io import read_trace
@@ -71,6 +71,9 @@ def run_export(a: argparse.Namespace) -> int:
         trace = read_trace(a.trace, verify=False)
         spec = trace.spec
     n_layers = _num_layers(a, spec)
+    if spec is not None and a.ep * a.redundant > spec.num_experts:
+        raise ConfigError(f"--redundant {a.redundant} x --ep {a.ep} = {a.ep * a.redundant} redundant slots for "
+                          f"{spec.num_experts} experts; expected at most one extra copy per expert ({spec.num_experts}).")
     src = Path(a.plan)
     if a.plan in ("static", "eplb", "moe-gps"):
         if spec is None:
@@ -93,22 +96,29 @@ def run_export(a: argparse.Namespace) -> int:
         raise ConfigError(f"PLAN {a.plan!r} is neither a method (static, eplb, moe-gps) nor a .json/.pt file{why}.")
     if a.format == "sglang":
         doc = sglang_mapping(plan, n_layers)
-        write_atomic(out, json.dumps(doc), "--out")
-        back = plan_from_sglang(out, layer_ids=plan.layer_ids, num_experts=plan.num_experts, num_ranks=plan.num_ranks)
-        same = bool(np.array_equal(back.slots_LS, plan.slots_LS))
+
+        def same_plan(tmp: Path) -> None:  # read back BEFORE the rename: a bad file never replaces a good one
+            back = plan_from_sglang(tmp, layer_ids=plan.layer_ids, num_experts=plan.num_experts, num_ranks=plan.num_ranks)
+            if not np.array_equal(back.slots_LS, plan.slots_LS):
+                raise ConfigError(f"--out {out}: the map read back differs from the plan; nothing was written.")
+
+        write_atomic(out, json.dumps(doc), "--out", validate=same_plan)
         S = plan.num_slots
         print(f"wrote {out}: physical_to_logical_map [{n_layers} layers, {S} physical experts], MoE layers "
-              f"{list(plan.layer_ids)}; read back: {'identical' if same else 'DIFFERENT'}")
+              f"{list(plan.layer_ids)}; read back: identical")
         print(f"SGLang: --init-expert-location {out} --ep-size {plan.num_ranks} "
               f"--ep-num-redundant-experts {S - plan.num_experts}")
-        return 0 if same else 1
+        return 0
     if loads is None:
         loads = trace.counts_LE()
     ids = tuple(spec.layer_ids)
     doc = sglang_counts(loads, ids, n_layers)
-    write_atomic(out, json.dumps(doc), "--out")
-    back = loads_from_sglang(out, layer_ids=ids, num_experts=spec.num_experts)
-    same = bool(np.array_equal(back, np.rint(loads)))
-    print(f"wrote {out}: logical_count [{n_layers} layers, {spec.num_experts} logical experts]; read back: "
-          f"{'identical' if same else 'DIFFERENT'}")
-    return 0 if same else 1
+
+    def same_loads(tmp: Path) -> None:
+        back = loads_from_sglang(tmp, layer_ids=ids, num_experts=spec.num_experts)
+        if not np.array_equal(back, np.rint(loads)):
+            raise ConfigError(f"--out {out}: the counts read back differ from the loads; nothing was written.")
+
+    write_atomic(out, json.dumps(doc), "--out", validate=same_loads)
+    print(f"wrote {out}: logical_count [{n_layers} layers, {spec.num_experts} logical experts]; read back: identical")
+    return 0

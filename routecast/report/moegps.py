@@ -18,10 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
-from routecast.common.errors import ConfigError
-from routecast.report.html import Section, figure, paragraph, table
-from routecast.report.plots import save_figure
-from routecast.sim.advisor import (
+from routecast.advise.moegps import (
     FIG7_GBPS,
     PARTS,
     Grid,
@@ -31,6 +28,9 @@ from routecast.sim.advisor import (
     sweep,
     trace_skewness,
 )
+from routecast.common.errors import ConfigError
+from routecast.report.html import Section, figure, paragraph, table
+from routecast.report.plots import save_figure
 from routecast.sim.fits import (
     FIG4_ESTIMATE,
     ExponentialFit,

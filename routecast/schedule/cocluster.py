@@ -79,26 +79,45 @@ class CoclusterPlan:
         })
 
 
+def _plan_schema():
+
+    from pydantic import Field
+
+    from routecast.common.schemas import Finite, Strict
+
+    class PlanFile(Strict):
+        """a plan written by `routecast schedule cocluster`: version, method, ep, beta, fit_s, meta and tables"""
+
+        version: int
+        method: str = ""
+        ep: int = Field(ge=1, le=4096)
+        beta: Finite = Field(default=1.1, ge=1.0)
+        fit_s: list[Finite] = []
+        meta: dict[str, Any] = {}
+        expert_group_LE: list[list[Any]] = Field(min_length=1)
+        token_keys_U: list[Any]
+        token_group_LU: list[list[Any]]
+        token_conf_LU: list[list[Any]]
+
+    return PlanFile
+
+
 def read_plan(path: str | Path, flag: str = "--plan") -> CoclusterPlan:
     """A plan file written by `routecast schedule cocluster`, checked: ConfigError naming the field (and
     `flag`, the option that named the file) otherwise."""
+    from routecast.common.schemas import float_array, int_array, parse, read_json
+
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{flag} {p}: no such file; expected a plan written by `routecast schedule cocluster`.") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{flag} {p}: not a readable JSON plan ({e}); expected a `routecast schedule cocluster` plan.") from None
-    if not isinstance(d, dict) or d.get("version") != PLAN_VERSION:
-        raise ConfigError(f"{flag} {p}: version {d.get('version') if isinstance(d, dict) else None!r}; expected {PLAN_VERSION}.")
-    try:
-        ep = int(d["ep"])
-        eg = np.asarray(d["expert_group_LE"], np.int64)
-        keys = np.asarray(d["token_keys_U"], np.int64).reshape(-1)
-        tg = np.asarray(d["token_group_LU"], np.int64).reshape(eg.shape[0], keys.size)
-        tc = np.asarray(d["token_conf_LU"], np.float64).reshape(tg.shape)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"{flag} {p}: field {e} is missing or malformed; expected a `routecast schedule cocluster` plan.") from None
+    doc = read_json(p, flag, "a plan written by `routecast schedule cocluster`")
+    if not isinstance(doc, dict) or doc.get("version") != PLAN_VERSION:
+        raise ConfigError(f"{flag} {p}: version {doc.get('version') if isinstance(doc, dict) else None!r}; expected {PLAN_VERSION}.")
+    d = parse(_plan_schema(), doc, p, flag)
+    ep = d.ep
+    eg = int_array(d.expert_group_LE, "expert_group_LE", p, flag, ndim=2, lo=0, hi=ep - 1)
+    keys = int_array(d.token_keys_U, "token_keys_U", p, flag, ndim=1, lo=0, nonempty=False)
+    tg = int_array(d.token_group_LU, "token_group_LU", p, flag, ndim=2, lo=0, hi=ep - 1,
+                   shape=(eg.shape[0], keys.size), nonempty=False)
+    tc = float_array(d.token_conf_LU, "token_conf_LU", p, flag, ndim=2, lo=0.0, hi=1.0, shape=tg.shape)
     L, E = eg.shape if eg.ndim == 2 else (0, 0)
     if eg.ndim != 2 or ep < 1 or E % ep:
         raise ConfigError(f"{flag} {p}: expert_group_LE has shape {eg.shape} for ep {ep}; expected (L, E) with E divisible by ep.")
@@ -106,9 +125,9 @@ def read_plan(path: str | Path, flag: str = "--plan") -> CoclusterPlan:
         raise ConfigError(f"{flag} {p}: expert_group_LE does not put exactly {E // ep} experts on each of {ep} ranks per layer.")
     if keys.size and (np.any(np.diff(keys) <= 0) or tg.min() < 0 or tg.max() >= ep or not np.isfinite(tc).all()):
         raise ConfigError(f"{flag} {p}: token tables are unsorted or hold a rank outside 0..{ep - 1}; expected a valid plan.")
-    return CoclusterPlan(method=str(d.get("method", "")), ep=ep, expert_group_LE=eg.astype(np.int32),
+    return CoclusterPlan(method=d.method, ep=ep, expert_group_LE=eg.astype(np.int32),
                          token_keys_U=keys, token_group_LU=tg.astype(np.int32), token_conf_LU=tc.astype(np.float32),
-                         beta=float(d.get("beta", 1.1)), fit_s=tuple(d.get("fit_s", ())), meta=dict(d.get("meta", {})))
+                         beta=d.beta, fit_s=tuple(d.fit_s), meta=dict(d.meta))
 
 
 # ------------------------------------------------------------------------------------------ affinity

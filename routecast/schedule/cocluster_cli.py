@@ -12,6 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from routecast.common import numbers as N
+from routecast.common.outputs import writes
+
 METHOD_HELP = ("auto (the best of smoe, metis, kmeans, hypergraph on a validation part of the training documents), "
                "smoe, metis, kmeans, hypergraph, random, sts (token shuffling only), none (plain EP)")
 # Training tokens a plan is fitted on at most (a seeded sample of whole requests beyond): their routing is
@@ -24,18 +27,18 @@ MAX_REBATCH_TOKENS = 32768
 
 def add_cocluster_flags(p: argparse.ArgumentParser) -> None:
     """Flags of `routecast schedule cocluster` (the `schedule` parser is shared with `rebatch`)."""
-    p.add_argument("--ep", type=int, default=8, help="cocluster: EP ranks = co-clusters (default 8)")
+    p.add_argument("--ep", type=N.positive(4096), default=8, help="cocluster: EP ranks = co-clusters (default 8)")
     p.add_argument("--method", default="auto", help=f"cocluster: one of {METHOD_HELP} (default auto)")
     p.add_argument("--score", default=None, metavar="PLAN",
                    help="cocluster: score this saved plan on every token of the trace (LAR, all-to-all bytes, "
                         "imbalance) beside plain EP; fits nothing")
     p.add_argument("--plan", default=None, help="cocluster: plan file to write (default: next to --out, *-plan.json)")
-    p.add_argument("--beta", type=float, default=1.1, help="cocluster: token-load bound, x mean (the paper's 1.1)")
-    p.add_argument("--rho", type=float, default=0.2, help="cocluster smoe: elite share per iteration (the paper's 0.2)")
+    p.add_argument("--beta", type=N.real(1.0, 1e6), default=1.1, help="cocluster: token-load bound, x mean (the paper's 1.1)")
+    p.add_argument("--rho", type=N.real(0.0, 1.0, lo_open=True), default=0.2, help="cocluster smoe: elite share per iteration (the paper's 0.2)")
     p.add_argument("--respect-groups", action="store_true",
                    help="cocluster: place whole router groups (needed to permute a grouped-router checkpoint)")
     p.add_argument("--in-sample", action="store_true", help="cocluster: fit on the whole trace (no held-out split)")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--max-tokens", type=N.nonneg(1 << 40), default=None,
                    help=f"bounds memory on large traces (0 = no cap): cocluster fits on a seeded sample of whole "
                         f"training requests of at most this many tokens (default {MAX_FIT_TOKENS}); rebatch fits on "
                         f"such a sample and re-batches the held-out tokens of the first steps up to it "
@@ -142,6 +145,10 @@ def score_main(a: argparse.Namespace) -> int:
     from routecast.trace.io import read_trace
 
     out = a.out if a.out != "out/schedule/rebatch.json" else "out/schedule/cocluster-score.json"
+    if a.plan is not None:
+        from routecast.common.errors import ConfigError
+
+        raise ConfigError(f"--plan {a.plan} is written by a fit and --score fits nothing; expected one of the two.")
     check_out_file(out, "--out")
     plan = read_plan(a.score, "--score")
     trace = read_trace(a.trace, load_hidden=False, load_logits=False)
@@ -173,6 +180,7 @@ def add_permute_parser(sub: Any) -> None:
     p.set_defaults(fn=permute_main)
 
 
+@writes("--out", inputs=("--model", "--plan"))
 def permute_main(a: argparse.Namespace) -> int:
     from routecast.schedule.cocluster import read_plan
     from routecast.schedule.permute import permute_checkpoint

@@ -121,9 +121,9 @@ def permute_checkpoint(model_dir: str | Path, perm_LE: np.ndarray, out_dir: str 
         raise ConfigError(f"--model {model_dir}: could not be loaded by transformers ({e}); expected a "
                           "safetensors checkpoint of a supported MoE architecture.") from None
     permute_model(model, perm_LE)
-    tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    from routecast.common.outputs import remove_own, scratch_dir
+
+    tmp = scratch_dir(out, "--out")  # a new folder: a .OUT.partial that already exists is never touched
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         for f in Path(src).iterdir():  # tokenizer, generation config, training notes: everything but weights
@@ -132,7 +132,8 @@ def permute_checkpoint(model_dir: str | Path, perm_LE: np.ndarray, out_dir: str 
         out.mkdir(parents=True, exist_ok=True)
         for f in tmp.iterdir():
             f.replace(out / f.name)
-        tmp.rmdir()
     except OSError as e:
         raise os_error(e, "--out", out) from None
+    finally:
+        remove_own(tmp)
     return out

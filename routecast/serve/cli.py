@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
+from routecast.common.outputs import writes
 from routecast.serve.engine import MISS_MODES, EngineConfig
 from routecast.serve.loop import SLO, parse_slo
 from routecast.serve.sched import SCHEDULERS
@@ -76,33 +78,34 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--hardware", default="h100-sxm", help="hardware profile name or .toml (default h100-sxm)")
     p.add_argument("--scheduler", default="emoe",
                    help=f"one or more of {','.join(SCHEDULERS)}, comma-separated (default emoe)")
-    p.add_argument("--rate", type=float, default=None, help="arrival rate in requests/s (default 8)")
+    p.add_argument("--rate", type=N.real(MIN_RATE, 1e9), default=None, help="arrival rate in requests/s (default 8)")
     p.add_argument("--rates", default=None, help="sweep: comma-separated rates (replaces --rate)")
-    p.add_argument("--requests", type=int, default=1000, help="simulated requests per run (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals, lengths and routing draws (default 0)")
+    p.add_argument("--requests", type=N.count_by_memory(4096, what='requests'), default=1000, help="simulated requests per run (default 1000)")
+    p.add_argument("--seed", type=N.seed(), default=0, help="seed of the arrivals, lengths and routing draws (default 0)")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="arrival process (default poisson)")
-    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of gamma gaps (default 1)")
+    p.add_argument("--cv", type=N.real(0.01, 100.0), default=1.0, help="coefficient of variation of gamma gaps (default 1)")
     p.add_argument("--trace", default=None, help="replay a trace's requests (lengths, order) scaled to each rate")
     p.add_argument("--slo-ttft", default="5x", help="TTFT SLO: seconds or a multiple of the idle latency (default 5x)")
     p.add_argument("--slo-tpot", default="5x", help="TPOT SLO: seconds or a multiple of the idle latency (default 5x)")
-    p.add_argument("--budget", default="100%", help="resident share of each layer's experts (default 100%%)")
+    p.add_argument("--budget", type=N.budget_text(allow_bytes=False), default="100%", help="resident share of each layer's experts (default 100%%)")
     p.add_argument("--miss", choices=MISS_MODES, default="fallback",
                    help="a token whose expert is not resident: fallback (eMoE) or load it on demand (default fallback)")
-    p.add_argument("--period", type=int, default=40, help="eMoE reloads the predicted experts every P prompts (default 40)")
-    p.add_argument("--lar", type=float, default=None, help="local activation rate of the all-to-all (default 1/G)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs of the engine (default: smallest power of two that fits)")
+    p.add_argument("--period", type=N.positive(1 << 20), default=40, help="eMoE reloads the predicted experts every P prompts (default 40)")
+    p.add_argument("--lar", type=N.real(0.0, 1.0), default=None, help="local activation rate of the all-to-all (default 1/G)")
+    p.add_argument("--gpus", type=N.positive(1 << 16), default=None, help="GPUs of the engine (default: smallest power of two that fits)")
     p.add_argument("--link", choices=("nvlink", "pcie"), default="nvlink", help="GPU-GPU link (default nvlink)")
-    p.add_argument("--link-gbps", type=float, default=None,
+    p.add_argument("--link-gbps", type=N.real(0.0, 1e6, lo_open=True), default=None,
                    help="override the link's per-direction bandwidth in GB/s (e.g. 20.8: a UPI hop)")
-    p.add_argument("--skewness", type=float, default=1.4, help="hot expert load / mean (MoE-GPS; default 1.4)")
-    p.add_argument("--max-seqs", type=int, default=256, help="running sequences at most (default 256)")
-    p.add_argument("--token-budget", type=int, default=4096, help="tokens per step at most (default 4096)")
-    p.add_argument("--slo-target", type=float, default=0.9, help="attainment for throughput under SLO (default 0.9)")
+    p.add_argument("--skewness", type=N.real(1.0, 1e4), default=1.4, help="hot expert load / mean (MoE-GPS; default 1.4)")
+    p.add_argument("--max-seqs", type=N.positive(1 << 20), default=256, help="running sequences at most (default 256)")
+    p.add_argument("--token-budget", type=N.positive(1 << 24), default=4096, help="tokens per step at most (default 4096)")
+    p.add_argument("--slo-target", type=N.fraction(), default=0.9, help="attainment for throughput under SLO (default 0.9)")
     p.add_argument("--out", default="out/serve_sim.json", help="JSON output (default out/serve_sim.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=serve_sim_main)
 
 
+@writes("--out", inputs=("--model-profile", "--hardware", "--trace"))
 def serve_sim_main(a: argparse.Namespace) -> int:
     from routecast.common.outputs import check_out_file, write_atomic
 

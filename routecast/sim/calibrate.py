@@ -517,8 +517,7 @@ def calibrate(
         "overhead.activation_ns": f"gather + SiLU x up + scale + scatter-add per value, {H}x{I_}, 16 vs 1024 tokens",
         "overhead.expert_call_us": f"one-token call of a {plan.floor_shape[0]}x{plan.floor_shape[1]} expert (weights ~0 bytes), {how}",
     }
-    out_toml.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_toml.with_suffix(".toml.tmp")
-    tmp.write_text(hw.to_toml(notes))
-    os.replace(tmp, out_toml)
+    from routecast.common.outputs import write_atomic
+
+    write_atomic(out_toml, hw.to_toml(notes), "--out")
     return load_hardware(out_toml)

@@ -376,10 +376,9 @@ def save_measurement(measurement: PredictorMeasurement, skewness: float, path: s
     """Write a measurement and the trace's skewness as JSON (info: trace, command, machine, ...). Returns path."""
     doc = {"format": MEASUREMENT_FORMAT, "version": 1, "skewness": float(skewness), **info,
            "measurement": measurement.as_dict()}
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(doc, indent=1) + "\n")
-    return p
+    from routecast.common.outputs import write_atomic
+
+    return write_atomic(Path(path), json.dumps(doc, indent=1) + "\n", "--save-reference")
 
 
 def load_measurement(path: str | Path = REFERENCE_FILE) -> tuple[PredictorMeasurement, float, dict[str, Any]]:

@@ -24,7 +24,6 @@ Schema (units in the file; `Hardware` holds SI units: FLOP/s, bytes/s, bytes, se
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,11 +218,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
 
 def read_profile_toml(path: Path, schema: int) -> _Reader:
     """Parse a profile TOML and check its schema version; errors name the file (and field)."""
-    try:
-        with path.open("rb") as f:
-            doc = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e}).") from None
+    from routecast.common.schemas import read_toml
+
+    doc = read_toml(path, "profile", "a routecast profile TOML")  # binary, bad UTF-8, bad TOML: one sentence
     r = _Reader(doc, path)
     if r.number("schema", integer=True) != schema:
         raise ConfigError(f"{path}: field 'schema' is {doc.get('schema')!r}; expected {schema}.")
@@ -342,3 +339,16 @@ def capacity_note(model: Any, hw: Hardware, ranks: int) -> str | None:
             f"({need / 1e9:.1f} GB of weights), more than {hw.name}'s {hw.mem_capacity / 1e9:.1f} GB; priced as if "
             "they fit (no offloading is modelled)")
 
+
+def named_file(name: str) -> Path | None:
+    """The file or folder a name stands for on a command line (a built-in model, a shipped hardware, model or
+    link profile), so an output can be refused when it would overwrite it; None for other names."""
+    from routecast.models.builtin import builtin_path, is_builtin_name
+
+    if is_builtin_name(name):
+        return Path(builtin_path(name))
+    for kind in ("hardware", "models", "links"):
+        q = Path(__file__).parent / kind / f"{name}.toml"
+        if q.is_file():
+            return q
+    return None

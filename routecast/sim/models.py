@@ -13,7 +13,6 @@ sliding_window, sliding_fraction, q_lora_rank, kv_lora_rank, qk_nope_head_dim, q
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,12 +235,9 @@ def model_profile_from_hf_config(path: str | Path) -> ModelProfile:
     """Build a ModelProfile from a Hugging Face config.json (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, OLMoE,
     GPT-OSS, Switch Transformers, and other configs with the common MoE keys)."""
     path = Path(path)
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"HF config {str(path)!r} does not exist; expected a config.json file.") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e}); expected an HF config.json.") from None
+    from routecast.common.schemas import read_json
+
+    cfg = read_json(path, "HF config", "an HF config.json")
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: holds a {type(cfg).__name__}; expected a JSON object (an HF config.json).")
     mtype = str(cfg.get("model_type", ""))

@@ -143,3 +143,45 @@ def check_nonneg(col: np.ndarray, name: str, where: str, lo: int = 0) -> None:
     if col.size and int(col.min()) < lo:
         t = int(np.argmax(col < lo))
         raise TraceError(f"{where}: token column '{name}' holds {int(col[t])} (row {t}); expected >= {lo}.")
+
+
+def value_problems(e: Any, w: Any, num_experts: int, floats: dict[str, Any] | None = None) -> list[dict]:
+    """Every kind of bad routing value in one shard, for `routecast inspect` (the readers stop at the first).
+
+    e: experts_TLK int16 (T, L, K); w: weights_TLK float (T, L, K); floats: name -> float array (T, ...)
+    (logits_TLE, hidden_TLH) checked for NaN/inf. -> [{kind, field, rows, first_row, layer, value}], one
+    entry per kind found: kind 'out-of-range' (id outside -1..E-1), 'duplicate' (an id twice in one
+    token's top-k), 'non-finite' (NaN or inf), 'negative' (weight < 0). Chunked like the checks above.
+    """
+    found: dict[tuple[str, str], dict] = {}
+
+    def note(kind: str, field: str, bad_TX: np.ndarray, a: int, vals: np.ndarray) -> None:
+        rows = np.flatnonzero(bad_TX.reshape(bad_TX.shape[0], -1).any(axis=1))
+        if not rows.size:
+            return
+        r = found.setdefault((kind, field), {"kind": kind, "field": field, "rows": 0, "first_row": None})
+        r["rows"] += int(rows.size)
+        if r["first_row"] is None:
+            idx = np.argwhere(bad_TX[rows[0]])[0]
+            v = vals[rows[0]][tuple(idx)]
+            r.update(first_row=a + int(rows[0]), layer=int(idx[0]) if bad_TX.ndim > 2 else None,
+                     value=float(v) if v.dtype.kind == "f" else int(v))
+
+    K = e.shape[2]
+    step = _rows_per_chunk(e)
+    for a in range(0, e.shape[0], step):
+        ce = np.asarray(e[a : a + step])
+        note("out-of-range", "experts_TLK", (ce < -1) | (ce >= num_experts), a, ce)
+        if K > 1:
+            s = np.sort(ce, axis=-1)
+            dup = np.zeros(ce.shape, bool)
+            dup[..., 1:] = (s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)
+            note("duplicate", "experts_TLK", dup, a, s)
+        cw = np.asarray(w[a : a + step])
+        note("non-finite", "weights_TLK", ~np.isfinite(cw), a, cw)
+        note("negative", "weights_TLK", cw < 0, a, cw)
+    for name, x in (floats or {}).items():
+        for a in range(0, x.shape[0], _rows_per_chunk(x)):
+            c = np.asarray(x[a : a + _rows_per_chunk(x)])
+            note("non-finite", name, ~np.isfinite(c), a, c)
+    return list(found.values())

@@ -97,9 +97,9 @@ def check_trace_out(path: str | os.PathLike, *, overwrite: bool = False, resume:
     place, a non-empty directory without overwrite (or resume of a trace), and with overwrite a directory
     holding files a TraceWriter did not write (replacing it would delete them). -> Path.
     """
-    from routecast.common.outputs import check_out_dir
+    from routecast.common.outputs import check_out_dir, claim
 
-    p = Path(path)
+    p = claim(path, flag, "dir")  # inputs, links, duplicates: before the resume shortcuts below
     partial = p.with_name(f".{p.name}.partial")
     if resume and partial.is_dir():
         return p  # an interrupted overwrite: the writer continues it
@@ -247,7 +247,8 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
     mmap=False reads every shard into writable memory (one array per tensor).
     verify=True checks each shard's CRC-32 against trace.json (when recorded) as it is first read: one
     extra pass over the bytes at ~1 GB/s (benchmarks/stats_throughput.py states the cost). The value
-    checks (id ranges, finite weights) always run. load_hidden / load_logits=False leave hidden_TLH /
+    checks (id ranges, distinct top-k, finite weights, logits and hidden) always run on every shard read,
+    whether or not its CRC matches (benchmarks/trace_checks.py states their cost). load_hidden / load_logits=False leave hidden_TLH /
     logits_TLE None (their bytes are never read). Every defect raises a TraceError naming the file and field.
     """
     d = _trace_dir(path)
@@ -273,9 +274,9 @@ def read_trace(path: str | os.PathLike, *, mmap: bool = True, load_hidden: bool 
     def check(i: int, arrays: dict, raw: np.ndarray) -> None:
         f = d / shards[i]["file"]
         want = shards[i].get("crc32") if verify else None
-        if want is not None and crc32_of(raw) == want:
-            return  # the bytes TraceWriter committed after Trace.validate passed on them: the value checks hold
-        # value checks first: an id out of range says more than a checksum mismatch
+        # The value checks run whatever the checksum says: a CRC that matches proves the bytes are the ones
+        # trace.json describes, not that they are valid (trace.json can be edited along with a shard).
+        # They run first: an id out of range says more than a checksum mismatch.
         Trace.validate(SimpleNamespace(spec=spec, tokens=make_columns(shards[i]["rows"]), task_names=(),
                                        source_names=(), **{k: arrays.get(k) for k in _ROUTING}), where=str(f))
         check_crc(f, raw, want)
@@ -416,6 +417,9 @@ class TraceWriter:
             raise TraceError(f"{p}: holds {foreign[0]!r}, which is not part of a routecast trace; expected a "
                              "trace directory to overwrite (move the file away: --overwrite never deletes "
                              "files routecast did not write).")
+        if partial.is_dir() and any(not is_trace_file(q.name) for q in partial.iterdir()):
+            raise TraceError(f"{partial} holds files that are not part of a routecast trace; expected it to be a "
+                             "trace writer's own unfinished work (move it away: routecast never deletes it).")
         shutil.rmtree(partial, ignore_errors=True)
         return partial
 

@@ -6,11 +6,11 @@ at a time: moving to another shard drops the previous mapping (munmap releases i
 scan's resident memory is bounded by the largest shard, not by the trace, and so is its address space
 (a cap below the trace's size is enough: tests/trace/test_lazy.py reads under RLIMIT_AS).
 
-Each shard is checked the first time it is mapped: its CRC-32 against trace.json (when recorded and
-verify=True) and otherwise the value checks of Trace.validate (expert id range, finite weights, ...): bytes
-whose CRC matches are the ones TraceWriter committed after validating them, and a mismatch runs the value
-checks first (their message is more precise). A corrupt shard raises a TraceError naming its file when a
-scan reaches it. Slices inside one shard are views;
+Each shard is checked the first time it is mapped: the value checks of Trace.validate (expert id range,
+distinct top-k, finite weights, logits and hidden) always, then its CRC-32 against trace.json (when
+recorded and verify=True). A matching CRC does not skip the value checks: it proves the bytes are those
+trace.json describes, and trace.json can be edited along with the shard. A corrupt shard raises a
+TraceError naming its file when a scan reaches it. Slices inside one shard are views;
 slices across shards and index gathers are copies of only the rows asked for. Anything else (np.asarray,
 arithmetic, reductions) materialises the whole tensor: it works for traces that fit in memory and fails loudly
 under a memory cap. MATERIALISED counts every whole read, whatever its spelling: a materialisation, and any

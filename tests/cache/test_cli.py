@@ -41,7 +41,7 @@ def test_bad_input_is_one_line_exit_2(small, tmp_path, capsys):
     for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"), (["--budget", "150%"], "1..24"),
                        (["--budget", "nan"], "--budget"), (["--policies", "lru,nosuch"], "nosuch"), (["--policies", ","], "--policies"),
                        (["--predictor", "nosuch"], "--predictor"), (["--hardware", "nosuch"], "hardware"),
-                       (["--dense-us", "nan"], "dense_us is nan"), (["--expert-bytes", "-5"], "--expert-bytes is -5"),
+                       (["--dense-us", "nan"], "--dense-us is nan"), (["--expert-bytes", "-5"], "--expert-bytes is -5"),
                        (["--policies", "lru", "--train-fraction", "1.5"], "--train-fraction is 1.5")):
         assert main(["cache", "replay", str(d), "--quiet", "--out", str(tmp_path / "x.json"), *args]) == 2
         err = capsys.readouterr().err.strip()

@@ -88,4 +88,4 @@ def test_rebatch_max_tokens_fits_a_sample_and_rebatches_a_window_of_whole_steps(
     assert res["test_tokens"] == 48 and res["max_tokens"] == 50
     assert "first 6 of 10 steps (48 of 80 tokens; --max-tokens 50)" in text
     assert "fitted on a seeded sample of 50 of 320 training tokens (5 whole requests" in text
-    assert main([*args, "--max-tokens", "0"]) == 0 and json.loads(out.read_text())["settings"]["test_tokens"] == 80
+    assert main([*args, "--max-tokens", "0", "--overwrite"]) == 0 and json.loads(out.read_text())["settings"]["test_tokens"] == 80

@@ -113,7 +113,7 @@ def test_from_hf_deepseek_and_switch_configs(tmp_path):
 
 
 def test_from_hf_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="no such file"):
         model_profile_from_hf_config(tmp_path / "none.json")
     p = _write(tmp_path, {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2})
     with pytest.raises(ConfigError) as e:

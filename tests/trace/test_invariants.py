@@ -240,7 +240,7 @@ def test_import_refuses_id_beyond_the_given_num_experts(tmp_path, capsys):
 def test_import_refuses_an_absurd_num_experts_before_reading(tmp_path, capsys):
     src = _log(tmp_path / "log.jsonl")
     _one_sentence_exit_2(capsys, ["import", str(src), "--out", str(tmp_path / "o"), "--num-experts", str(10**12)],
-                         "--num-experts is 1000000000000; expected at most 32768")
+                         "--num-experts is 1000000000000; expected an integer in [1, 32768]")
 
 
 def _gz_variants(tmp_path: Path) -> dict[str, Path]:

@@ -13,19 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from routecast.common import numbers as N
 from routecast.common.errors import ConfigError
-
-
-def _positive(kind: type, what: str):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a number") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{what} {text!r} must be positive")
-        return v
-    return parse
+from routecast.common.outputs import writes
 
 
 def add_parser(sub: Any) -> None:
@@ -34,26 +24,26 @@ def add_parser(sub: Any) -> None:
     p.add_argument("action", choices=("profile", "quality"),
                    help="profile: sensitivity table per task; quality: perplexity vs resident-expert budget")
     p.add_argument("--model", default="builtin-fine", help="'builtin', 'builtin-fine' or an HF MoE folder (default builtin-fine)")
-    p.add_argument("--budget", default="50%",
+    p.add_argument("--budget", type=N.budget_text(allow_list=True, allow_bytes=False), default="50%",
                    help="quality: share of each MoE layer's experts kept resident, e.g. 50%% (comma list allowed)")
     p.add_argument("--residency", default="emoe,random,lru,oracle",
                    help="quality: comma-separated choices of resident experts: emoe, emoe-flat, random, lru, oracle")
-    p.add_argument("--period", type=_positive(int, "--period"), default=1,
+    p.add_argument("--period", type=N.positive(1 << 20), default=1,
                    help="quality: choose the resident experts again every p prompts (default 1)")
     p.add_argument("--reuse", default="", help="quality: extra periods p to run at the first budget, e.g. 5,20,40")
-    p.add_argument("--per-task", type=_positive(int, "--per-task"), default=8,
+    p.add_argument("--per-task", type=N.positive(1 << 16), default=8,
                    help="prompts (text windows) per task in the evaluation and the warm-up text (default 8)")
-    p.add_argument("--seq-len", type=_positive(int, "--seq-len"), default=64, help="tokens per prompt (default 64)")
-    p.add_argument("--threshold", type=_positive(float, "--threshold"), default=0.85,
+    p.add_argument("--seq-len", type=N.positive(1 << 16), default=64, help="tokens per prompt (default 64)")
+    p.add_argument("--threshold", type=N.real(0.0, 1.0, lo_open=True), default=0.85,
                    help="similarity above which randomised layers count as routing-insensitive (default 0.85)")
     p.add_argument("--split", default=None,
                    help="corpus split of the text (default: profile test, quality val; the warm-up is test)")
-    p.add_argument("--epochs", type=_positive(int, "--epochs"), default=300, help="eMoE predictor training epochs")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--epochs", type=N.positive(100000), default=300, help="eMoE predictor training epochs")
+    p.add_argument("--seed", type=N.seed(), default=0, help="random seed (default 0)")
     p.add_argument("--out", default=None, help="JSON output file (default out/emoe/<action>.json)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", type=N.threads(), default=1, help="torch CPU threads (default 1)")
     p.set_defaults(fn=emoe_main)
 
 
@@ -75,6 +65,7 @@ def _periods(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+@writes("--out", inputs=("--model",))
 def emoe_main(a: argparse.Namespace) -> int:
     """Handler of `routecast emoe`: checks every argument before loading the model."""
     import torch

@@ -6,23 +6,22 @@ Legend: G ranks, P sweep points, R repeats.
 Every rank sends `per_peer` bytes to each other rank (fp32 rows), so the busiest rank moves V = (G - 1) x per_peer
 each way. Each point: a barrier, then the collective, timed on every rank; the point's time is the median
 over R repeats of the slowest rank (after `warmup` untimed calls). Worker mode (`python -m
-routecast.runtime.ep.calibrate CONFIG`) runs under torchrun; calibrate_link() launches it and fits.
+routecast.runtime.ep.calibrate CONFIG`) runs on ranks.run_ranks; calibrate_link() launches it and fits.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
 from routecast.common.errors import ConfigError
 from routecast.common.machine import machine_info
+from routecast.common.outputs import write_atomic
 from routecast.sim.a2a import LinkProfile, fit_link
 
 DEFAULT_SIZES = (1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20)  # bytes per peer
@@ -32,9 +31,10 @@ def _worker(cfg: dict) -> int:
     import torch
     import torch.distributed as dist
 
+    from routecast.runtime.ep.ranks import init_group
+
     torch.set_num_threads(1)
-    dist.init_process_group(cfg.get("backend", "gloo"), timeout=timedelta(seconds=float(cfg.get("timeout_s", 30))))
-    rank, G = dist.get_rank(), dist.get_world_size()
+    rank, G = init_group(cfg.get("backend", "gloo"), float(cfg.get("timeout_s", 30)))
     rows = []
     for per_peer in cfg["sizes"]:
         n = int(per_peer) // 4
@@ -58,27 +58,26 @@ def _worker(cfg: dict) -> int:
 
 
 def calibrate_link(out_toml: str | Path, *, nproc: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 30,
-                   warmup: int = 3, name: str | None = None, wall_s: float = 600.0) -> tuple[LinkProfile, list[dict]]:
-    """Run the sweep with torchrun on `nproc` gloo ranks, fit, write out_toml -> (profile, points)."""
-    from routecast.runtime.ep.launch import _env
+                   warmup: int = 3, name: str | None = None, wall_s: float = 600.0,
+                   host: str = "127.0.0.1") -> tuple[LinkProfile, list[dict]]:
+    """Run the sweep on `nproc` gloo ranks (ranks.run_ranks, store on `host`), fit, write out_toml ->
+    (profile, points). The sweep's config and points live in a scratch folder of its own."""
+    from routecast.runtime.ep.ranks import run_ranks
 
     if nproc < 2 or repeats < 1 or warmup < 0 or len(sizes) < 2 or min(sizes) < 4:
         raise ConfigError(f"--nproc {nproc}, --repeats {repeats}, {len(sizes)} sizes; expected nproc >= 2, repeats >= 1, "
                           ">= 2 sizes of at least 4 bytes.")
+    from routecast.common.outputs import remove_own, scratch_dir
+
     out_toml = Path(out_toml)
-    out_toml.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_toml.with_suffix(".sweep.json")
-    cfg = out_toml.with_suffix(".config.json")
-    cfg.write_text(json.dumps({"sizes": list(sizes), "repeats": repeats, "warmup": warmup, "out": str(tmp)}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "routecast.runtime.ep.calibrate", str(cfg)]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=wall_s)
-    if done.returncode:
-        raise ConfigError(f"the all-to-all sweep on {nproc} ranks failed (exit {done.returncode}): "
-                          + " | ".join(done.stderr.splitlines()[-2:]))
-    pts = json.loads(tmp.read_text())["points"]
-    tmp.unlink()
-    cfg.unlink()
+    work = scratch_dir(out_toml, "--out")  # a folder of its own: a user's X.config.json is never touched
+    try:
+        tmp, cfg = work / "sweep.json", work / "config.json"
+        cfg.write_text(json.dumps({"sizes": list(sizes), "repeats": repeats, "warmup": warmup, "out": str(tmp)}))
+        run_ranks("routecast.runtime.ep.calibrate", cfg, nproc, host=host, wall_s=wall_s, what="ep calibrate")
+        pts = json.loads(tmp.read_text())["points"]
+    finally:
+        remove_own(work)
     vol = [p["volume"] for p in pts]
     sec = [p["seconds"] for p in pts]
     alpha, bw = fit_link(vol, sec)
@@ -86,7 +85,7 @@ def calibrate_link(out_toml: str | Path, *, nproc: int = 2, sizes: tuple[int, ..
     prof = LinkProfile(name=name or out_toml.stem, backend="gloo", ranks=nproc, alpha=alpha, bandwidth=bw,
                        sizes_bytes=tuple(float(v) for v in vol), seconds=tuple(sec),
                        machine=f"{m['cpu']}, {m['cpus']} cores, load {os.getloadavg()[0]:.1f}, torch {_torch_version()}")
-    out_toml.write_text(prof.to_toml())
+    write_atomic(out_toml, prof.to_toml(), "--out")
     return prof, pts
 
 

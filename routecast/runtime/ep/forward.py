@@ -19,7 +19,6 @@ import json
 import os
 import sys
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +63,7 @@ def _worker(cfg: dict[str, Any]) -> int:
     import torch.distributed as dist
 
     from routecast.runtime.ep.exchange import rank_experts
+    from routecast.runtime.ep.ranks import init_group
     from routecast.runtime.ep.worker import load_plans
     from routecast.trace.capture_arch import find_blocks
     from routecast.trace.capture_inputs import load_model
@@ -72,7 +72,7 @@ def _worker(cfg: dict[str, Any]) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     plans, _ = load_plans(cfg["plans"])
     plan = plans[0].validate(f"plan {cfg['plans']}")
-    dist.init_process_group("gloo", timeout=timedelta(seconds=float(cfg.get("timeout_s", 20))))
+    init_group("gloo", float(cfg.get("timeout_s", 20)))
     model, _ = load_model(cfg["model"])
     blocks = find_blocks(model)
     store = rank_experts(blocks, plan, rank, world)
@@ -110,11 +110,11 @@ def prompt_tokens(trace: Any, requests: int, tokens: int) -> np.ndarray:
 
 
 def run_forward(*, model: str, trace_dir: str, out: str | Path, nproc: int, method: str = "eplb", requests: int = 8,
-                tokens: int = 32, redundant_per_rank: int = 1, timeout_s: float = 20.0) -> dict[str, Any]:
-    """Launch the G ranks with torchrun, compare logits and bytes -> summary dict."""
-    import subprocess
-
-    from routecast.runtime.ep.launch import _env, save_plans
+                tokens: int = 32, redundant_per_rank: int = 1, timeout_s: float = 20.0,
+                host: str = "127.0.0.1") -> dict[str, Any]:
+    """Launch the G ranks (ranks.run_ranks, store on `host`), compare logits and bytes -> summary dict."""
+    from routecast.runtime.ep.launch import save_plans
+    from routecast.runtime.ep.ranks import run_ranks
     from routecast.runtime.ep.results import predicted_bytes
     from routecast.trace.capture_inputs import load_model
     from routecast.trace.io import read_trace
@@ -139,12 +139,7 @@ def run_forward(*, model: str, trace_dir: str, out: str | Path, nproc: int, meth
     cfg = out / "forward.json"
     cfg.write_text(json.dumps({"model": model, "plans": str(out / "plans.npz"), "tokens": str(out / "tokens.npy"),
                                "out": str(out), "timeout_s": timeout_s}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "routecast.runtime.ep.forward", str(cfg)]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        raise ConfigError(f"torchrun with {nproc} ranks exited with code {done.returncode}: "
-                          + " | ".join(done.stderr.splitlines()[-2:]))
+    run_ranks("routecast.runtime.ep.forward", cfg, nproc, host=host, wall_s=600.0, what="ep forward")
     ref_model, _ = load_model(model)
     with torch.no_grad():
         ref = ref_model(input_ids=torch.from_numpy(ids)).logits

@@ -1,11 +1,12 @@
-"""Build the plans, launch the ranks with torchrun, collect what they measured, check it.
+"""Build the plans, launch the ranks (ranks.py), collect what they measured, check it.
 
 Legend: G ranks, L MoE layers, E experts, K top-k, T replayed steps, R repeats.
 
 run_ep: plans for the replayed steps (place.slot_plans; EPLB and MoE-GPS from the whole trace's per-expert
 counts, one-shot, as an engine's --init-expert-location from recorded statistics; PROBE per step from that
-step's per-source-rank counts), a config file, `python -m torch.distributed.run --standalone --nproc-per-node G
--m routecast.runtime.ep.worker CONFIG` (torchrun), then per (step, layer):
+step's per-source-rank counts), a config file, G ranks of `python -m routecast.runtime.ep.worker CONFIG` in
+one process group (ranks.py: the rendezvous on 127.0.0.1 by default, torn down on any failure), then per
+(step, layer):
   outputs  every rank's rows against the single-process model's experts(x, ids, w) + shared_experts(x) (fp32);
   bytes    every rank's measured dispatch bytes against sim.a2a.ep_a2a_bytes of the same routing and plan;
   time     the slowest rank's measured all-to-all seconds (median over repeats) against the link profile.
@@ -14,10 +15,8 @@ step's per-source-rank counts), a config file, `python -m torch.distributed.run 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,10 @@ import numpy as np
 from routecast.common.errors import ConfigError
 from routecast.place.slot_plans import METHODS, eplb_plan, moegps_plan, probe_plans, static_plan
 from routecast.place.slots import SlotPlan
+from routecast.runtime.ep.ranks import LOOPBACK, run_ranks, start_ranks
 from routecast.runtime.ep.worker import layer_ranks, step_rows
+
+WORKER = "routecast.runtime.ep.worker"
 
 
 def select_steps(trace: Any, first: int, count: int, min_tokens: int = 0) -> list[int]:
@@ -90,35 +92,16 @@ def save_plans(path: Path, plans: list[SlotPlan], plan_of_step: np.ndarray) -> N
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the in-process EP tests rendezvous on it)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 
 
-def torchrun_command(nproc: int, config: Path) -> list[str]:
-    """The torchrun line (`python -m torch.distributed.run` of this interpreter) that starts `nproc` workers."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "routecast.runtime.ep.worker", str(config)]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def spawn_direct(nproc: int, config: Path) -> list[subprocess.Popen]:
-    """Start the ranks without torchrun (no agent to clean up after a dead rank): RANK / WORLD_SIZE / MASTER_* set here."""
-    port = free_port()
-    procs = []
-    for r in range(nproc):
-        env = _env() | {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "routecast.runtime.ep.worker", str(config)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs
+def spawn_direct(nproc: int, config: Path, *, host: str = LOOPBACK) -> list[subprocess.Popen]:
+    """Start the worker ranks and return at once (tests drive faults with these): ranks.start_ranks, one
+    process group, the store on `host`; stop them with ranks.stop."""
+    return start_ranks(WORKER, config, nproc, host=host)
 
 
 def prepare(trace: Any, *, model: str, trace_dir: str, out: Path, method: str, nproc: int, steps: list[int],
@@ -130,7 +113,13 @@ def prepare(trace: Any, *, model: str, trace_dir: str, out: Path, method: str, n
     for every step instead of building `method`'s (the token shuffle's pre-grouped experts, shuffle.py)."""
     if nproc < 1 or trace.spec.num_experts % nproc:
         raise ConfigError(f"--nproc {nproc}: expected a positive divisor of the {trace.spec.num_experts} experts.")
-    tok_rank = np.load(token_ranks_path) if token_ranks_path else None
+    if token_ranks_path:
+        from routecast.common.schemas import load_int_npy
+
+        T, L = trace.num_tokens, trace.spec.num_layers
+        tok_rank = load_int_npy(token_ranks_path, "--token-ranks", shapes=((T,), (T, L)), lo=0, hi=nproc - 1)
+    else:
+        tok_rank = None
     rows_of = step_rows(np.asarray(trace.tokens["step"]), steps)
     src = _src_loads(trace, rows_of, nproc, tok_rank)
     if slot_plan is not None:
@@ -147,13 +136,7 @@ def prepare(trace: Any, *, model: str, trace_dir: str, out: Path, method: str, n
     return path, plans, pos
 
 
-def launch(config: Path, nproc: int, *, wall_s: float = 600.0) -> subprocess.CompletedProcess:
-    """Run torchrun on `config` and wait (ConfigError with the ranks' last stderr line if it fails)."""
-    try:
-        done = subprocess.run(torchrun_command(nproc, config), env=_env(), capture_output=True, text=True, timeout=wall_s)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"torchrun with {nproc} ranks ran past {wall_s:.0f} s; expected it to finish.") from None
-    if done.returncode:
-        lines = [ln for ln in done.stderr.splitlines() if ln.startswith("routecast ep:")] or done.stderr.splitlines()[-3:]
-        raise ConfigError(f"torchrun with {nproc} ranks exited with code {done.returncode}: " + " | ".join(lines[-3:]))
-    return done
+def launch(config: Path, nproc: int, *, wall_s: float = 600.0, host: str = LOOPBACK) -> None:
+    """Run the worker ranks on `config` and wait (ranks.run_ranks: ConfigError naming the failed rank and its cause;
+    no rank outlives this call)."""
+    run_ranks(WORKER, config, nproc, host=host, wall_s=wall_s, what="ep run")

@@ -1,9 +1,9 @@
-"""`routecast ep run`: replay trace steps through the real MoE layers on G torchrun ranks under each plan, check
+"""`routecast ep run`: replay trace steps through the real MoE layers on G ranks (ranks.py) under each plan, check
 outputs and bytes, compare time with the link profile, and print one row per plan.
 
 Legend: G ranks, T replayed steps, R repeats.
 
-Each plan gets its own torchrun launch on the same steps (same routing, same tokens per rank), into
+Each plan gets its own launch of the ranks on the same steps (same routing, same tokens per rank), into
 OUT/<plan>/ (plans.npz, config.json, rank<r>.json, rank<r>.pt); OUT/summary.json holds every figure.
 """
 
@@ -19,7 +19,8 @@ import numpy as np
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import check_out_dir, names_matcher, write_atomic
 from routecast.place.slots import METHODS
-from routecast.runtime.ep.launch import launch, prepare, select_steps, torchrun_command
+from routecast.runtime.ep.launch import WORKER, launch, prepare, select_steps
+from routecast.runtime.ep.ranks import LOOPBACK, rank_command
 from routecast.runtime.ep.results import check_bytes, check_outputs, collect, summarize
 from routecast.runtime.ep.shuffle import NAME as SHUFFLE
 from routecast.runtime.ep.shuffle import expected, load_shuffle
@@ -33,7 +34,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
               first_step: int = 0, min_tokens: int = 0, repeats: int = 3, link: str | LinkProfile | None = None,
               check: bool = True, timeout_s: float = 20.0, threads: int = 1, redundant_per_rank: int = 1,
               overwrite: bool = False, token_ranks_path: str | None = None, shuffle_plan: str | None = None,
-              quiet: bool = False) -> dict[str, Any]:
+              quiet: bool = False, host: str = LOOPBACK) -> dict[str, Any]:
     """Every plan in `plans` on the same replayed steps -> {'settings', 'plans': {name: summary}}.
 
     shuffle_plan: a `schedule cocluster` plan file; adds the plan 'shuffle' (its pre-grouped experts and token
@@ -57,14 +58,21 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
         raise ConfigError(f"--trace {trace_dir} has no hidden_TLH; expected a capture made with --hidden.")
     ids = select_steps(trace, first_step, steps, min_tokens)
     rows_of = step_rows(np.asarray(trace.tokens["step"]), ids)
-    tok = np.load(token_ranks_path) if token_ranks_path else None
     L = trace.spec.num_layers
+    if token_ranks_path:
+        from routecast.common.schemas import load_int_npy
+
+        T = trace.num_tokens
+        tok = load_int_npy(token_ranks_path, "--token-ranks", shapes=((T,), (T, L)), lo=0, hi=nproc - 1)
+    else:
+        tok = None
     src_of = [layer_ranks(tok, r, nproc, L) for r in rows_of]
     shuf = load_shuffle(shuffle_plan, trace, nproc) if shuffle_plan else None
     res: dict[str, Any] = {"settings": {
         "model": model, "trace": str(trace_dir), "nproc": nproc, "steps": ids, "tokens": int(sum(r.size for r in rows_of)),
         "repeats": repeats, "link": None if prof is None else prof.name, "backend": "gloo",
-        "torchrun": " ".join(torchrun_command(nproc, out / "PLAN" / "config.json"))}, "plans": {}}
+        "ranks": f"{nproc} x " + " ".join(rank_command(WORKER, out / "PLAN" / "config.json")),
+        "master_addr": host}, "plans": {}}
     for name in plans:
         d = out / name
         tok_path, slot_plan, src = token_ranks_path, None, src_of
@@ -77,7 +85,7 @@ def run_plans(*, model: str, trace_dir: str, out: str | Path, nproc: int, plans:
                                repeats=repeats, save_outputs=check, timeout_s=timeout_s, threads=threads,
                                redundant_per_rank=redundant_per_rank, token_ranks_path=tok_path, slot_plan=slot_plan)
         t0 = time.monotonic()
-        launch(cfg, nproc)
+        launch(cfg, nproc, host=host)
         ranks = collect(d, nproc)
         s = summarize(ranks, prof)
         s["wall_s"] = time.monotonic() - t0

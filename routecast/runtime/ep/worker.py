@@ -1,4 +1,4 @@
-"""One expert-parallel rank, started by torchrun (or by launch.spawn_direct): `python -m routecast.runtime.ep.worker CONFIG`.
+"""One expert-parallel rank, started by ranks.run_ranks (or launch.spawn_direct): `python -m routecast.runtime.ep.worker CONFIG`.
 
 Legend: G ranks, L MoE layers, S slots, P distinct plans, T replayed steps.
 
@@ -25,7 +25,6 @@ import signal
 import sys
 import time
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +88,7 @@ def run(cfg: dict[str, Any]) -> int:
     from routecast.common.errors import ConfigError
     from routecast.place.slots import weight_moves
     from routecast.runtime.ep.exchange import Router, moe_layer, move_weights, rank_experts
+    from routecast.runtime.ep.ranks import init_group
     from routecast.trace.capture_arch import find_blocks
     from routecast.trace.capture_inputs import load_model
     from routecast.trace.io import read_trace
@@ -104,12 +104,12 @@ def run(cfg: dict[str, Any]) -> int:
             p.validate(f"plan {cfg['plans']}")
         if plans[0].num_ranks != world:
             raise ConfigError(f"plan {cfg['plans']} is for {plans[0].num_ranks} ranks; expected {world} "
-                              "(torchrun --nproc-per-node).")
+                              "(--nproc).")
     except ConfigError as e:
         print(f"routecast ep: rank {rank}: {e}", file=sys.stderr, flush=True)
         return 2
     try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=float(cfg.get("timeout_s", 20))))
+        init_group(backend, float(cfg.get("timeout_s", 20)))
     except Exception as e:  # noqa: BLE001 - any rendezvous failure is reported the same way
         return _fail(rank, "rendezvous", t0, e)
     model, _ = load_model(cfg["model"])

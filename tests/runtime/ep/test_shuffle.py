@@ -73,7 +73,7 @@ def test_bad_shuffle_plans_are_refused(shuffled, tmp_path):
         load_shuffle(tmp_path / "none.json", t, G)
     junk = tmp_path / "junk.json"
     junk.write_text("{ not json")
-    with pytest.raises(ConfigError, match="^--shuffle-plan .*junk.json: not a readable JSON plan"):  # it said --plan
+    with pytest.raises(ConfigError, match="^--shuffle-plan .*junk.json is not valid JSON"):  # it said --plan
         load_shuffle(junk, t, G)
 
 

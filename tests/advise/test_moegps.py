@@ -10,8 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from routecast.common.errors import ConfigError
-from routecast.sim.advisor import (
+from routecast.advise.moegps import (
     ACCURACIES,
     FIG7_GBPS,
     Setting,
@@ -23,6 +22,7 @@ from routecast.sim.advisor import (
     sweep,
     trace_skewness,
 )
+from routecast.common.errors import ConfigError
 from routecast.sim.fits import (
     ExponentialFit,
     OverheadCurve,

@@ -1,0 +1,111 @@
+"""The advisor end to end: a trace and a deployment in, the ranked verdict (and its artifacts) out.
+
+    advise_trace(trace, dep, ...) -> (Verdict, extras)          every family priced on the same trace
+    advise_deployment(trace_dir, model_profile=, hardware=, gpus=, ...) -> (Verdict, files)
+
+Families (see each module): placement and Speculative MoE shuffling (advise.placement) when EP >= 2 and the
+experts fit; caching / prefetch and eMoE residency (advise.offload) when they do not; request schedulers
+(advise.serving) always. A family that does not apply is listed with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from routecast.advise.candidate import Candidate
+from routecast.advise.rank import BENCH_DIR, Verdict, cost_model_error, rank
+from routecast.advise.regime import Deployment, detect_regime
+from routecast.common.errors import ConfigError
+from routecast.trace.trace import Trace
+
+FAMILIES = ("placement", "shuffle", "cache", "scheduler")
+# Placement and shuffling plan and price every (step, layer) (PROBE's planner, the co-activation fit, the
+# co-clustering's scoring): on a longer trace they run on its first MAX_EP_CELLS // MoE-layers steps (2,000 steps of a
+# 20-layer model, 689 of DeepSeek-V3's 58); the regime, caching and scheduling read the whole trace.
+MAX_EP_CELLS = 40000
+
+
+def first_steps(trace: Trace, n: int) -> tuple[Trace, str]:
+    """The trace's first `n` distinct steps (the trace itself when it has no more) -> (trace, note or "")."""
+    import numpy as np
+
+    steps = np.asarray(trace.tokens["step"])
+    u = np.unique(steps)
+    if u.size <= n:
+        return trace, ""
+    sub = trace.select(steps <= u[n - 1])
+    return sub, (f"placement and shuffling priced on the first {n} of {u.size} steps ({sub.num_tokens} of "
+                 f"{trace.num_tokens} tokens)")
+
+
+def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, families: tuple[str, ...] = FAMILIES,
+                 shuffle_methods: tuple[str, ...] | None = None, predictor: str = "conditional-token",
+                 emoe_quality: str | Path | None = None, seed: int = 0, bench_dir: str | Path = BENCH_DIR,
+                 ) -> tuple[Verdict, dict[str, Any]]:
+    """Price every applicable strategy of `families` on `trace` for `dep` -> (verdict, {plans, shuffle, serve})."""
+    from routecast.advise.offload import offload_candidates
+    from routecast.advise.placement import SHUFFLE_METHODS, placement_candidates, shuffle_candidates
+    from routecast.advise.serving import scheduler_candidates
+
+    bad = [f for f in families if f not in FAMILIES]
+    if bad:
+        raise ConfigError(f"--only holds {bad[0]!r}; expected names from {', '.join(FAMILIES)}.")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    regime = detect_regime(dep, trace)
+    timings["regime"] = time.perf_counter() - t0
+    cands: list[Candidate] = []
+    extras: dict[str, Any] = {"plans": None, "shuffle": None, "serve": None}
+    run = None
+    cap = max(MAX_EP_CELLS // trace.spec.num_layers, 1)
+    ep_trace, note = first_steps(trace, cap) if {"placement", "shuffle"} & set(families) else (trace, "")
+    if note:
+        regime = dataclasses.replace(regime, notes=(*regime.notes, note))
+    if "placement" in families:
+        t0 = time.perf_counter()
+        got, run = placement_candidates(ep_trace, dep, regime)
+        cands += got
+        extras["plans"] = run.plans if run is not None else None
+        timings["placement"] = time.perf_counter() - t0
+    if "shuffle" in families:
+        t0 = time.perf_counter()
+        got, sh = shuffle_candidates(ep_trace, dep, regime, methods=shuffle_methods or SHUFFLE_METHODS, seed=seed,
+                                     attn_T=None if run is None else run.attn_T,
+                                     tokens_T=None if run is None else run.tokens_T)
+        cands += got
+        extras["shuffle"] = sh or None
+        timings["shuffle"] = time.perf_counter() - t0
+    if "cache" in families:
+        t0 = time.perf_counter()
+        cands += offload_candidates(trace, dep, regime, predictor=predictor, model_arg=model_ref,
+                                    emoe_quality=emoe_quality, seed=seed)
+        timings["cache"] = time.perf_counter() - t0
+    if "scheduler" in families:
+        t0 = time.perf_counter()
+        got, conf = scheduler_candidates(trace, dep, regime, model_ref=model_ref, hw_ref=hw_ref, seed=seed)
+        cands += got
+        extras["serve"] = conf or None
+        timings["scheduler"] = time.perf_counter() - t0
+    err, src = cost_model_error(dep.hw, bench_dir)
+    v = Verdict(deployment=dep.describe() + f", trace {trace!r}", regime=regime.as_dict(), regime_text=regime.describe(),
+                rows=rank(cands, err), error=err, error_source=src, timings_s=timings)
+    return v, extras
+
+
+def make_deployment(*, model_profile: str, hardware: str, gpus: int, ep: int | None = None,
+                    memory_gb: float | None = None, link: str = "nvlink", rate: float | None = None,
+                    slo_ttft: str = "5x", slo_tpot: str = "5x") -> Deployment:
+    """Load the profiles and build the Deployment (ep default: gpus; memory default: the profile's capacity)."""
+    from routecast.serve.loop import parse_slo
+    from routecast.sim.hardware import load_hardware
+    from routecast.sim.models import load_model
+
+    parse_slo(slo_ttft, "--slo-ttft-ms")
+    parse_slo(slo_tpot, "--slo-tpot-ms")
+    m, hw = load_model(model_profile), load_hardware(hardware)
+    return Deployment(model=m, hw=hw, gpus=gpus, ep=gpus if ep is None else ep,
+                      memory_gb=hw.mem_capacity / 1e9 if memory_gb is None else memory_gb, link=link, rate=rate,
+                      slo_ttft=slo_ttft, slo_tpot=slo_tpot)

@@ -1,0 +1,70 @@
+"""report/results.py: benchmark JSON -> docs/results pages and filled regions; nothing typed by hand."""
+
+import json
+
+import pytest
+
+from routecast.common.bench import table, write_bench
+from routecast.common.errors import ConfigError
+from routecast.report.results import fill_regions, fmt, main, md_table, render_all, render_page
+
+
+def _bench(d, name, quick=True, **kw):
+    return write_bench(name, title=f"{name} title", headline=[f"{name}: 1.25x faster", "second line"],
+                       tables=[table("speeds", [{"arm": "a", "us": 1.23456}, {"arm": "b", "us": 2.0, "extra": None}],
+                                     note="medians of 3")],
+                       quick=quick, path=d / f"{name}.json", **kw)
+
+
+def test_fmt_and_table():
+    assert fmt(1.23456) == "1.235" and fmt(2.0) == "2" and fmt(None) == "–" and fmt(123456) == "123,456"
+    assert fmt(True) == "yes" and fmt("a|b") == "a\\|b" and fmt([1, 2.5]) == "1, 2.5"
+    t = md_table([{"a": 1}, {"a": 2, "b": 3}])
+    assert t.splitlines()[0] == "| a | b |" and t.splitlines()[2] == "| 1 | – |" and t.splitlines()[3] == "| 2 | 3 |"
+    assert "3 more rows" in md_table([{"a": i} for i in range(5)], max_rows=2)
+
+
+def test_page_has_provenance_headline_and_tables(tmp_path):
+    doc = json.loads(_bench(tmp_path, "x").read_text())
+    page = render_page(doc)
+    assert page.startswith("# x title\n") and "quick run" in page and "- x: 1.25x faster" in page
+    assert "## speeds" in page and "| a | 1.235 | – |" in page and "medians of 3" in page
+    assert doc["machine"]["cpu"] in page
+    assert "full run" in render_page({**doc, "quick": False})
+
+
+def test_render_all_pages_regions_and_stale(tmp_path):
+    bench, docs = tmp_path / "bench", tmp_path / "docs"
+    bench.mkdir()
+    _bench(bench, "alpha")
+    _bench(bench, "beta", quick=False)
+    (bench / "junk.json").write_text("{}")  # not the bench shape: skipped with a note, never rendered
+    (docs / "systems").mkdir(parents=True)
+    (docs / "results").mkdir()
+    (docs / "results" / "gone.md").write_text("# old figures\n")
+    page = docs / "systems" / "p.md"
+    page.write_text("intro\n<!-- results:alpha -->\nhand-typed 9.9x\n<!-- /results -->\nmid\n"
+                    "<!-- results:beta/table:0 -->\n<!-- /results -->\n<!-- results:missing -->x<!-- /results -->\nend\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("# r\n<!-- results:summary -->\n<!-- /results -->\n")
+    notes = render_all(bench, docs, readme)
+    assert any("junk.json" in n for n in notes)
+    assert sorted(p.name for p in (docs / "results").glob("*.md")) == ["alpha.md", "beta.md", "index.md"]
+    text = page.read_text()
+    assert "hand-typed" not in text and "- alpha: 1.25x faster" in text and "(../results/alpha.md)" in text
+    assert "**speeds**" in text and "full run" in text and text.startswith("intro\n") and text.endswith("end\n")
+    assert "No results yet: run `python benchmarks/missing.py --quick`" in text
+    r = readme.read_text()
+    assert "[alpha](docs/results/alpha.md)" in r and "alpha: 1.25x faster" in r and "| quick |" in r
+    assert "[beta](beta.md)" in (docs / "results" / "index.md").read_text()
+    assert all("junk.json" in n for n in render_all(bench, docs, readme))  # second run: nothing rewritten
+
+
+def test_bad_region_spec_named(tmp_path):
+    with pytest.raises(ConfigError, match="not understood"):
+        fill_regions("<!-- results:a b -->\n<!-- /results -->", {}, "")
+    _bench(tmp_path, "x")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "p.md").write_text("<!-- results:x/table:5 -->\n<!-- /results -->")
+    assert main(["--bench", str(tmp_path), "--docs", str(docs), "--readme", ""]) == 2
