@@ -177,7 +177,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
         return predict_eval_main(
             a.trace, a.predictors, model=a.model, as_json=a.json, train_fraction=a.train_fraction, seed=a.seed,
             threads=a.threads, epochs=a.epochs, quiet=a.quiet, split=a.split, train_extra=a.train_extra,
-        )
+            score_all=a.score_all)
     if a.split not in ("document", "request", "none"):
         raise ConfigError(f"--split is {a.split!r}; expected document, request or none for predict fit.")
     if not a.out or not a.predictor:
@@ -381,10 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="evaluate (eval) or fit and save (fit) routing predictors on a trace")
     p.add_argument("action", choices=("eval", "fit"), help="eval: score predictors causally; fit: train and save one")
     p.add_argument("trace", help="trace directory")
-    p.add_argument(
-        "--predictors", default="distribution,probability,conditional-token,conditional-position,ffn,lstm",
-        help="eval: comma list of names (also: lookahead, needs --hidden --logits traces) or saved predictor dirs",
-    )
+    p.add_argument("--predictors", default="distribution,probability,conditional-token,conditional-position,ffn,lstm",
+                   help="eval: comma list of names (also: lookahead, needs --hidden --logits traces) or saved predictor dirs")
+    p.add_argument("--score-all", action="store_true", help="eval: score saved predictors from another trace on all rows")
     p.add_argument("--predictor", default=None, help="fit: the predictor name to train")
     p.add_argument("--out", default=None, help="fit: output directory (safetensors + json)")
     p.add_argument("--model", default=None, help="checkpoint for input embeddings: DIR, builtin, builtin-fine or none")

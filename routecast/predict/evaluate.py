@@ -210,10 +210,12 @@ def _nanmean(v: list[float]) -> float:
 def evaluate(
     trace: Trace, predictor_names: str | Sequence[str], *, model_dir: str | Path | None = None,
     train_fraction: float = 0.8, seed: int = 0, progress: bool = True, threads: int = 1, epochs: int | None = None,
-    split: str = "document", extra_train: Trace | None = None,
+    split: str = "document", extra_train: Trace | None = None, score_all: bool = False,
 ) -> list[dict[str, Any]]:
     """Fit each predictor on train_fraction of the documents (split="request": of the requests) and score it
     causally on the requests of the others; a saved predictor fitted on this trace must come from the same split.
+    score_all: every name is a saved predictor fitted on another trace, scored on every row of this one (nothing
+    is fitted; a predictor name, or a folder fitted on this trace, is refused: see check_score_all).
     extra_train: another capture of the model on other documents, added to every predictor's training data
     (with_extra_training) except the lookahead's (it needs router inputs, which such captures may lack).
 
@@ -223,9 +225,14 @@ def evaluate(
     us_per_batch, observe_us_per_batch, fit_s, "split" (the split used), and what was fitted on what.
     """
     names = parse_names(predictor_names)
+    if score_all:
+        check_score_all(names, trace, extra_train)
     # Row masks, not copies: the fit and the scoring stream the trace window by window (a trace larger
     # than memory is never loaded whole; predictors that train on all rows at once fit a bounded sample).
-    train, test, used = heldout_rows(trace, split, train_fraction, seed)
+    if score_all:
+        train, test, used = np.zeros(trace.num_tokens, bool), None, "all"
+    else:
+        train, test, used = heldout_rows(trace, split, train_fraction, seed)
     fitted_on = {"trace": trace_fingerprint(trace), "split": used, "train_fraction": train_fraction, "seed": seed}
     emb, emb_source = _embeddings_for(names, trace, model_dir)
     both = None if extra_train is None else with_extra_training(trace.select(train), extra_train, trace.select(test))
@@ -251,8 +258,9 @@ def evaluate(
                     raise ConfigError(f"{name}: predictor was fitted for L={ps.num_layers}, E={ps.num_experts}, "
                                       f"K={ps.top_k}; expected the trace's L={ts.num_layers}, E={ts.num_experts}, "
                                       f"K={ts.top_k}.")
-                check_fitted_on(name, fitted_on)
-                fitted = f"loaded from {name}"
+                if not score_all:
+                    check_fitted_on(name, fitted_on)
+                fitted = f"loaded from {name}" + _fitted_where(name)
             fit_s = time.perf_counter() - t0
             res = run_harness(pred, trace, rows=test, progress=progress)
             row: dict[str, Any] = {
@@ -271,6 +279,34 @@ def evaluate(
                        observe_us_per_batch=res.observe_us_per_batch, per_layer=res.metrics)
             rows.append(row)
     return rows
+
+
+def check_score_all(names: Sequence[str], trace: Trace, extra_train: Trace | None) -> None:
+    """--score-all takes saved predictors fitted on another trace only (ConfigError naming the first that is not)."""
+    from routecast.predict.store import fitted_on
+
+    if extra_train is not None:
+        raise ConfigError("--score-all with --train-extra: nothing is fitted when every row is scored; expected "
+                          "one of the two.")
+    here = trace_fingerprint(trace)
+    for name in names:
+        if name in PREDICTOR_NAMES:
+            raise ConfigError(f"--score-all with --predictors {name!r}: a name would be fitted on the trace it is "
+                              "scored on; expected folders written by `routecast predict fit` on another trace.")
+        if not is_predictor_dir(name):
+            raise ConfigError(f"--predictors: {name} is neither a predictor name nor a folder written by "
+                              "`routecast predict fit`; expected one of those.")
+        if (fitted_on(name) or {}).get("trace") == here:
+            raise ConfigError(f"--score-all: {name} was fitted on this trace; expected a predictor fitted on another "
+                              "trace (scoring it on every row would count its own training rows).")
+
+
+def _fitted_where(path: str) -> str:
+    """' (fitted on N tokens of trace <fingerprint>)'-style note from a saved predictor's record ('' if none)."""
+    from routecast.predict.store import fitted_on
+
+    rec = fitted_on(path) or {}
+    return f" (fitted on trace {rec['trace']}, split {rec.get('split')})" if rec.get("trace") else ""
 
 
 def check_fitted_on(path: str, want: dict[str, Any]) -> None:
@@ -393,19 +429,24 @@ def fit_or_load(name: str, train: Trace, *, model: str | None, seed: int, thread
 def predict_eval_main(
     trace_path: str | Path, predictors: str, *, model: str | None = None, as_json: bool = False,
     train_fraction: float = 0.8, seed: int = 0, threads: int = 1, epochs: int | None = None, quiet: bool = False,
-    split: str = "document", train_extra: str | Path | None = None,
+    split: str = "document", train_extra: str | Path | None = None, score_all: bool = False,
 ) -> int:
     """`routecast predict eval TRACE --predictors A,B [--split document|request] [--model DIR|builtin|none]
-    [--train-extra DIR] [--json]`: prints the table (with the split it used), returns 0."""
+    [--train-extra DIR] [--score-all] [--json]`: prints the table (with the split it used), returns 0."""
     from routecast.trace.io import read_trace
 
     routers = any(n.strip() in NEEDS_ROUTER_INPUTS for n in predictors.split(","))
     trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
     extra = None if train_extra is None else read_trace(train_extra)
     rows = evaluate(trace, predictors, model_dir=model, train_fraction=train_fraction, seed=seed,
-                    progress=not quiet, threads=threads, epochs=epochs, split=split, extra_train=extra)
+                    progress=not quiet, threads=threads, epochs=epochs, split=split, extra_train=extra,
+                    score_all=score_all)
     if as_json:
         print(rows_to_json(rows))
+    elif score_all:
+        print(f"every row scored ({rows[0]['test_tokens']} tokens, {rows[0]['test_steps']} steps) with predictors "
+              "fitted on other traces")
+        print(format_table(rows))
     else:
         print(f"held-out split by {rows[0]['split']}: fitted on {train_fraction:.0%} of the {rows[0]['split']}s "
               f"(seed {seed}){'' if extra is None else f' plus {extra.num_tokens} tokens of {train_extra}'}, "

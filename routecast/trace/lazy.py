@@ -12,8 +12,11 @@ recorded and verify=True). A matching CRC does not skip the value checks: it pro
 trace.json describes, and trace.json can be edited along with the shard. A corrupt shard raises a
 TraceError naming its file when a scan reaches it. Slices inside one shard are views;
 slices across shards and index gathers are copies of only the rows asked for. Anything else (np.asarray,
-arithmetic, reductions) materialises the whole tensor: it works for traces that fit in memory, counts in
-MATERIALISED (tests assert the streaming commands never do it) and fails loudly under a memory cap.
+arithmetic, reductions) materialises the whole tensor: it works for traces that fit in memory and fails loudly
+under a memory cap. MATERIALISED counts every whole read, whatever its spelling: a materialisation, and any
+index that reads at least all T rows at once (x[:], x[::-1], x[:, 0], an all-True mask, np.arange(T), ...),
+since each holds the whole tensor (or a whole column of it) in memory; tests assert the streaming commands
+never do it. Reading shard by shard (blocks, Trace.chunks) does not count.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import numpy as np
 
 from routecast.common.errors import TraceError
 
-# How many times a ShardedArray was turned into one in-memory array (tests check streaming paths keep 0).
+# How many times a ShardedArray was read whole: materialised, or indexed for >= all of its rows in one call
+# (tests check streaming paths keep it unchanged).
 MATERIALISED = {"count": 0}
 CRC_BLOCK = 16 << 20  # bytes per zlib.crc32 call: large enough to amortise the call, small enough to stay in cache
 
@@ -139,6 +143,8 @@ class ShardedArray:
         rest: tuple = ()
         if isinstance(key, tuple):
             key, rest = (key[0], key[1:]) if key else (slice(None), ())
+        if key is Ellipsis:
+            key = slice(None)
         if isinstance(key, (int, np.integer)):
             k = int(key) + (self.shape[0] if key < 0 else 0)
             if not 0 <= k < self.shape[0]:
@@ -148,8 +154,10 @@ class ShardedArray:
         if isinstance(key, slice) and key.step in (None, 1):
             a, b, _ = key.indices(self.shape[0])
             out = self._rows(a, max(a, b)) if b > a else np.empty((0, *self.shape[1:]), self.dtype)
+            rows = len(out)
         elif isinstance(key, slice):
             out = self._gather(np.arange(*key.indices(self.shape[0])))
+            rows = len(out)
         else:
             k = np.asarray(key)
             if k.dtype == bool:
@@ -159,6 +167,9 @@ class ShardedArray:
             elif k.dtype.kind not in "iu":
                 raise IndexError(f"unsupported index {type(key).__name__} for {self.name}")
             out = self._gather(k.reshape(-1)).reshape(*k.shape, *self.shape[1:])
+            rows = k.size
+        if rows >= self.shape[0] > 0:  # every row in one read, however it was spelled: a whole read
+            MATERIALISED["count"] += 1
         return out[(slice(None), *rest)] if rest else out
 
     def materialise(self) -> np.ndarray:

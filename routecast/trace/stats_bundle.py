@@ -76,6 +76,10 @@ LEGEND = (
 )
 
 
+# Default cap on the tokens the token-level statistics read (a seeded sample of whole documents or requests).
+SAMPLE_TOKENS = 65536
+
+
 def _nan_reduce(fn, a: np.ndarray, axis: int | None = None) -> np.ndarray:
     """np.nanmean / nanmax / nanmedian without the all-NaN RuntimeWarning (all-NaN gives NaN)."""
     a = np.asarray(a, dtype=np.float64)
@@ -121,20 +125,21 @@ def _pool_rows(a_SL: np.ndarray, max_rows: int) -> tuple[np.ndarray, int]:
 
 def routing_stats(
     trace: Trace, *, ep: int = 8, window: int | None = None, seq_len: int | None = None,
-    max_tokens: int = 65536, max_step_rows: int = 4096, seed: int = 0,
+    max_tokens: int | None = None, max_step_rows: int = 4096, seed: int = 0,
 ) -> dict:
     """All routing statistics of a trace, JSON-serialisable (NaN -> None), per layer and overall.
 
     ep: EP ranks for PROBE IR (contiguous sharding). window: steps per drift window (None: ~16 windows).
     seq_len: also report MoE-GPS skewness per seq_len-token sequence (None: skip). max_tokens: cap on
     the tokens (half fit, half scored, split by document with seed; by request when the trace records no
-    documents) behind the token-id table, kurtosis and
-    transition statistics. max_step_rows: per-step arrays longer than this are stored as means over
+    documents) behind the token-id table, kurtosis and transition statistics (None: SAMPLE_TOKENS, read
+    when called, so a test can set a cap below a small trace's size). max_step_rows: per-step arrays longer than this are stored as means over
     consecutive steps (`steps.pool` says how many). `per_layer` maps a statistic to a list of L values;
     `overall` holds the mean over layers of each.
     """
     s = trace.spec
     L, E, K = s.num_layers, s.num_experts, s.top_k
+    max_tokens = SAMPLE_TOKENS if max_tokens is None else max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 2:
         raise ConfigError(f"max_tokens is {max_tokens!r}; expected an integer of at least 2.")
     st = step_stats(trace, ep=ep, window=window)

@@ -214,18 +214,29 @@ class Trace:
         Returns int64 (L, E).
         """
         s = self.spec
-        ids = self.experts_TLK if mask is None else self.experts_TLK[mask]
         E1 = s.num_experts + 1
         # key = 1 + e + l*(E+1): a dropped slot (-1) lands in a sink column, so no compaction pass; the
         # int16 -> int64 widening happens inside np.add into a reused buffer of `chunk` tokens that stays
-        # in cache (measured ~1.5x faster than widening and counting the whole array at once).
+        # in cache (measured ~1.5x faster than widening and counting the whole array at once). The rows are
+        # read `chunk` at a time (the mask applied per chunk), so a lazy trace is never read whole.
         offs_L1 = np.arange(s.num_layers, dtype=np.int64)[:, None] * E1 + 1
-        chunk = 1024
-        buf = np.empty((min(chunk, len(ids)), s.num_layers, s.top_k), np.int64)
+        chunk = max(1, min(1024, CHUNK_ROWS))
+        ex = self.experts_TLK
+        if mask is None:
+            parts = (ex[t0 : t0 + chunk] for t0 in range(0, len(ex), chunk))
+        elif np.asarray(mask).dtype == bool:
+            m = np.asarray(mask)
+            if m.shape != (len(ex),):
+                raise IndexError(f"boolean mask of shape {m.shape} for a trace of {len(ex)} tokens")
+            parts = (ex[t0 : t0 + chunk][m[t0 : t0 + chunk]] for t0 in range(0, len(ex), chunk))
+        else:
+            idx = np.asarray(mask)
+            parts = (ex[idx[i0 : i0 + chunk]] for i0 in range(0, len(idx), chunk))
+        buf = np.empty((chunk, s.num_layers, s.top_k), np.int64)
         flat = np.zeros(s.num_layers * E1 + 1, np.int64)
-        for t0 in range(0, len(ids), chunk):
-            b = buf[: min(chunk, len(ids) - t0)]
-            np.add(ids[t0 : t0 + chunk], offs_L1, out=b)
+        for ids in parts:
+            b = buf[: len(ids)]
+            np.add(ids, offs_L1, out=b)
             flat += np.bincount(b.reshape(-1), minlength=flat.size)
         return flat[1:].reshape(s.num_layers, E1)[:, : s.num_experts].copy()
 

@@ -77,3 +77,35 @@ def test_a_saved_predictor_is_fitted_on_the_training_part_and_refused_on_its_own
     whole = ev.fit_and_save(doc_trace, "conditional-token", tmp_path / "all", progress=False, split="none")
     with pytest.raises(ConfigError, match="split none"):
         ev.evaluate(doc_trace, [str(whole)], progress=False)
+
+
+def test_score_all_scores_a_predictor_from_another_trace_on_every_row(routed_trace, tmp_path, capsys):
+    """`predict eval --score-all`: a predictor saved from trace A (predict fit --out) scored on all of trace B;
+    a name (it would be fitted on B), a folder fitted on B and --train-extra are refused with one sentence."""
+    from routecast.cli import main
+    from routecast.predict import load_predictor, run_harness
+    from routecast.predict.metrics import METRICS
+    from routecast.trace.io import write_trace
+
+    a, b = routed_trace(num_requests=30, seed=1), routed_trace(num_requests=20, seed=2)
+    write_trace(a, tmp_path / "a")
+    write_trace(b, tmp_path / "b")
+    fit = ["predict", "fit", "--predictor", "conditional-token", "--split", "none", "--quiet", "--out"]
+    assert main([*fit[:2], str(tmp_path / "a"), *fit[2:], str(tmp_path / "pa")]) == 0
+    assert main([*fit[:2], str(tmp_path / "b"), *fit[2:], str(tmp_path / "pb")]) == 0
+    capsys.readouterr()
+    assert main(["predict", "eval", str(tmp_path / "b"), "--predictors", str(tmp_path / "pa"), "--score-all",
+                 "--json", "--quiet"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["test_tokens"] == b.num_tokens and row["split"] == "all"  # every row, not the held-out 20%
+    ref = run_harness(load_predictor(tmp_path / "pa"), b)
+    for m in METRICS:
+        assert row[m] == pytest.approx(ev._nanmean(ref.metrics[m]), nan_ok=True), m
+    assert main(["predict", "eval", str(tmp_path / "b"), "--predictors", str(tmp_path / "pa"), "--quiet"]) == 0
+    assert "held-out split" in capsys.readouterr().out  # without the flag: the held-out part, as before
+    for bad, why in ((["--predictors", "conditional-token"], "a name would be fitted"),
+                     (["--predictors", str(tmp_path / "pb")], "was fitted on this trace"),
+                     (["--predictors", str(tmp_path / "pa"), "--train-extra", str(tmp_path / "a")], "--train-extra")):
+        assert main(["predict", "eval", str(tmp_path / "b"), "--score-all", "--quiet", *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0], err

@@ -61,12 +61,19 @@ def test_multi_shard_read_is_lazy_and_indexes_like_memory(on_disk):
     rng = np.random.default_rng(1)
     idx = rng.integers(-700, 700, 50)
     mask = rng.random(700) < 0.3
-    for key in (5, -1, slice(10, 20), slice(60, 200), slice(None), idx, mask, (slice(60, 70), 1), (idx, 2, 0)):
+    for key in (5, -1, slice(10, 20), slice(60, 200), slice(1, None), idx, mask, (slice(60, 70), 1), (idx, 2, 0),
+                slice(None, None, 3), (mask, 0)):
         np.testing.assert_array_equal(lz.experts_TLK[key], ex[key], err_msg=str(key))
     np.testing.assert_array_equal(lz.weights_TLK[100:300], tr.weights_TLK[100:300])
     assert lazy.MATERIALISED["count"] == before  # none of that loaded the whole tensor
     np.testing.assert_array_equal(np.asarray(lz.experts_TLK), ex)  # this does, and says so
     assert lazy.MATERIALISED["count"] == before + 1
+    # so does every other spelling of a whole read: each holds all rows (or a whole column) in memory at once
+    whole = (slice(None), Ellipsis, (slice(None), 0), slice(0, 10**6), slice(None, None, -1), np.ones(700, bool),
+             np.arange(700), np.arange(700).reshape(7, 100), np.r_[np.arange(700), 3], (np.ones(700, bool), 1, 0))
+    for n, key in enumerate(whole, start=2):
+        np.testing.assert_array_equal(lz.experts_TLK[key], ex[key], err_msg=str(key))
+        assert lazy.MATERIALISED["count"] == before + n, key
     np.testing.assert_array_equal(lz.materialise().weights_TLK, tr.weights_TLK)
 
 
@@ -88,16 +95,18 @@ def test_chunks_and_step_chunks_cover_the_trace_in_order(on_disk, tiny_chunks):
     assert seen[0][0] == 0 and seen[-1][1] == 700 and all(x[1] == y[0] for x, y in zip(seen, seen[1:], strict=False))
 
 
-def test_streaming_commands_match_memory_and_never_load_the_trace(on_disk, tiny_chunks):
+def test_streaming_commands_match_memory_and_never_load_the_trace(on_disk, tiny_chunks, monkeypatch):
     from routecast.place.compare import compare_methods, summarize
     from routecast.predict.evaluate import evaluate
     from routecast.sim.hardware import load_hardware
     from routecast.sim.models import load_model
+    from routecast.trace import stats_bundle
     from routecast.trace.stats_bundle import routing_stats
     from routecast.trace.synth_presets import moegps_skewness
 
     tr, d = on_disk
     lz = read_trace(d)
+    monkeypatch.setattr(stats_bundle, "SAMPLE_TOKENS", 300)  # a sample cap below the 700 rows: reading all is whole
     before = lazy.MATERIALISED["count"]
     assert routing_stats(lz, ep=4, seq_len=None) == routing_stats(tr, ep=4, seq_len=None)
     names = "distribution,probability,conditional-token,conditional-position"
