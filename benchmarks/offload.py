@@ -1,19 +1,26 @@
 """Offloaded inference on CPU, experts read from disk: tokens/s, hit ratio, bytes read, stall share per strategy.
 
-    PYTHONPATH=. python benchmarks/offload.py --ffn DIR --expertflow DIR [--repeats 3] [--prompts corpus:val:8]
+    python benchmarks/offload.py [--quick]                       # builtin-fine, CPU, experts on disk
+    python benchmarks/offload.py --geometry deepseek-v2-lite     # the I/O-bound regime (benchmarks/geometry_bench.py)
 
-Configurations (one request at a time, greedy, the same prompts; every run loads a fresh model):
+Runs from a fresh clone with no arguments: ffn is fitted on first use on the standard 'fine' trace into
+--scratch/predictors; writes out/bench/offload.json (common/bench.py). Python API for one configuration:
+routecast.runtime.offload.run.run_config (tokens/s + figures; docs/stages/runtime.md).
+
+Configurations (one request at a time, greedy, the same prompts; every offloaded run loads the model without its
+routed experts, runtime/offload/load.py):
   all-resident        the unmodified model, every expert in memory (transformers' own grouped_mm forward)
   resident-path       offloaded engine at budget 100% (every expert stays once read): the engine's compute path
   on-demand           a store of K slots (one token's experts of one layer): every expert is read when its layer
                       needs it (almost nothing survives to its next use)
-  lru                 budget B, LRU replacement, no prefetch
+  POLICY              budget B, a demand replacement policy of cache/policy.py (the replay's own objects), no prefetch
   <predictor>         budget B, LRU + PLEC prefetch driven by lookahead (PROBE, layer horizon), ffn (MoE-GPS) or
                       expertflow (routing-path predictor), with real-time correction
   <predictor> <gate>  the same with a confidence gate (--gate topN,pX): each token prefetches only its N most likely
                       experts / those of forecast probability >= X (OffloadConfig.prefetch_top / prefetch_min_prob)
-at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats runs (new tokens per
-second of wall time, prefill included); every offloaded run's tokens are checked against all-resident's.
+at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats interleaved rounds (new
+tokens per second of wall time, prefill included); x LRU is the median of each round's ratio to that round's LRU
+run at the same budget. Every run's logits (every generation step) are compared with all-resident's (allclose).
 
 Replay vs runtime: the runtime's own access log (every (step, layer)'s distinct experts) and forecast sets are
 replayed by cache/slots.py's replay_slots (the runtime's slot decisions, same policy object, same budget and
@@ -44,42 +51,66 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
+from routecast.cache.zoo import uses_forecast  # noqa: E402
+from routecast.common.bench import table, write_bench  # noqa: E402
+from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import (  # noqa: E402
     accesses_from_log,
     load_run,
+    logits_match,
     make_predictor,
     run_config,
 )
+from routecast.runtime.offload.store import RUNTIME_POLICIES  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin-fine")
-    ap.add_argument("--prompts", default="corpus:val:8")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--budgets", default="25,50,75", help="percent of all L*E experts")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 2: the first half fits the cost model)")
-    ap.add_argument("--ffn", default=None, help="saved ffn predictor folder (routecast predict fit)")
-    ap.add_argument("--expertflow", default=None, help="saved expertflow predictor folder")
+    ap.add_argument("--prompts", default=None, help="prompts (default corpus:val:8; --quick corpus:val:3)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 32 (--quick 16)")
+    ap.add_argument("--budgets", default=None, help="percent of all L*E experts (default 25,50,75; --quick 25,50)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved rounds (default 5, --quick 2; >= 2: the first half fits the cost model)")
+    ap.add_argument("--predictors", default=None, help="prefetch predictors (default lookahead,ffn; --quick lookahead); "
+                    "ffn / expertflow are fitted on first use on the standard 'fine' trace into --scratch")
+    ap.add_argument("--policies", default=None, help="demand replacement policies (default: every cache/zoo.py policy object)")
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
     ap.add_argument("--scratch", default="out/bench_offload")
-    ap.add_argument("--out", default="out/bench_offload/offload.json")
     ap.add_argument("--gate", default="", help="extra confidence-gated prefetch rows, comma-separated: 'pX' = a token "
                     "prefetches only experts of forecast probability >= X, 'topN' = only its N highest (e.g. p0.1,top3)")
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="GIL switch interval while loader threads run (default: run.py's SWITCH_S)")
+    ap.add_argument("--geometry", default=None, help="I/O-bound mode: deepseek-v2-lite or mixtral-8x7b expert geometry, "
+                    "random bf16 weights on disk, the routing of the standard 'fine' trace (see geometry.py)")
+    ap.add_argument("--geometry-layers", type=int, default=None, help="MoE layers written (default 4 / mixtral 2)")
+    ap.add_argument("--geometry-tokens", type=int, default=None, help="decode tokens driven (default 24, --quick 8)")
+    ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
-    if a.report:
-        print_report(json.loads(Path(a.report).read_text()))
+    if a.report:  # a saved out/bench/offload.json: its tables, the headline recomputed from its rows
+        out = json.loads(Path(a.report).read_text())["data"]
+        out["headline"] = headline(out)
+        print_report(out)
         return
+    if a.geometry:
+        main_geometry(a)
+        return
+    q = a.quick
+    a.prompts = a.prompts or ("corpus:val:3" if q else "corpus:val:8")
+    a.max_new_tokens = a.max_new_tokens or (16 if q else 32)
+    a.budgets = a.budgets or ("25,50" if q else "25,50,75")
+    a.repeats = a.repeats or (2 if q else 5)
+    a.predictors = a.predictors or ("lookahead" if q else "lookahead,ffn")
     if a.repeats < 2:
         raise SystemExit("--repeats must be at least 2: the first half of the rounds fits the cost model's terms.")
     scratch = Path(a.scratch)
@@ -87,23 +118,23 @@ def main() -> None:
     t_start = time.time()
     loads = [os.getloadavg()[0]]
 
-    model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
+    model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens, experts=False)
     L, E = spec.num_layers, spec.num_experts
-    predictors = {"lookahead": make_predictor("lookahead", model, a.model)}
-    for name, d in (("ffn", a.ffn), ("expertflow", a.expertflow)):
-        if d:
-            predictors[name] = make_predictor(name, model, a.model, predictor_dir=d)
+    predictors = {n: fitted_predictor(n, model, a.model, scratch) for n in a.predictors.split(",") if n}
     del model
+    policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
 
     # -- the disk tier's bandwidth -> the CPU profile the cost model and `cache replay` use
     base = a.hardware
     if base is None:
         base = str(scratch / "calibrated-cpu.toml")
-        subprocess.run([sys.executable, "-m", "routecast.cli", "calibrate", "--quick", "--out", base], check=True,
-                       cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True)
+        if not Path(base).is_file():
+            subprocess.run([sys.executable, "-m", "routecast.cli", "calibrate", "--quick", "--out", base], check=True,
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
     from routecast.runtime.cli import write_profile
 
     prof_path = scratch / "offload-cpu-disk.toml"
+    prof_path.unlink(missing_ok=True)
     tier = write_profile(a.model, prof_path, base)
     hw = load_hardware(prof_path)
     print(f"slow tier ({tier['mode']}): {tier['expert_bytes']} B per expert, median read {tier['median_read_s'] * 1e6:.0f} µs "
@@ -116,33 +147,168 @@ def main() -> None:
                                                                  ("on-demand", spec.top_k, "none", None, {})]
     for pct in [int(x) for x in a.budgets.split(",")]:
         b = int(round(pct / 100 * L * E))
-        configs.append((f"lru@{pct}%", b, "none", None, {}))
+        configs += [(f"{pol}@{pct}%", b, "none", None, {"policy": pol}) for pol in policies]
         for name, pred in predictors.items():
             configs.append((f"{name}@{pct}%", b, name, pred, {}))
             configs += [(f"{name} {g}@{pct}%", b, name, pred, kw) for g, kw in gates.items()]
     switch = {} if a.switch_ms is None else {"switch_s": a.switch_ms / 1e3}
 
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
+    ref_logits = None
     for rep in range(a.repeats):  # interleaved: every configuration once per round
         for label, budget, pf, pred, kw in configs:
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
-                           cfg_kw=kw or None, **switch)
+                           cfg_kw=kw or None, logits=True, **switch)
+            if ref_logits is None:
+                ref_logits = r["logits"]
+            r["logits_allclose"], r["logits_max_diff"] = logits_match(ref_logits, r.pop("logits"))
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
-            print(f"round {rep + 1}/{a.repeats} {label:18s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}", flush=True)
+            print(f"round {rep + 1}/{a.repeats} {label:18s} {r['tokens_per_s']:7.2f} tok/s  hit {r['hit_ratio']:.3f}  "
+                  f"logits allclose {r['logits_allclose']}", flush=True)
+    out = summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_start)
+    print_report(out)
+    write_bench("offload", title="Offloaded inference on CPU (experts read from disk with O_DIRECT)",
+                headline=out["headline"], tables=out["tables"], data=out, quick=q)
+    print("wrote out/bench/offload.json")
 
+
+def main_geometry(a) -> None:
+    """The I/O-bound table: s per token per policy and budget on the geometry's random-weight layers driven by the
+    'fine' trace's routing, with the replay's prediction (replay_slots with the measured tier and compute)."""
+    from routecast.runtime.offload.geometry import (
+        WEIGHT_NOTE,
+        geometry,
+        run_geometry,
+        trace_routing,
+        write_weights,
+    )
+    from routecast.runtime.offload.tier import measure_bandwidth
+    from routecast.trace.standard import standard_trace
+
+    q = a.quick
+    layers = a.geometry_layers or (2 if a.geometry == "mixtral-8x7b" else 4)
+    tokens = a.geometry_tokens or (8 if q else 24)
+    repeats = a.repeats or (1 if q else 3)
+    budgets = [int(x) for x in (a.budgets or ("50" if q else "25,50,75")).split(",")]
+    policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
+    geom = geometry(a.geometry, layers)
+    t_start, loads = time.time(), [os.getloadavg()[0]]
+    path = write_weights(Path(a.scratch) / "geometry", geom)
+    trace = standard_trace("fine")
+    routing = trace_routing(trace, geom, tokens)
+    from routecast.runtime.offload.geometry import GeometryRun
+
+    probe = GeometryRun(path, geom, budget=geom.top_k)
+    tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
+    probe.close()
+    n = geom.layers * geom.experts
+    print(f"{geom.name} geometry: {geom.layers} MoE layers (of the model's; scaled to this disk and time) x {geom.experts} "
+          f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {tokens} decode "
+          f"tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; tier {tier['mode']} "
+          f"{tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)", flush=True)
+    configs = [("on-demand", geom.top_k, "lru", False)]
+    for pct in budgets:
+        b = max(geom.top_k, int(round(pct / 100 * n)))
+        configs += [(f"{pol}@{pct}%", b, pol, False) for pol in policies]
+        configs.append((f"lookahead@{pct}%", b, "lru", True))
+    runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
+    for rep in range(repeats):
+        for label, b, pol, pf in configs:
+            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf)
+            loads.append(os.getloadavg()[0])
+            runs[label].append(r)
+            print(f"round {rep + 1}/{repeats} {label:16s} {r['s_per_token']:.3f} s/token hit {r['hit_ratio']:.3f}", flush=True)
+    rows = []
+    for label, b, pol, pf in configs:
+        rs = runs[label]
+        r0 = rs[0]
+        comp = statistics.median(r["compute_s_per_expert"] for r in rs)
+        acc = accesses_from_log(r0["log"], geom.layers, geom.experts, tokens)
+        rep_ = replay_slots(acc.req_off, acc.req_key, geom.layers, geom.experts, b, policy=pol,
+                            pred_SLE=r0["pred_sets"] if pf else None, layer_ahead=True,
+                            req_comp_s=np.full(len(acc.req_key), comp), xfer_s=tier["median_read_s"], links=1)
+        spt = [r["s_per_token"] for r in rs]
+        pct = label.rsplit("@", 1)[1] if "@" in label else None
+        lru = runs.get(f"lru@{pct}") if pct else None
+        ratios = [y["s_per_token"] / x["s_per_token"] for x, y in zip(rs, lru, strict=True)] if lru else []
+        replay_s = (rep_["sim_s"] + (routing["predict_s"] * tokens if pf else 0.0)) / tokens
+        rows.append({"config": label, "budget": b, "s_per_token": statistics.median(spt), "s_min": min(spt),
+                     "s_max": max(spt), "x_lru_tokens_per_s": statistics.median(ratios) if ratios else None,
+                     "hit_ratio": statistics.median(r["hit_ratio"] for r in rs), "replay_s_per_token": replay_s,
+                     "replay_hit_ratio": rep_["hit_ratio"], "measured_vs_replay": statistics.median(spt) / replay_s - 1,
+                     "predictor_share": statistics.median(r["predict_s"] / r["wall_s"] for r in rs),
+                     "read_s_per_expert": statistics.median(r["read_s_per_expert"] for r in rs),
+                     "compute_s_per_expert": comp})
+    print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "hit", "replay s/token", "replay hit",
+                      "measured vs replay", "predictor share")))
+    for r in rows:
+        print(" | ".join((r["config"], f"{r['s_per_token']:.3f}", f"({r['s_min']:.3f}-{r['s_max']:.3f})",
+                          _f(r["x_lru_tokens_per_s"], ".2f"), f"{r['hit_ratio']:.3f}", f"{r['replay_s_per_token']:.3f}",
+                          f"{r['replay_hit_ratio']:.3f}", f"{r['measured_vs_replay']:+.1%}", f"{r['predictor_share']:.2%}")))
+    lo, hi = min(loads), max(loads)
+    head = [f"{geom.name} geometry, {geom.layers} MoE layers, {tokens} tokens; {WEIGHT_NOTE}"]
+    for pct in budgets:
+        p = next(r for r in rows if r["config"] == f"lookahead@{pct}%")
+        head.append(f"budget {pct}%: lookahead prefetch {p['x_lru_tokens_per_s']:.2f}x LRU tokens/s; measured "
+                    f"{p['measured_vs_replay']:+.1%} vs the replay's prediction ({p['replay_s_per_token']:.3f} s/token)")
+    head.append(f"median of {repeats} interleaved rounds; load average {lo:.1f}-{hi:.1f}; no GPU was lent to this task "
+                "(the GPU table of issue 21 item 6 was not run)")
+    for line in head:
+        print(line)
+    write_bench(f"offload_geometry_{geom.name}", title=f"Offloading in the I/O-bound regime: {geom.name} geometry",
+                headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
+                data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
+                      "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s")},
+                      "rows": rows, "wall_s": time.time() - t_start})
+    print(f"wrote out/bench/offload_geometry_{geom.name}.json")
+
+
+def fitted_predictor(name: str, model, model_name: str, scratch: Path):
+    """The prefetch predictor `name`: lookahead from the model's own gates; a fitted one (ffn, expertflow) fitted
+    on first use on the standard 'fine' trace and saved under scratch/predictors/NAME (loaded after)."""
+    if name == "lookahead":
+        return make_predictor("lookahead", model, model_name)
+    d = scratch / "predictors" / name
+    from routecast.predict.store import is_predictor_dir
+
+    if not is_predictor_dir(d):
+        from routecast.predict.evaluate import NEEDS_ROUTER_INPUTS, fit_or_load
+        from routecast.predict.store import save_predictor
+        from routecast.trace.io import read_trace
+        from routecast.trace.standard import standard_trace
+
+        path = standard_trace("fine")
+        need = name in NEEDS_ROUTER_INPUTS
+        trace = read_trace(path, load_hidden=need, load_logits=need)
+        print(f"fitting {name} on {path} (first use; saved to {d})", flush=True)
+        save_predictor(fit_or_load(name, trace, model=model_name, seed=0, threads=1, quiet=True), d,
+                       fitted_on={"trace": str(path)})
+    return make_predictor(name, model, model_name, predictor_dir=d)
+
+
+def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_start) -> dict:
+    """Rows (medians over rounds, min-max, per-round ratios to the same budget's LRU), cost-model errors, headline."""
     ref_tokens = runs["all-resident"][0]["tokens"]
     num_tokens = sum(len(ids) + len(t) for (ids, _), t in zip(requests, ref_tokens, strict=True))
     model = fit_terms(runs, L, E, num_tokens, tier["expert_bytes"], hw)
     rows = []
-    for label, budget, pf, _pred, _kw in configs:
+    for label, budget, pf, _pred, kw in configs:
         rs = runs[label]
         ev = rs[model["fit_rounds"]:]  # the rounds the model is judged on (the first ones fitted it)
         tps = [r["tokens_per_s"] for r in rs]
-        row = {"config": label, "budget": budget, "prefetch": pf, "tokens_per_s": statistics.median(tps),
-               "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
-               "identical": all(r["tokens"] == ref_tokens for r in rs), "new_tokens": rs[0]["new_tokens"],
+        pct = label.rsplit("@", 1)[1] if "@" in label else None
+        lru = runs.get(f"lru@{pct}") if pct else None
+        ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, lru, strict=True)] if lru else []
+        row = {"config": label, "budget": budget, "prefetch": pf, "policy": kw.get("policy", "lru"),
+               "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+               "x_lru": statistics.median(ratios) if ratios else None, "x_lru_min": min(ratios) if ratios else None,
+               "x_lru_max": max(ratios) if ratios else None,
+               "identical": all(r["tokens"] == ref_tokens for r in rs),
+               "logits_allclose": all(r["logits_allclose"] for r in rs),
+               "logits_max_diff": max(r["logits_max_diff"] for r in rs), "new_tokens": rs[0]["new_tokens"],
                "predict_s": statistics.median(r.get("predict_s", 0.0) for r in rs),
+               "predictor_share": statistics.median(r.get("predict_s", 0.0) / r["wall_s"] for r in rs),
                "eval_tokens_per_s": statistics.median(r["tokens_per_s"] for r in ev)}
         if budget is None:
             row.update(hit_ratio=1.0, bytes_read=0, stall_share=0.0, replay_hit_ratio=None, late=0, replay_late=0,
@@ -159,21 +325,24 @@ def main() -> None:
                 cfg = ReplayConfig(budget=budget, hardware=hw, dense_us=max(0.0, model["dense_us"]))
                 slots = replay_slots(racc.req_off, racc.req_key, L, E, budget, pred_SLE=r0["pred_sets"],
                                      layer_ahead=pf == "lookahead", req_comp_s=compute_seconds(racc, cfg, eb),
-                                     dense_s=max(0.0, model["dense_us"]) * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2)
+                                     dense_s=max(0.0, model["dense_us"]) * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2,
+                                     policy=row["policy"])
                 row.update(replay_hit_ratio=slots["hit_ratio"], replay_late=slots["late"])
-        row.update(price(model, rs, label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw))
-        row["model_error"] = row["model_tokens_per_s"] / row["eval_tokens_per_s"] - 1
-        row["kernel_error"] = row["kernel_tokens_per_s"] / row["eval_tokens_per_s"] - 1
+        row.update(price(model, rs, label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw, row["policy"]))
+        row["model_error"] = None if row["model_tokens_per_s"] is None else row["model_tokens_per_s"] / row["eval_tokens_per_s"] - 1
+        row["kernel_error"] = None if row["kernel_tokens_per_s"] is None else row["kernel_tokens_per_s"] / row["eval_tokens_per_s"] - 1
         rows.append(row)
-
     out = {"machine": machine_info(), "load_avg": [min(loads), max(loads)], "tier": tier, "profile": str(prof_path),
            "dense_us": model["dense_us"], "cost_terms": model, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
            "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets")} for r in v]
                     for k, v in runs.items()}}
-    print_report(out)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1, default=float))
-    print(f"wrote {a.out}")
+    out["headline"] = headline(out)
+    cols = ("config", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "x_lru", "x_lru_min", "x_lru_max",
+            "hit_ratio", "stall_share", "predictor_share", "logits_allclose", "model_error")
+    out["tables"] = [table(f"{a.model}: tokens/s per configuration (median of {a.repeats} interleaved rounds, min-max; "
+                           "x_lru = median of per-round ratios to LRU at the same budget)",
+                           [{c: r[c] for c in cols} for r in rows])]
+    return out
 
 
 def parse_gates(text: str) -> dict[str, dict]:
@@ -190,13 +359,14 @@ def parse_gates(text: str) -> dict[str, dict]:
     return out
 
 
-def _kernel(r0: dict, budget: int, pf: str, L: int, E: int, num_tokens: int, eb: int, hw, dense_us: float) -> dict:
-    """The replay kernel's pricing of run r0's own access log under its policy (lru, or plec-correct with the
-    run's forecast sets)."""
+def _kernel(r0: dict, budget: int, pf: str, L: int, E: int, num_tokens: int, eb: int, hw, dense_us: float,
+            policy: str = "lru") -> dict:
+    """The replay kernel's pricing of run r0's own access log under its policy (the demand policy, or plec-correct
+    with the run's forecast sets)."""
     racc = accesses_from_log(r0["log"], L, E, num_tokens)
     cfg = ReplayConfig(budget=budget, hardware=hw, dense_us=max(0.0, dense_us), plec_fallback="lru", plec_depth=L)
     if pf == "none":
-        return run_policy(racc, "lru", cfg, expert_bytes=eb)
+        return run_policy(racc, policy, cfg, expert_bytes=eb)
     fc = forecast_entries(racc, r0["pred_sets"])
     return run_policy(racc, "plec-correct", cfg, forecast=fc, layer_ahead=pf == "lookahead", expert_bytes=eb)
 
@@ -219,7 +389,7 @@ def fit_terms(runs: dict[str, list[dict]], L: int, E: int, num_tokens: int, eb: 
 
 
 def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, L: int, E: int, num_tokens: int,
-          eb: int, hw) -> dict:
+          eb: int, hw, policy: str = "lru") -> dict:
     """Model tokens/s of one configuration from the fitted terms, its round-1 access log and its predictor
     seconds (median over the fit rounds)."""
     r0 = rs[0]
@@ -233,14 +403,60 @@ def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, 
         kern = model["dense_us"] * 1e-6 * model["accesses"] + model["comp_s"]
         return {"kernel_hit_ratio": None, "kernel_tokens_per_s": n_new / kern,
                 "model_tokens_per_s": n_new / sim, "model_terms_s": {"kernel_s": sim}}
-    k_plain = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"])
-    k = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"] + model["engine_us"])
+    try:
+        k_plain = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"], policy)
+        k = _kernel(r0, budget, pf, L, E, num_tokens, eb, hw, model["dense_us"] + model["engine_us"], policy)
+    except ConfigError:  # a policy the replay kernel does not run
+        return {"kernel_hit_ratio": None, "kernel_tokens_per_s": None, "model_tokens_per_s": None, "model_terms_s": {}}
     reads = k["demand_loads"] + k["prefetches"]
     pred_s = statistics.median(r.get("predict_s", 0.0) for r in rs[:model["fit_rounds"]])
     terms = {"kernel_s": k["sim_s"], "predictor_s": pred_s, "reads_s": model["read_us"] * 1e-6 * reads}
     sim = sum(terms.values())
     return {"kernel_hit_ratio": k["hit_ratio"], "kernel_covered_ratio": k["covered_ratio"],
             "kernel_tokens_per_s": n_new / k_plain["sim_s"], "model_tokens_per_s": n_new / sim, "model_terms_s": terms}
+
+
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+FITTED = ("all-resident", "resident-path", "on-demand")  # the rounds 1..F of these fit dense_us, engine_us, read_us
+
+
+def cost_model_error(rows: list[dict]) -> dict | None:
+    """|model err| over exactly the offloaded configurations not used in the fit (FITTED excluded): n, names, median."""
+    priced = [r for r in rows if r["config"] not in FITTED and r.get("model_error") is not None]
+    if not priced:
+        return None
+    errs = [abs(r["model_error"]) for r in priced]
+    kerrs = [abs(r["kernel_error"]) for r in priced if r.get("kernel_error") is not None]
+    return {"n": len(priced), "rows": [r["config"] for r in priced], "median": statistics.median(errs),
+            "max": max(errs), "kernel_median": statistics.median(kerrs) if kerrs else float("nan")}
+
+
+def headline(out: dict) -> list[str]:
+    """The claim lines: per budget the best prediction-driven configuration against LRU (median of per-round ratios,
+    min-max), its predictor share, logits equality of every run, the load."""
+    rows, lines = out["rows"], []
+    budgets = sorted({r["config"].rsplit("@", 1)[1] for r in rows if "@" in r["config"]}, key=lambda x: int(x[:-1]))
+    for b in budgets:
+        here = [r for r in rows if r["config"].endswith(f"@{b}")]
+        pred = [r for r in here if r["prefetch"] != "none" or uses_forecast(r["policy"])]  # prefetch or fc-evict
+        demand = [r for r in here if r not in pred]
+        if pred:
+            best = max(pred, key=lambda r: r["x_lru"])
+            lines.append(f"budget {b}: best prediction-driven {best['config']} {best['x_lru']:.2f}x LRU tokens/s "
+                         f"(per-round min-max {best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), predictor "
+                         f"{best['predictor_share']:.1%} of the run")
+        if demand:
+            bd = max(demand, key=lambda r: r["x_lru"])
+            lines.append(f"budget {b}: best policy without prediction {bd['config']} {bd['x_lru']:.2f}x LRU tokens/s")
+    bad = [r["config"] for r in rows if not r["logits_allclose"]]
+    lines.append("every run's logits allclose to all-resident at every step" if not bad else
+                 f"logits NOT allclose to all-resident: {', '.join(bad)}")
+    lo, hi = out["load_avg"]
+    lines.append(f"load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; tier {out['tier']['mode']}")
+    return lines
 
 
 def print_report(out: dict) -> None:
@@ -257,23 +473,26 @@ def print_report(out: dict) -> None:
     print(f"cost model terms (fitted on rounds 1..{m['fit_rounds']}): dense {m['dense_us']:.0f} µs per layer, engine {m['engine_us']:+.0f} µs "
           f"per layer, {m['read_us']:.0f} µs of compute thread per read, each configuration's predictor seconds; "
           f"errors against the median of rounds {m['fit_rounds'] + 1}..{st['repeats']}")
-    head = ("config", "tok/s", "(min-max)", "x on-demand", "x all-resident", "hit", "late", "replay hit (run 1)",
-            "replay late", "kernel on-time", "MB read", "stall", "predictor s", "model tok/s", "model err", "kernel err",
-            "identical")
+    head = ("config", "tok/s", "(min-max)", "x LRU (min-max)", "x on-demand", "x all-resident", "hit", "late",
+            "replay hit (run 1)", "replay late", "kernel on-time", "MB read", "stall", "predictor share", "model tok/s",
+            "model err", "kernel err", "logits allclose")
     print(" | ".join(head))
     for r in rows:
         print(" | ".join([
             r["config"], f"{r['tokens_per_s']:.2f}", f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})",
+            "-" if r["x_lru"] is None else f"{r['x_lru']:.2f} ({r['x_lru_min']:.2f}-{r['x_lru_max']:.2f})",
             f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}", f"{r.get('late', 0):.0f}",
             "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f} ({r['runtime_hit_ratio_run0']:.3f})",
             f"{r.get('replay_late', 0)}", "-" if r.get("kernel_hit_ratio") is None else f"{r['kernel_hit_ratio']:.3f}",
-            f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['predict_s']:.2f}",
-            f"{r['model_tokens_per_s']:.2f}", f"{r['model_error']:+.1%}", f"{r['kernel_error']:+.1%}", str(r["identical"])]))
-    priced = [r for r in rows if r["budget"] is not None and r["config"] != "resident-path"]  # not fitted on
-    errs, kerrs = [abs(r["model_error"]) for r in priced], [abs(r["kernel_error"]) for r in priced]
-    if errs:
-        print(f"offloaded configurations other than the fitted ones: median |model err| {statistics.median(errs):.1%} (max {max(errs):.1%}); "
-              f"kernel alone {statistics.median(kerrs):.1%} (max {max(kerrs):.1%})")
+            f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['predictor_share']:.1%}",
+            _f(r["model_tokens_per_s"], ".2f"), _f(r["model_error"], "+.1%"), _f(r["kernel_error"], "+.1%"),
+            str(r["logits_allclose"])]))
+    err = cost_model_error(rows)
+    if err:
+        print(f"cost model over the {err['n']} offloaded configurations not used in the fit ({', '.join(err['rows'])}): "
+              f"median |model err| {err['median']:.1%} (max {err['max']:.1%}); kernel alone {err['kernel_median']:.1%}")
+    for line in out.get("headline", []):
+        print(line)
     print("\nlast round's counters: wall s | predictor s | stall s | reads | s inside reads (summed over threads) | "
           "prefetches issued / loaded / useful / cancelled / dropped")
     for k, v in out["runs"].items():

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import load_run, make_predictor, run_config  # noqa: E402
 
@@ -35,7 +36,13 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=50, help="percent of all L*E experts")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="out/bench_offload/batch.json")
+    ap.add_argument("--quick", action="store_true", help="a reduced run (make bench): 2 prompts x 8 tokens, 1 round")
     a = ap.parse_args()
+    if a.quick:
+        a.prompts, a.max_new_tokens, a.repeats = "corpus:val:2", 8, 1
+        for k, v in (("batch_sizes", "1,2"), ("budgets", "50"), ("ppl_prompts", "corpus:val:2")):
+            if hasattr(a, k):
+                setattr(a, k, v)
     t_start = time.time()
     loads = [os.getloadavg()[0]]
     model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
@@ -76,7 +83,10 @@ def main() -> None:
                           str(r["identical"])]))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=float))
-    print(f"wrote {a.out}")
+    lo, hi = out["load_avg"]
+    print(f"wrote {a.out} and", write_bench("offload_batch", title="Batched offloaded generation (left-padded) vs all-resident", quick=a.quick,
+                                             headline=[f"median of {a.repeats} rounds; load average {lo:.1f}-{hi:.1f}"],
+                                             tables=[table("Batched offloaded generation (left-padded) vs all-resident", out["rows"])], data=out))
 
 
 if __name__ == "__main__":

@@ -28,9 +28,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
-from routecast.runtime.offload.fallback import offloaded_perplexity, perplexity, token_agreement  # noqa: E402
-from routecast.runtime.offload.run import encode_prompts, load_run, make_predictor, run_config  # noqa: E402
+from routecast.runtime.offload.fallback import perplexity, token_agreement  # noqa: E402
+from routecast.runtime.offload.run import (  # noqa: E402
+    encode_prompts,
+    load_run,
+    make_predictor,
+    offloaded_perplexity,
+    run_config,
+)
 from routecast.trace.capture_inputs import load_prompts  # noqa: E402
 
 
@@ -43,7 +50,13 @@ def main() -> None:
     ap.add_argument("--budgets", default="25,50,75", help="percent of all L*E experts")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="out/bench_offload/fallback.json")
+    ap.add_argument("--quick", action="store_true", help="a reduced run (make bench): 2 prompts x 8 tokens, 1 round")
     a = ap.parse_args()
+    if a.quick:
+        a.prompts, a.max_new_tokens, a.repeats = "corpus:val:2", 8, 1
+        for k, v in (("batch_sizes", "1,2"), ("budgets", "50"), ("ppl_prompts", "corpus:val:2")):
+            if hasattr(a, k):
+                setattr(a, k, v)
     t_start = time.time()
     loads = [os.getloadavg()[0]]
     model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
@@ -90,7 +103,10 @@ def main() -> None:
     print_report(out)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=float))
-    print(f"wrote {a.out}")
+    lo, hi = out["load_avg"]
+    print(f"wrote {a.out} and", write_bench("offload_fallback", title="eMoE fallback in the offload runtime: speed and quality cost", quick=a.quick,
+                                             headline=[f"median of {a.repeats} rounds; load average {lo:.1f}-{hi:.1f}"],
+                                             tables=[table("eMoE fallback in the offload runtime: speed and quality cost", out["rows"])], data=out))
 
 
 def print_report(out: dict) -> None:

@@ -229,7 +229,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
         a.trace, out=a.out, as_json=a.json, budget=a.budget, policies=a.policies, predictor=a.predictor,
         hardware=a.hardware, dense_us=a.dense_us, plec_fallback=a.plec_fallback, plec_depth=a.plec_depth,
         expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed, split=a.split,
-        threads=a.threads, quiet=a.quiet,
+        threads=a.threads, quiet=a.quiet, score_all=a.score_all,
     )
 
 
@@ -454,9 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("replay",), help="replay: hit ratio, bytes moved, stall, gap to Belady per policy")
     p.add_argument("trace", help="trace directory")
     p.add_argument("--budget", type=N.budget_text(), default="50%", help="device expert slots: '50%%' of all L*E, a count '96', or bytes '12GB'")
-    p.add_argument("--policies", default="lru,lfu,lfuda,plec,plec-correct,belady",
-                   help="comma-separated policies: lru, lfu, lfuda, lru-layer, semoe, plec, plec-correct, "
-                        "plec-correct-eager, plec-correct-fifo, belady")
+    p.add_argument("--policies", default="lru,lfu,lfuda,arc,s3fifo,lirs,plec-correct,fc-evict,belady",
+                   help="comma-separated: lru, lfu, lfuda, lru-layer, semoe, plec*, belady, arc, s3fifo, lirs, fc-evict, NAME+admit")
+    p.add_argument("--score-all", action="store_true", help="score a --predictor folder from another trace on all rows")
     p.add_argument("--predictor", default=None,
                    help="forecast for plec: a predictor name, a saved predictor folder, or 'oracle' (default conditional-token)")
     p.add_argument("--dense-us", type=N.real(0.0, 1e9), default=0.0, help="non-expert time per layer before the router, µs (default 0)")

@@ -22,10 +22,7 @@ ORDER = ("cli", "demo", "report", "advise", "runtime", "serve", ("place", "cache
 RANK = {s: i for i, level in enumerate(ORDER) for s in (level if isinstance(level, tuple) else (level,))}
 # Circles another helper is removing at the time of writing; each entry must still be a circle (so a fixed one
 # is struck from the list) and nothing else may join one. runtime/offload belongs to the offload work (issue 24).
-KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset({"routecast.runtime.offload.engine", "routecast.runtime.offload.fallback",
-               "routecast.runtime.offload.run"}),
-]
+KNOWN_CIRCLES: list[frozenset[str]] = []
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:

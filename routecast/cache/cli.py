@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from routecast.cache.compare import ALL_POLICIES, add_time_metrics, compare_policies, is_predictive
 from routecast.cache.replay import ORACLE, POLICIES, ReplayConfig, parse_budget, replay
 from routecast.cache.stream import PackedSets
+from routecast.cache.zoo import ADMIT, DESCRIBE
 from routecast.common.errors import ConfigError
 from routecast.predict.evaluate import (
     PREDICTOR_NAMES,
@@ -95,15 +97,34 @@ def forecast_sets(predictor: Predictor, trace: Trace, *, rows: np.ndarray | None
 
 def make_forecast(trace: Trace, predictor: str, *, model: str | None = None, train_fraction: float = 0.8,
                   seed: int = 0, split: str = "document", threads: int = 1, quiet: bool = True,
-                  sink_dir: str | Path | None = None) -> tuple[np.ndarray | None, Any, bool, str]:
+                  sink_dir: str | Path | None = None, score_all: bool = False) -> tuple[np.ndarray | None, Any, bool, str]:
     """-> (bool (T,) mask of the replayed rows or None = all, forecast batch sets (S, L, E), layer_ahead, what it
     was fitted on): 'oracle' (the whole trace, its true routing), a predictor name (fitted on train_fraction of the
     documents, forecast on the rest) or a folder from `routecast predict fit` (refused if it was fitted on this
     trace's held-out part). Row masks, not copies: the fit, the forecast and the replay stream the trace. With
     sink_dir the sets are bit-packed into a file there (memory bounded by a window), else a bool array in memory,
-    which a caller may reuse across budgets."""
+    which a caller may reuse across budgets. score_all: a saved predictor (fitted on another trace) forecasts
+    every row of this trace; a name or a folder fitted on this trace is refused."""
     if predictor == "oracle":
         return None, ORACLE, False, "oracle: the true routing of each step"
+    if score_all:
+        from routecast.predict.store import fitted_on
+
+        if predictor in PREDICTOR_NAMES:
+            raise ConfigError(f"--score-all with --predictor {predictor!r}: a name would be fitted on the trace it is "
+                              "scored on; expected a folder written by `routecast predict fit` on another trace.")
+        pred = fit_or_load(predictor, trace, model=model, seed=seed, threads=threads, quiet=quiet)
+        if (fitted_on(predictor) or {}).get("trace") == trace_fingerprint(trace):
+            raise ConfigError(f"--score-all: {predictor} was fitted on this trace; expected a predictor fitted on "
+                              "another trace (scoring it here would count its own training rows).")
+        test = np.ones(trace.num_tokens, bool)
+        sink = None
+        if sink_dir is not None:
+            s = trace.spec
+            sink = PackedSets(Path(sink_dir) / "forecast.bits", len(np.unique(trace.step)), s.num_layers,
+                              s.num_experts)
+        pred_SLE, layer_ahead = forecast_sets(pred, trace, rows=test, sink=sink)
+        return test, pred_SLE, layer_ahead, f"{pred.name} loaded from {predictor}, scored on the whole trace"
     train, test, used = heldout_rows(trace, split, train_fraction, seed)
     pred = fit_or_load(predictor, trace, model=model, seed=seed, threads=threads, quiet=quiet, rows=train)
     if predictor in PREDICTOR_NAMES:
@@ -123,22 +144,24 @@ def make_forecast(trace: Trace, predictor: str, *, model: str | None = None, tra
 
 def parse_policies(text: str | Sequence[str]) -> list[str]:
     items = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
-    bad = [p for p in items if p not in POLICIES]
+    bad = [p for p in items if p not in ALL_POLICIES and not (p.endswith(ADMIT) and p[: -len(ADMIT)] in DESCRIBE)]
     if not items or bad:
-        raise ConfigError(f"--policies holds {bad or text!r}; expected a comma-separated list of {', '.join(POLICIES)}.")
+        raise ConfigError(f"--policies holds {bad or text!r}; expected a comma-separated list of "
+                          f"{', '.join(ALL_POLICIES)} (a policy object may take +admit).")
     return items
 
 
-_COLS = (("policy", "policy", "{}"), ("hit_ratio", "hit", "{:.3f}"), ("covered_ratio", "covered", "{:.3f}"),
-         ("gap_closed", "gap closed", "{:.1%}"), ("demand_loads", "demand loads", "{}"),
-         ("prefetches", "prefetches", "{}"), ("gb_moved", "GB moved", "{:.2f}"), ("stall_ms", "stall ms", "{:.2f}"),
-         ("us_per_token", "µs/token", "{:.2f}"))
+_COLS = (("policy", "policy", "{}"), ("us_per_token", "µs/token", "{:.2f}"),
+         ("time_gap_closed", "time gap closed", "{:.1%}"), ("hit_ratio", "hit", "{:.3f}"),
+         ("bytes_per_token", "bytes/token", "{:.0f}"), ("pf_unused", "prefetch unused B/token", "{:.0f}"),
+         ("demand_stall_share", "demand stall share", "{:.2f}"), ("gap_closed", "hit gap closed", "{:.1%}"))
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """Fixed-width table of replay rows (the ones marked 'shown')."""
+    """Fixed-width table of replay rows (the ones marked 'shown'), in the rows' order (fastest first)."""
     def cell(r: dict[str, Any], k: str, f: str) -> str:
-        v = {"gb_moved": r["bytes_moved"] / 1e9, "stall_ms": r["stall_s"] * 1e3}.get(k, r.get(k))
+        tok = r["bytes_moved"] / r["bytes_per_token"] if r.get("bytes_per_token") else 0
+        v = {"pf_unused": r.get("prefetch_bytes_unused", 0.0) / tok if tok else None}.get(k, r.get(k))
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v)
 
     cells = [[h for _, h, _ in _COLS]] + [[cell(r, k, f) for k, _, f in _COLS] for r in rows if r.get("shown", True)]
@@ -152,9 +175,11 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
                hardware: str = "h100-sxm", dense_us: float = 0.0, plec_fallback: str = "lfu", plec_depth: int = 1,
                expert_bytes: int = 0, model: str | None = None, train_fraction: float = 0.8, seed: int = 0,
                split: str = "document", threads: int = 1, quiet: bool = True,
-               tmp_dir: str | Path | None = None,
+               tmp_dir: str | Path | None = None, score_all: bool = False,
                forecast: tuple[np.ndarray | None, Any, bool, str] | None = None) -> dict[str, Any]:
-    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included).
+    """The whole replay as a dict: settings and one row per policy (LRU and Belady always included), fastest
+    first. Kernel policies stream the trace; with a policy object (arc, s3fifo, lirs, fc-evict, +admit) every
+    policy replays the replayed rows in memory (cache.compare.compare_policies), with the same time model.
 
     tmp_dir: where the temporary files go (the bit-packed forecast, Belady's next use; None = the system's
     temporary directory); they are removed at the end. forecast: make_forecast's result (made in memory),
@@ -172,17 +197,30 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
     cfg = ReplayConfig(budget=slots, hardware=load_hardware(hardware), dense_us=dense_us, plec_fallback=plec_fallback,
                        plec_depth=plec_depth, expert_bytes=eb)
     with tempfile.TemporaryDirectory(prefix="routecast-forecast-", dir=tmp_dir) as tmp:
-        made_here = forecast is None and any(POLICIES[n].forecast for n in names)
+        made_here = forecast is None and (any(is_predictive(n) for n in names) or score_all)
         if made_here:
             forecast = make_forecast(trace, predictor or "conditional-token", model=model,
                                      train_fraction=train_fraction, seed=seed, split=split, threads=threads,
-                                     quiet=quiet, sink_dir=tmp)
+                                     quiet=quiet, sink_dir=tmp, score_all=score_all)
         test, pred_SLE, layer_ahead, fitted = forecast or (None, None, False, "")
-        rows = replay(trace, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead, mask=test, tmp_dir=tmp,
-                      progress=not quiet)
+        replayed = trace.num_tokens if test is None else int(test.sum())
+        if all(n in POLICIES for n in names):
+            rows = replay(trace, names, cfg, pred_SLE=pred_SLE, layer_ahead=layer_ahead, mask=test, tmp_dir=tmp,
+                          progress=not quiet)
+            for r in rows:
+                r["prefetch_bytes_unused"] = float((r["prefetches"] - r["useful_prefetches"]) * eb)
+                r["demand_stall_s"] = r["stall_s"] if POLICIES[r["policy"]].demand_only else None
+                r["predictive"] = is_predictive(r["policy"])
+            add_time_metrics(rows, replayed)
+            rows.sort(key=lambda r: r["us_per_token"])
+        else:
+            sets = pred_SLE[0:pred_SLE.shape[0]] if isinstance(pred_SLE, PackedSets) else pred_SLE
+            rows = compare_policies(trace, budget=slots, hardware=cfg.hardware, policies=names, mask=test,
+                                    forecast=sets, layer_ahead=layer_ahead, dense_us=dense_us, expert_bytes=eb)
+            for r in rows:
+                r["shown"] = r["policy"] in names
         if made_here and isinstance(pred_SLE, PackedSets):
             pred_SLE.close()
-    replayed = trace.num_tokens if test is None else int(test.sum())
     return {
         "settings": {"budget_slots": slots, "budget_fraction": slots / (s.num_layers * s.num_experts),
                      "hardware": cfg.hardware.name, "expert_bytes": eb, "dense_us": dense_us,
@@ -226,6 +264,7 @@ def cache_replay_main(trace_path: str | Path, *, out: str | Path | None = None, 
         print(f"budget {st['budget_slots']} of {st['layers'] * st['experts']} experts ({st['budget_fraction']:.0%}), "
               f"{st['hardware']}, {st['replayed_tokens']} tokens replayed"
               + (f"; forecast: {st['predictor']}" if st["predictor"] else ""))
+        print("ranked by simulated µs per token; time gap closed = (LRU µs - policy µs) / (LRU µs - Belady µs)")
         print(format_rows(res["rows"]))
         if out:
             print(f"wrote {out}")

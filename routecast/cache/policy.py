@@ -19,13 +19,72 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
 NOT_PREDICTED = -1
+Rank = tuple[int, int]
 
 
-class ExpertPolicy:
+class BasePolicy:
+    """What a cache policy object offers its driver (SlotCache in the runtime, cache/objreplay.py in the replay).
+
+    Residency: ``admit(key)`` (key just got a slot; the access that missed counts as its first use),
+    ``touch(key)`` (a hit), ``remove(key)`` (key left the fast tier: evicted or released), ``victim(pinned,
+    below, incoming)`` (the resident key to evict, -1 if none may go; ``incoming`` is the key that needs the slot,
+    -1 for none known). The driver calls, on a miss in a full pool: ``v = victim(...)``, ``remove(v)``,
+    ``admit(key)``. Forecast hooks (no-ops unless a policy uses them): ``mark_predicted`` / ``mark_spent`` (PLEC
+    marks within a step), ``begin_step(requests, forecast_LE)`` before a forward step, ``end_step(observed)``
+    after it (observed: a StepUse of the step's routing per request, or None where the driver has none).
+    """
+
+    name = "base"
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __contains__(self, key: int) -> bool:
+        raise NotImplementedError
+
+    def admit(self, key: int) -> None:
+        raise NotImplementedError
+
+    def touch(self, key: int) -> None:
+        raise NotImplementedError
+
+    def remove(self, key: int) -> None:
+        raise NotImplementedError
+
+    def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
+        raise NotImplementedError
+
+    def mark_predicted(self, keys: Iterable[int], layer_of: Callable[[int], int]) -> None:
+        return None
+
+    def mark_spent(self, keys: Iterable[int], used: set[int]) -> list[int]:
+        return []
+
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        return None
+
+    def end_step(self, observed: Any = None) -> None:
+        return None
+
+    def rank(self, key: int) -> Rank:
+        """Every resident key ranks (1, 0) (unpredicted) unless the policy keeps forecast marks."""
+        return 1, 0
+
+    @staticmethod
+    def refuses(below: Rank | None) -> bool:
+        """A prefetch whose rank is no higher than an unpredicted key's may evict nothing (PLEC's rule)."""
+        return below is not None and below <= (1, 0)
+
+
+class ExpertPolicy(BasePolicy):
     """LRU over resident keys plus PLEC forecast marks; O(1) touch, victim found from the LRU end.
 
     ``rank(key)``: (class, value) with class 0 = mispredicted, 1 = unpredicted, 2 = predicted; within
@@ -34,7 +93,8 @@ class ExpertPolicy:
 
     name = "lru"
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
+        super().__init__(capacity)
         self._order: OrderedDict[int, None] = OrderedDict()  # resident keys, least recent first
         self._predicted: dict[int, int] = {}  # key -> forecast layer (this step)
         self._mispredicted: OrderedDict[int, None] = OrderedDict()
@@ -79,7 +139,7 @@ class ExpertPolicy:
                 bad.append(k)
         return bad
 
-    def end_step(self) -> None:
+    def end_step(self, observed: Any = None) -> None:
         """The step finished: every forecast mark is dropped (marks never outlive their step)."""
         self._predicted.clear()
         self._mispredicted.clear()
@@ -95,9 +155,9 @@ class ExpertPolicy:
         return (1, 0) if layer == NOT_PREDICTED else (2, -layer)
 
     # ------------------------------------------------------------------ victim choice
-    def victim(self, pinned: Callable[[int], bool], below: tuple[int, int] | None = None) -> int:
+    def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
         """The resident key to evict, or -1 if none may go. pinned(key): in use or in flight (never evicted).
-        below: only a key ranking strictly below this rank (a prefetch's own rank) may go."""
+        below: only a key ranking strictly below this rank (a prefetch's own rank) may go. incoming: unused."""
         for k in self._mispredicted:
             if not pinned(k):
                 return k

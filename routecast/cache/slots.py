@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from routecast.cache.policy import ExpertPolicy
+from routecast.cache.forecast_evict import StepUse
+from routecast.cache.policy import BasePolicy
+from routecast.cache.zoo import make_policy
 from routecast.common.errors import ConfigError
 
 Load = tuple[int, int, int]  # (key, slot, evicted key or -1)
@@ -41,9 +43,10 @@ class SlotCache:
     prefetch_issued / useful / cancelled / dropped, evictions, mispredicted, max_occupied."""
 
     def __init__(self, L: int, E: int, budget: int, per_layer: bool = False, depth: int = 1,
-                 keep_per_layer: int = 0) -> None:
+                 keep_per_layer: int = 0, policy: str = "lru") -> None:
         """keep_per_layer: a victim is never taken from a layer holding this many experts or fewer (eMoE's
-        fallback needs top-k experts of every layer once warm); needs budget >= L * keep_per_layer."""
+        fallback needs top-k experts of every layer once warm); needs budget >= L * keep_per_layer.
+        policy: the replacement policy object of each pool (cache/zoo.py: lru, lfu, arc, s3fifo, lirs, fc-evict)."""
         n_keys = L * E
         if budget > 0 and keep_per_layer * L > budget:
             raise ConfigError(f"budget is {budget} expert slots; the fallback keeps {keep_per_layer} per layer, "
@@ -63,7 +66,7 @@ class SlotCache:
         self.capacity = [base + (i < extra) for i in range(n_pools)]
         starts = np.concatenate([[0], np.cumsum(self.capacity)])
         self.free = [list(range(int(starts[i + 1]) - 1, int(starts[i]) - 1, -1)) for i in range(n_pools)]
-        self.policies = [ExpertPolicy() for _ in range(n_pools)]
+        self.policies: list[BasePolicy] = [make_policy(policy, c, L, E) for c in self.capacity]
         self.held = np.zeros(n_keys, bool)
         self.slot_of = np.full(n_keys, -1, np.int64)
         self.key_of = np.full(self.budget, -1, np.int64)
@@ -92,7 +95,7 @@ class SlotCache:
         def kept(k: int) -> bool:
             return self.pins[k] > 0 or (k // self.E != lk and self.held_L[k // self.E] <= self.keep)
 
-        victim = self.policies[p].victim(kept, below)
+        victim = self.policies[p].victim(kept, below, key)
         if victim < 0:
             return key, -1, -1
         slot = self._drop(victim)
@@ -204,12 +207,18 @@ class SlotCache:
         self.stats["prefetch_cancelled"] += len(released)
         return released
 
-    def end_step(self) -> None:
-        """The forward step finished: its forecast marks are dropped."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        """A forward step starts: the policies that use them get its requests and forecast sets (fc-evict)."""
+        for pol in self.policies:
+            pol.begin_step(requests, forecast_LE)
+
+    def end_step(self, observed: StepUse | None = None) -> None:
+        """The forward step finished: its forecast marks are dropped; observed (the step's routing per request)
+        updates the policies' request profiles (fc-evict)."""
         self.forecast.clear()
         self.pending.clear()
         for pol in self.policies:
-            pol.end_step()
+            pol.end_step(observed)
 
     def check(self) -> None:
         """Assert the slot accounting: held keys <= each pool's capacity (the budget), maps consistent."""
@@ -227,7 +236,7 @@ class SlotCache:
 def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budget: int, *, per_layer: bool = False,
                  pred_SLE: np.ndarray | None = None, layer_ahead: bool = False, req_comp_s: np.ndarray | None = None,
                  dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1,
-                 keep_per_layer: int = 0) -> dict[str, Any]:
+                 keep_per_layer: int = 0, policy: str = "lru") -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -236,7 +245,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     Timing (only for the late count and the stall, never for a decision): each access spends dense_s before its
     router, each required expert req_comp_s (N,) seconds of compute; reads take xfer_s on one of `links` readers,
     demand loads and late prefetches first, then prefetches nearest layer first, as the runtime's loader threads.
-    depth, keep_per_layer: as SlotCache (the runtime's OffloadConfig.depth; top-k when it runs the fallback).
+    depth, keep_per_layer, policy: as SlotCache (the runtime's OffloadConfig; top-k when it runs the fallback).
     """
     import heapq
 
@@ -247,7 +256,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     if pred_SLE is not None and pred_SLE.shape != (S, L, E):
         raise ConfigError(f"forecast sets have shape {pred_SLE.shape}; expected ({S}, {L}, {E}).")
     comp = np.zeros(len(req_key)) if req_comp_s is None else np.asarray(req_comp_s, np.float64)
-    sc = SlotCache(L, E, budget, per_layer, depth, keep_per_layer)
+    sc = SlotCache(L, E, budget, per_layer, depth, keep_per_layer, policy)
     ready_t = np.zeros(L * E)  # when the current holder's read ends (inf: queued, not started)
     lid = np.zeros(L * E, np.int64)
     jobs: list[tuple[float, int, int, int, float]] = []  # (priority, seq, key, load id, issue time)

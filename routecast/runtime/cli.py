@@ -2,8 +2,9 @@
 
     routecast run --model builtin-fine --offload --budget 50% --prefetch lookahead --prompts corpus:val:8
 
-prints tokens/s, hit ratio, bytes loaded, stall share, the slow tier's read mode (o_direct / fadvise) and
-the prefetcher's counters; --out writes them as JSON. --write-profile measures the slow tier's read
+prints each request's generated text, then tokens/s, hit ratio, bytes loaded, stall share, the slow tier's read
+mode (o_direct / fadvise), the prefetcher's counters and its share of the run; --out writes the generations as
+JSONL (one line per request), --figures the figures as JSON; --policy picks the slots' replacement policy. --write-profile measures the slow tier's read
 bandwidth and writes a hardware profile (a base profile with h2d_gbps = the measured figure) that
 `routecast cache replay --hardware PROFILE` prices misses with.
 """
@@ -45,7 +46,10 @@ def add_parser(sub: Any) -> None:
                         "loading it (once the pool is full); also runs all-resident and prints the greedy-token agreement")
     p.add_argument("--write-profile", default=None, help="measure the disk tier and write a hardware profile TOML here")
     p.add_argument("--hardware", default=None, help="base profile for --write-profile (e.g. out/hardware/calibrated-cpu.toml)")
-    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--policy", default="lru", help="slot replacement policy: lru, lfu, arc, s3fifo, lirs or fc-evict "
+                   "(cache/zoo.py, the replay's objects; default lru)")
+    p.add_argument("--out", default=None, help="write the generations as JSONL here (one line per request: prompt, text, ids)")
+    p.add_argument("--figures", default=None, help="write the run's figures as JSON here")
     p.add_argument("--batch-size", type=N.positive(4096), default=1,
                    help="requests generated together, left-padded (default 1); offloaded = the all-resident batch's tokens")
     p.add_argument("--threads", type=N.threads(), default=1, help="torch threads (default 1)")
@@ -53,7 +57,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(fn=cmd_run)
 
 
-@writes("--out", "--write-profile", inputs=("--model", "--prompts", "--predictor", "--fit-trace", "--hardware"))
+@writes("--out", "--figures", "--write-profile", inputs=("--model", "--prompts", "--predictor", "--fit-trace", "--hardware"))
 def cmd_run(a: argparse.Namespace) -> int:
     from routecast.runtime.offload.engine import PREFETCHERS
 
@@ -70,18 +74,26 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise ConfigError("--write-profile needs --hardware BASE.toml (e.g. from `routecast calibrate`) to take the compute figures from.")
     from routecast.common.outputs import check_out_file
 
-    for flag, path in (("--out", a.out), ("--write-profile", a.write_profile)):
+    for flag, path in (("--out", a.out), ("--figures", a.figures), ("--write-profile", a.write_profile)):
         if path:
             check_out_file(path, flag)
     res = run_main(a)
+    for g in res["generations"]:
+        print(f"[{g['request']}] {g['prompt']!r} -> {g['text']!r}")
     print(format_figures(res))
-    if a.out:
-        from routecast.common.outputs import write_atomic
+    from routecast.common.outputs import write_atomic
 
-        write_atomic(a.out, json.dumps({k: v for k, v in res.items() if k not in ("tokens", "log", "pred_sets")},
-                                       indent=1, default=float), "--out")
+    if a.out:
+        write_atomic(a.out, "".join(json.dumps(g) + "\n" for g in res["generations"]), "--out")
         print(f"wrote {a.out}")
+    if a.figures:
+        write_atomic(a.figures, json.dumps({k: v for k, v in res.items() if k not in SKIP}, indent=1, default=float),
+                     "--figures")
+        print(f"wrote {a.figures}")
     return 0
+
+
+SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
 
 
 def check_prefetch_top(top: int, top_k: int) -> None:
@@ -95,22 +107,25 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
 
     from routecast.cache.replay import parse_budget
     from routecast.runtime.offload.run import load_run, make_predictor, run_config
+    from routecast.runtime.offload.store import check_runtime_policy
 
     torch.set_num_threads(a.threads)
-    model, _, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens)
+    check_runtime_policy(a.policy)  # an unknown name is refused before the model loads
+    model, tok, spec, requests = load_run(a.model, a.prompts, a.max_new_tokens, experts=not a.offload)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and requests:  # generation past the model's positions never ends well: refuse before it starts
         longest = max(requests, key=lambda r: len(r[0]) + r[1])
         N.check_max_new_tokens(longest[1], int(ctx), len(longest[0]))
     if not a.offload:
-        return run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
+        res = run_config(a.model, requests, budget=None, progress=True, threads=a.threads, batch_size=a.batch_size)
+        return {**res, "generations": generations(tok, requests, res["tokens"])}
     check_prefetch_top(a.prefetch_top, spec.top_k)
     budget = parse_budget(a.budget, spec.num_layers * spec.num_experts, spec.expert_bytes)
     pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
                           threads=a.threads)
     del model
     kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
-              fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob)
+              fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob, policy=a.policy)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
                      progress=True, threads=a.threads, batch_size=a.batch_size)
     if a.fallback:
@@ -120,7 +135,14 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
         res["agreement"] = token_agreement(ref["tokens"], res["tokens"])
     if a.write_profile:
         res["profile"] = write_profile(a.model, a.write_profile, a.hardware, direct=not a.no_direct)
+    res["generations"] = generations(tok, requests, res["tokens"])
     return res
+
+
+def generations(tok: Any, requests: list[tuple[list[int], int]], tokens: list[list[int]]) -> list[dict[str, Any]]:
+    """One record per request: its prompt and generated text (decoded) and the generated token ids."""
+    return [{"request": i + 1, "prompt": tok.decode(ids), "text": tok.decode(new), "token_ids": new}
+            for i, ((ids, _), new) in enumerate(zip(requests, tokens, strict=True))]
 
 
 def write_profile(model_name: str, out: str | Path, base: str | Path, *, direct: bool = True, reads: int = 64) -> dict[str, Any]:
@@ -128,14 +150,12 @@ def write_profile(model_name: str, out: str | Path, base: str | Path, *, direct:
     it (name 'offload-cpu-disk') at `out`. -> the measurement."""
     from routecast.common.outputs import write_atomic
     from routecast.runtime.offload.engine import OffloadConfig, OffloadedModel
-    from routecast.runtime.offload.run import _builtin_dir
+    from routecast.runtime.offload.load import load_without_experts, model_path
     from routecast.runtime.offload.tier import measure_bandwidth
     from routecast.sim.hardware import load_hardware
-    from routecast.trace.capture_inputs import load_model
-
     hw = load_hardware(base)
-    model, _ = load_model(model_name)
-    path = Path(model_name) if Path(model_name).is_dir() else _builtin_dir(model_name)
+    model, _ = load_without_experts(model_name)
+    path = model_path(model_name)
     off = OffloadedModel(model, path, OffloadConfig(budget=1, direct=direct, verify=False))
     try:
         m = measure_bandwidth(off.tier, reads=reads)
@@ -155,7 +175,7 @@ def format_figures(r: dict[str, Any]) -> str:
     lines = [f"{r['config']}: {r['new_tokens']} new tokens ({r['prompt_tokens']} prompt tokens) in {r['wall_s']:.2f} s "
              f"= {r['tokens_per_s']:.2f} tokens/s"]
     if r["config"] != "all-resident":
-        lines.append(f"budget {r['budget']} of {r['experts_total']} experts; hit ratio {r['hit_ratio']:.3f} "
+        lines.append(f"policy {r['policy']}, budget {r['budget']} of {r['experts_total']} experts; hit ratio {r['hit_ratio']:.3f} "
                      f"(hits {r['hits']} of which late prefetches {r['late']}, misses {r['misses']}; on time "
                      f"{r['on_time_hit_ratio']:.3f}); "
                      f"bytes loaded {r['bytes_read'] / 1e6:.1f} MB in {r['reads']} {r['tier_mode']} reads; "
@@ -163,7 +183,9 @@ def format_figures(r: dict[str, Any]) -> str:
         if r["config"] != "none":
             lines.append(f"prefetch: issued {r['prefetch_issued']}, loaded {r['prefetch_loaded']}, useful "
                          f"{r['prefetch_useful']}, cancelled {r['prefetch_cancelled']}, dropped {r['prefetch_dropped']}, "
-                         f"mispredicted evicted first {r['mispredicted']}; predictor {r['predict_s']:.2f} s")
+                         f"mispredicted evicted first {r['mispredicted']}; predictor {r['predict_s']:.3f} s = "
+                         f"{r['predict_s'] / r['wall_s']:.1%} of the run (with handing its sets to the store "
+                         f"{r['issue_s'] / r['wall_s']:.1%})")
     if "rerouted" in r:
         lines.append(f"fallback: rerouted {r['rerouted']} of {r['routed_slots']} routed (token, k) slots "
                      f"({r['rerouted_share']:.1%}); greedy-token agreement with all-resident {r['agreement']:.3f}")

@@ -39,7 +39,7 @@ def test_replay_table_json_and_gap(small, tmp_path, capsys):
 def test_bad_input_is_one_line_exit_2(small, tmp_path, capsys):
     d = write_trace(small, tmp_path / "t")
     for args, want in ((["--budget", "0"], "--budget"), (["--budget", "25"], "1..24"), (["--budget", "150%"], "1..24"),
-                       (["--budget", "nan"], "--budget"), (["--policies", "lru,arc"], "arc"), (["--policies", ","], "--policies"),
+                       (["--budget", "nan"], "--budget"), (["--policies", "lru,nosuch"], "nosuch"), (["--policies", ","], "--policies"),
                        (["--predictor", "nosuch"], "--predictor"), (["--hardware", "nosuch"], "hardware"),
                        (["--dense-us", "nan"], "--dense-us is nan"), (["--expert-bytes", "-5"], "--expert-bytes is -5"),
                        (["--policies", "lru", "--train-fraction", "1.5"], "--train-fraction is 1.5")):
@@ -98,3 +98,22 @@ def test_out_naming_a_directory_is_refused_before_the_replay_and_leaves_nothing(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a directory; expected a file path" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t"]  # no stray out.tmp beside it
+
+
+def test_score_all_scores_a_predictor_from_another_trace_on_every_row(small, tmp_path, capsys):
+    d = write_trace(small, tmp_path / "t")
+    other = build_small_trace(num_requests=4, num_experts=8, seed=7)
+    pred = ConditionalPredictor(small.spec, by_token_preset())
+    pred.fit(other)
+    pdir = save_predictor(pred, tmp_path / "p")
+    out = tmp_path / "r.json"
+    assert main(["cache", "replay", str(d), "--predictor", str(pdir), "--score-all", "--policies", "lirs,fc-evict",
+                 "--out", str(out), "--quiet"]) == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["replayed_tokens"] == small.num_tokens and "whole trace" in res["settings"]["predictor"]
+    us = [r["us_per_token"] for r in res["rows"]]
+    assert us == sorted(us) and {"lirs", "fc-evict", "lru", "belady"} <= {r["policy"] for r in res["rows"]}
+    capsys.readouterr()
+    assert main(["cache", "replay", str(d), "--predictor", "conditional-token", "--score-all", "--quiet",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "--score-all" in capsys.readouterr().err

@@ -22,7 +22,9 @@ def test_section_rows_plot_and_rebatch(tmp_path):
         assert by[(b, "plec-correct")]["covered"] >= by[(b, "plec-correct")]["hit"]
     assert [r["method"] for r in s["rebatch"]] == ["arrival", "clustered"]
     html = "".join(sec.parts)
-    assert "conditional-token" in html and "re-batching" in html
+    assert "conditional-token" in html and "re-batching" in html and "Ranked by simulated time" in html
+    at50 = [r["us_per_token"] for r in s["rows"] if r["budget_pct"] == 50]
+    assert at50 == sorted(at50)  # fastest first
 
 
 def test_section_skips_with_a_reason():

@@ -13,7 +13,13 @@ from routecast.cache.replay import ReplayConfig, run_policy
 from routecast.cache.slots import replay_slots
 from routecast.cli import main
 from routecast.common.errors import ConfigError
-from routecast.runtime.offload.run import accesses_from_log, encode_prompts, make_predictor, run_config
+from routecast.runtime.offload.run import (
+    accesses_from_log,
+    encode_prompts,
+    logits_match,
+    make_predictor,
+    run_config,
+)
 from routecast.sim.hardware import load_hardware
 from routecast.trace.capture_inputs import load_model
 
@@ -25,7 +31,7 @@ PROMPTS = [{"prompt": "It is a truth universally acknowledged, that a single man
 def setup(request):
     model, tok = load_model(request.param)
     reqs = encode_prompts(tok, PROMPTS, None)
-    ref = run_config(request.param, reqs, budget=None)
+    ref = run_config(request.param, reqs, budget=None, logits=True)
     return request.param, model, reqs, ref
 
 
@@ -37,8 +43,9 @@ def test_greedy_tokens_identical_to_all_resident(setup, frac, prefetch) -> None:
 
     s = spec_from_model(model)
     budget = max(1, int(frac * s.num_layers * s.num_experts))
-    got = run_config(name, reqs, budget=budget, prefetch=prefetch, predictor=pred, cfg_kw={"check": True})
+    got = run_config(name, reqs, budget=budget, prefetch=prefetch, predictor=pred, cfg_kw={"check": True}, logits=True)
     assert got["tokens"] == ref["tokens"]
+    assert logits_match(ref["logits"], got["logits"])[0]  # every step's logits, not only the greedy ids
     assert got["max_occupied"] <= budget
     assert got["tier_mode"] in ("o_direct", "fadvise")
     assert got["bytes_read"] >= got["reads"] * got["expert_bytes"]  # every read fetched at least one expert
@@ -85,6 +92,7 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch-min-prob", "nan"], "--prefetch-min-prob is nan"),
     (["--offload", "--prefetch-top", "-1"], "--prefetch-top is -1"),
     (["--offload", "--prefetch-top", "99"], "--prefetch-top is 99"),
+    (["--offload", "--policy", "mru"], "--policy is 'mru'"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2
@@ -102,14 +110,19 @@ def test_non_moe_model_refused(tmp_path, capsys) -> None:
     assert "not supported" in err and "\n" not in err
 
 
-def test_cli_prints_the_figures(tmp_path, capsys) -> None:
-    out = tmp_path / "run.json"
+def test_cli_prints_the_text_and_figures(tmp_path, capsys) -> None:
+    out, fig = tmp_path / "run.jsonl", tmp_path / "fig.json"
     assert main(["run", "--model", "builtin", "--offload", "--budget", "50%", "--prefetch", "lookahead",
-                 "--prompts", "corpus:val:1", "--max-new-tokens", "3", "--out", str(out)]) == 0
+                 "--prompts", "corpus:val:2", "--max-new-tokens", "3", "--out", str(out), "--figures", str(fig)]) == 0
     text = capsys.readouterr().out
     assert "tokens/s" in text and "hit ratio" in text and "bytes loaded" in text and "stall share" in text
-    doc = json.loads(out.read_text())
-    assert doc["budget"] == 16 and doc["new_tokens"] >= 1
+    assert "of the run" in text  # the predictor's share
+    doc = json.loads(fig.read_text())
+    assert doc["budget"] == 16 and doc["new_tokens"] >= 1 and doc["policy"] == "lru"
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [g["request"] for g in lines] == [1, 2] and all(1 <= len(g["token_ids"]) <= 3 for g in lines)
+    for g in lines:  # the printed text is the decoded generation
+        assert f"-> {g['text']!r}" in text and g["prompt"]
 
 
 def test_preloaded_full_budget_reads_nothing_and_keeps_tokens(setup) -> None:
@@ -190,3 +203,74 @@ def test_prefetch_top_above_the_models_top_k_is_refused() -> None:
     for top in (-1, 3, 99):  # above top-k it was silently clamped to top-k
         with pytest.raises(ConfigError, match=f"--prefetch-top is {top}; expected 0 .* to 2"):
             check_prefetch_top(top, 2)
+
+
+def test_deferred_rounds_and_policy_keep_logits(setup) -> None:
+    """A budget below one layer's union computes in rounds (sentinel ids): logits allclose, tokens equal."""
+    name, model, reqs, ref = setup
+    from routecast.trace.capture_arch import spec_from_model
+
+    got = run_config(name, reqs, budget=spec_from_model(model).top_k, cfg_kw={"check": True, "policy": "lru"},
+                     logits=True)
+    assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
+    assert got["policy"] == "lru" and got["max_occupied"] <= spec_from_model(model).top_k
+
+
+def test_swapping_two_experts_of_one_layer_is_caught_by_logits(tmp_path) -> None:
+    """A checkpoint with two routed experts of one layer swapped: the offloaded run's logits differ from the
+    all-resident model's (the equality the tests use sees a wrong expert, which 12 greedy tokens may not)."""
+    import shutil
+
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+
+    from routecast.runtime.offload.load import model_path
+
+    name = "builtin-fine"
+    src = model_path(name)
+    model, tok = load_model(name)
+    reqs = encode_prompts(tok, PROMPTS[:1], 4)
+    ref = run_config(name, reqs, budget=None, logits=True)
+    probe = run_config(name, reqs, budget=64)
+    lay0 = [c for lay, e, c in probe["log"] if lay == 0]
+    e_ids = np.concatenate([e for lay, e, _ in probe["log"] if lay == 0])
+    counts = np.bincount(e_ids, weights=np.concatenate(lay0), minlength=64)
+    a, b = (int(x) for x in np.argsort(-counts)[:2])  # the two experts layer 0 uses most
+    dst = tmp_path / "swapped"
+    shutil.copytree(src, dst)
+    sd = load_file(str(src / "model.safetensors"))
+    block = "model.layers.1.mlp.experts"  # MoE layer 0 (model layer 0 is dense)
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        ka, kb = f"{block}.{a}.{proj}.weight", f"{block}.{b}.{proj}.weight"
+        sd[ka], sd[kb] = sd[kb], sd[ka]
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    good = run_config(name, reqs, budget=64, logits=True)
+    bad = run_config(str(dst), reqs, budget=64, logits=True)
+    assert logits_match(ref["logits"], good["logits"])[0]
+    ok, diff = logits_match(ref["logits"], bad["logits"])
+    assert not ok and diff > 1e-3
+
+
+@pytest.mark.parametrize("policy", ["lfu", "arc", "s3fifo", "lirs", "fc-evict"])
+def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> None:
+    """The runtime drives cache/zoo.py's policy objects: logits equal all-resident's, the budget holds, and for the
+    demand policies the slot replay of the run's own access log counts the same hits (the same objects decide)."""
+    name = "builtin-fine"
+    model, tok = load_model(name)
+    reqs = encode_prompts(tok, PROMPTS, 4)
+    ref = run_config(name, reqs, budget=None, logits=True)
+    budget = 80  # 25% of builtin-fine's 320 routed experts
+    got = run_config(name, reqs, budget=budget, cfg_kw={"check": True, "policy": policy}, logits=True)
+    assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
+    assert got["policy"] == policy and got["max_occupied"] <= budget and got["misses"] > 0
+    if policy != "fc-evict":  # (fc-evict also learns from per-request profiles the slot replay does not feed)
+        acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
+        rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, policy=policy)
+        assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
+
+
+def test_admission_policies_are_refused_by_the_runtime() -> None:
+    from routecast.runtime.offload.store import StoreConfig
+
+    with pytest.raises(ConfigError, match=r"\+admit\) runs in `routecast cache replay` only"):
+        StoreConfig(budget=4, policy="lru+admit")

@@ -2,27 +2,24 @@
 
 ``OffloadedModel(model, model_dir, cfg, predictor)`` finds the MoE blocks with the capture adapters
 (trace/capture_arch.py), maps every expert to its bytes in the checkpoint (tier.ExpertLayout), checks
-those bytes against the loaded weights, frees the fused expert tensors and replaces each experts
+those bytes against the loaded weights (when the model was loaded with them; load.py loads it without), frees the
+fused expert tensors and replaces each experts
 module's forward: the router's choice is turned into one store access (the layer's distinct experts),
 and the experts run from the store's slot pools through the model's own experts implementation.
 
-Exactness: as each group of a layer's experts becomes ready in the store (hits at once, misses when
-read), it is copied from its slots into a compact [n, ...] buffer in ascending expert order (n = the
-layer's distinct experts; one buffer per fused param, kept between layers and grown to the largest n seen,
-filled by index_select from the pinned slots, so a layer allocates nothing; the layer's
-bookkeeping is numpy on its ids: bincount for the distinct experts, a rank table for the remap); the
-model's own experts function (eager, grouped_mm or batched_mm, as its
-config says) then runs once on that buffer with the ids remapped monotonically (expert -> rank), so every
-GEMM row, every reduction and the accumulation order are the model's. Tested: greedy generations are
-token-for-token identical to the all-resident model on both built-in models. The buffer is compute
-scratch of one layer's active experts (like ExpertFlow's staging buffer), not part of the slot budget; it
-lets a layer whose union exceeds the pool compute in groups (a slot is released once copied). It is also
-why the offloaded forward can be faster than the all-resident one: transformers' CPU grouped_mm costs
-~3 µs per expert *held* in its weight tensor (64 all-resident vs n here), measured in the benchmark.
+Exactness and memory: once all of a layer's experts hold slots (hits at once, misses when read), the model's own
+experts function (eager, grouped_mm or batched_mm, as its config says) runs once on the slot pool itself, the
+router's ids remapped to slot indices (numpy bincount for the distinct experts, a slot table for the remap): no
+copy and no scratch buffer outside --budget. transformers' grouped_mm sums each token's K contributions in the
+router's k order, whatever the expert numbering, so the logits are bit-identical to the all-resident model's
+(tested on every generation step). A layer whose distinct experts exceed its pool computes in rounds (each
+round's slots are released before the next round is read; the other ids take transformers' expert-parallel
+sentinel), its outputs summed: allclose, not bit-identical.
 
 Prefetch: a request-horizon predictor (MoE-GPS FFN, ExpertFlow's path predictor) forecasts every layer
-of a step in a forward pre-hook, before layer 0; a layer-horizon one (PROBE's lookahead) forecasts layer
-l+1 from layer l's router input in a hook on layer l's router. The forecast's per-layer batch sets go to
+of a step in a forward pre-hook, before layer 0; PROBE's lookahead forecasts layer l+1 inside layer l's MoE block
+from the hidden state the block holds (one small matmul, _lookahead); other layer-horizon predictors use a hook on
+layer l's router. The forecast's per-layer batch sets go to
 ExpertStore.prefetch (nearest layer first); each layer's true routing corrects them (store.py).
 """
 
@@ -38,6 +35,8 @@ import torch
 from torch import nn
 
 from routecast.common.errors import ConfigError
+from routecast.predict.lookahead import LookaheadPredictor
+from routecast.runtime.offload.fallback import Fallback
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
 from routecast.trace import DECODE, PREFILL
@@ -56,7 +55,9 @@ class OffloadConfig:
     forecast expert reserves its slot and is read at most this many MoE layers ahead of the running one. fallback:
     eMoE's fallback (fallback.py): a token routed to an expert without a slot uses the best one with a slot.
     prefetch_top, prefetch_min_prob: confidence gate on a token-level forecast (_batch_sets): each token prefetches
-    only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob."""
+    only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob.
+    policy: the replacement policy of the slots (cache/zoo.py: lru, lfu, arc, s3fifo, lirs, fc-evict; the same
+    objects as the replay's)."""
 
     budget: int
     per_layer: bool = False
@@ -69,6 +70,7 @@ class OffloadConfig:
     fallback: bool = False
     prefetch_top: int = 0
     prefetch_min_prob: float = 0.0
+    policy: str = "lru"
 
     def __post_init__(self) -> None:
         if self.prefetch_top < 0:
@@ -80,10 +82,12 @@ class OffloadConfig:
 class _SlotView:
     """The experts module as its implementation sees it, with the slot pool (or a compact copy) as its weights."""
 
-    def __init__(self, mod: nn.Module, tensors: dict[str, torch.Tensor], n: int) -> None:
+    def __init__(self, mod: nn.Module, tensors: dict[str, torch.Tensor], n: int, sentinel: bool = False) -> None:
         self.__dict__.update(tensors)
         self.__dict__["num_experts"] = n
         self.__dict__["_mod"] = mod
+        if sentinel:  # ids == n are skipped (transformers' expert-parallel sentinel): a round of a deferred layer
+            self.__dict__["_is_expert_parallel"] = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_mod"], name)
@@ -139,33 +143,34 @@ class OffloadedModel:
                               "transformers 5 experts module (gate_up_proj / down_proj).")
         self.layout = ExpertLayout(_checkpoint_files(Path(model_dir)), [b.path for b in self.blocks], params, self.E)
         self.tier = DiskTier(self.layout, direct=cfg.direct)
-        if cfg.verify:
+        self.materialised = first.get_parameter(next(iter(params))).device.type != "meta"
+        if cfg.verify and self.materialised:  # (loaded without its experts: nothing to compare with)
             self._verify()
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
                                                         loader_threads=cfg.loader_threads, check=cfg.check,
-                                                        depth=cfg.depth,
+                                                        depth=cfg.depth, policy=cfg.policy,
                                                         keep_per_layer=self.K if cfg.fallback else 0))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}
-        self._compact_cap = 0
-        self._compact: dict[str, torch.Tensor] = {}
         for li, b in enumerate(self.blocks):
             for n in params:
                 p = b.experts._parameters.pop(n)
                 if cfg.keep_weights:
                     self._kept[(li, n)] = p
             b.experts.forward = self._make_forward(li, b.experts)
-        self.fallback = None
-        if cfg.fallback:
-            from routecast.runtime.offload.fallback import Fallback
-
-            self.fallback = Fallback(model)
+        self.fallback = Fallback(model) if cfg.fallback else None
         self.predictor = predictor
+        # PROBE's lookahead runs inside the MoE block on the hidden state the block already holds (one small matmul)
+        self.lookahead = predictor if isinstance(predictor, LookaheadPredictor) else None
+        if self.lookahead is not None:
+            net = self.lookahead.net
+            self._la_Wt = net.prior_W.transpose(1, 2).contiguous()  # (L-1, H, E)
+            self._la_mlp = [bool(net.W2[i].any() or net.c2[i].any()) for i in range(self.L - 1)]
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
                       model.register_forward_hook(self._step_end)]
-        if predictor is not None and predictor.horizon == "layer":
+        if predictor is not None and predictor.horizon == "layer" and self.lookahead is None:
             self.hooks += [b.router.register_forward_hook(self._router_hook(li)) for li, b in enumerate(self.blocks)]
         self.request = 0
         self._first = 1
@@ -174,7 +179,9 @@ class OffloadedModel:
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
-        self.predict_s = 0.0
+        self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
+        self.predict_s = 0.0  # the forecasts' own compute (predict + observe), on the compute thread
+        self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
 
     # ------------------------------------------------------------------ setup
     def _verify(self) -> None:
@@ -211,21 +218,14 @@ class OffloadedModel:
         self.tier.read_s = 0.0
 
     # ------------------------------------------------------------------ the experts forward
-    def _compact_buffers(self, n: int) -> dict[str, torch.Tensor]:
-        """[n, ...] views of the compact buffers (one per fused param), grown to the largest n seen so far."""
-        if n > self._compact_cap:
-            self._compact_cap = max(n, min(self.E, 2 * self._compact_cap))
-            self._compact = {p: torch.empty((self._compact_cap, *t.shape[1:]), dtype=t.dtype)
-                             for p, t in self.store.pools.items()}
-        return {p: t[:n] for p, t in self._compact.items()}
-
     def _make_forward(self, li: int, mod: nn.Module):
         cls_forward = type(mod).forward
-        store, E = self.store, self.E
-        rank_E = np.zeros(E, np.int64)
-        arange_E = np.arange(E, dtype=np.int64)
+        store, E, B = self.store, self.E, self.cfg.budget
+        slot_E = np.full(E, B, np.int64)  # expert -> its slot this round (B: the sentinel, not in this round)
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+            if self.lookahead is not None and li + 1 < self.L:
+                self._lookahead(li, hidden)
             if self.fallback is not None:
                 held, full = store.held_experts(li)
                 top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
@@ -233,25 +233,19 @@ class OffloadedModel:
             ids = top_k_index.numpy()
             counts_E = np.bincount(ids.reshape(-1), minlength=E)
             uniq = np.flatnonzero(counts_E)
-            n = len(uniq)
             self.log.append((li, uniq, counts_E[uniq]))
             self._step_ids[li] = top_k_index
-            compact = self._compact_buffers(n)
-            rank_E[uniq] = arange_E[:n]
+            outs: list[torch.Tensor] = []
 
-            def compute(exps: np.ndarray, slots: np.ndarray) -> None:  # slots pinned by the store: copies only
-                s = torch.from_numpy(slots)
-                if len(exps) == n:  # the whole layer at once, already in expert order
-                    for p, t in store.pools.items():
-                        torch.index_select(t, 0, s, out=compact[p])
-                else:
-                    at = torch.from_numpy(rank_E[exps])
-                    for p, t in store.pools.items():
-                        compact[p].index_copy_(0, at, t.index_select(0, s))
+            def compute(exps: np.ndarray, slots: np.ndarray) -> None:  # slots pinned by the store during the call
+                slot_E[exps] = slots
+                whole = len(exps) == len(uniq)
+                view = _SlotView(mod, store.pools, B, sentinel=not whole)
+                outs.append(cls_forward(view, hidden, torch.from_numpy(slot_E[ids]), top_k_weights))
+                slot_E[exps] = B
 
             store.access(li, uniq, compute)
-            ranked = top_k_index if n == E else torch.from_numpy(rank_E[ids])
-            return cls_forward(_SlotView(mod, compact, n), hidden, ranked, top_k_weights)
+            return outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
 
         return forward
 
@@ -267,8 +261,9 @@ class OffloadedModel:
 
         return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
-    def _prefetch(self, fc, layers: list[int], current: int) -> None:
-        sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
+    def _prefetch(self, fc, layers: list[int], current: int, sets: np.ndarray | None = None) -> None:
+        if sets is None:
+            sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
         self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
                             current_layer=current)
         self._pred[layers] = sets
@@ -281,6 +276,8 @@ class OffloadedModel:
         self._tokens = tok = ids.reshape(-1).numpy()
         self._step_ids = [None] * self.L
         if self.predictor is None:
+            if self._profiles:
+                self.store.begin_step(self._first + np.arange(self._shape[0], dtype=np.int64), None)
             return
         T = tok.shape[0]
         B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
@@ -291,8 +288,46 @@ class OffloadedModel:
         if self.predictor.horizon != "layer":
             t0 = time.perf_counter()
             fc = self.predictor.predict(self._view())
-            self._prefetch(fc, list(range(self.L)), -1)
             self.predict_s += time.perf_counter() - t0
+            if self._profiles:  # fc-evict sees the step's forecast sets before they are prefetched
+                sets = _batch_sets(fc, T, self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
+                self.store.begin_step(self._cols["request"][::S], sets)
+                self._prefetch(fc, list(range(self.L)), -1, sets)
+            else:
+                self._prefetch(fc, list(range(self.L)), -1)
+            self.issue_s += time.perf_counter() - t0
+
+    def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
+        """Layer li's router input hidden (T, H) -> PROBE's forecast of layer li+1 (the frozen next gate, plus the
+        residual MLP where fitting made it non-zero: one small matmul), each token's top-k by the router's own rule
+        (sigmoid + correction and group limit where the router has them; probabilities only when a confidence gate
+        needs them), the union prefetched. Runs inside the MoE block: no hook, no numpy copy of the hidden state."""
+        t0 = time.perf_counter()
+        net, rule, K = self.lookahead.net, self.lookahead.rule, self.K
+        top = K if self.cfg.prefetch_top <= 0 else min(self.cfg.prefetch_top, K)
+        with torch.no_grad():
+            h = hidden.reshape(-1, hidden.shape[-1]).float()
+            if self._la_mlp[li]:
+                logits = net.one(li, h)
+            else:
+                logits = torch.addmm(net.prior_b[li], h, self._la_Wt[li])
+            if self.cfg.prefetch_min_prob > 0 or (rule.scoring == "softmax" and rule.n_group > 1):
+                score = rule.forecast(logits, net.correction[li])
+                vals, idx = score.topk(top, dim=-1)
+                idx = idx[(vals > 0) & (vals >= self.cfg.prefetch_min_prob)]
+            else:  # the router's top-k without normalising: softmax is monotone; sigmoid + correction decides
+                score = logits if rule.scoring == "softmax" else logits.sigmoid() + net.correction[li]
+                if rule.n_group > 1:
+                    g = score.view(score.shape[0], rule.n_group, -1)
+                    gs = g.amax(-1) if rule.group_score == "max" else g.topk(2, dim=-1).values.sum(-1)
+                    drop = torch.ones_like(gs, dtype=torch.bool).scatter_(-1, gs.topk(rule.topk_group, dim=-1).indices,
+                                                                          False)
+                    score = g.masked_fill(drop.unsqueeze(-1), float("-inf")).view_as(score)
+                idx = score.topk(top, dim=-1).indices
+            sets = torch.bincount(idx.reshape(-1), minlength=self.E).numpy()[None, :] > 0
+        self.predict_s += time.perf_counter() - t0
+        self._prefetch(None, [li + 1], li, sets)
+        self.issue_s += time.perf_counter() - t0
 
     def _router_hook(self, li: int):
         def hook(_mod: nn.Module, args: tuple, _out: Any) -> None:
@@ -303,13 +338,33 @@ class OffloadedModel:
             hid = np.zeros((h.shape[0], li + 1, h.shape[1]), np.float32)
             hid[:, li] = h.numpy()  # the lookahead reads only the newest router input (layer li)
             fc = self.predictor.predict(self._view(li + 1, hid))
-            self._prefetch(fc, [li + 1], li)
             self.predict_s += time.perf_counter() - t0
+            self._prefetch(fc, [li + 1], li)
+            self.issue_s += time.perf_counter() - t0
         return hook
 
+    def _step_use(self):
+        """The step's routing per request (batch row) as a cache.forecast_evict.StepUse (fc-evict's profiles)."""
+        from routecast.cache.forecast_evict import StepUse
+
+        B, S = self._shape
+        keys_R, counts_R = [], []
+        for r in range(B):
+            ks = np.concatenate([li * self.E + x.reshape(B, S, -1)[r].reshape(-1).numpy()
+                                 for li, x in enumerate(self._step_ids) if x is not None])
+            u, c = np.unique(ks, return_counts=True)
+            keys_R.append(u)
+            counts_R.append(c)
+        off = np.concatenate([[0], np.cumsum([len(k) for k in keys_R])]).astype(np.int64)
+        return StepUse(requests=self._first + np.arange(B, dtype=np.int64), off=off,
+                       keys=np.concatenate(keys_R).astype(np.int64), counts=np.concatenate(counts_R).astype(np.int64),
+                       tokens=np.full(B, S, np.int64))
+
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
-        self.store.end_step()
-        if self.predictor is not None:
+        self.store.end_step(self._step_use() if self._profiles else None)
+        if self.lookahead is not None and not self.lookahead.config.online:  # its observe would do nothing
+            self.pred_sets.append(self._pred)
+        elif self.predictor is not None:
             from routecast.predict.harness import StepRouting
 
             t0 = time.perf_counter()
@@ -332,8 +387,8 @@ class OffloadedModel:
         s.update(hit_ratio=s["hits"] / max(asked, 1), on_time_hit_ratio=(s["hits"] - s["late"]) / max(asked, 1),
                  bytes_read=self.tier.bytes_read, reads=self.tier.reads,
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
-                 experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl,
-                 predict_s=self.predict_s)
+                 experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl, policy=self.cfg.policy,
+                 predict_s=self.predict_s, issue_s=self.issue_s)
         if self.fallback is not None:
             s.update(self.fallback.figures())
         return s

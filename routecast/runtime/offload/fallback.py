@@ -87,26 +87,3 @@ def perplexity(model: nn.Module, texts: list[list[int]], offloaded: Any = None) 
             nll += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
             n += len(ids) - 1
     return float(torch.exp(torch.tensor(nll / max(n, 1))))
-
-
-def offloaded_perplexity(model_name: str, texts: list[list[int]], *, budget: int, cfg_kw: dict[str, Any] | None = None,
-                         predictor: Any = None, threads: int = 1) -> dict[str, Any]:
-    """Teacher-forced perplexity over `texts` (token ids) with the experts offloaded (a fresh model; cfg_kw as
-    OffloadConfig, e.g. fallback=True) -> {'perplexity', and the run's figures (hit ratio, rerouted share, ...)}."""
-    from pathlib import Path
-
-    from routecast.runtime.offload.engine import OffloadConfig, OffloadedModel
-    from routecast.runtime.offload.run import _builtin_dir
-    from routecast.trace.capture_inputs import load_model
-
-    torch.set_num_threads(threads)
-    model, _tok = load_model(model_name)
-    path = Path(model_name) if Path(model_name).is_dir() else _builtin_dir(model_name)
-    if predictor is not None:
-        predictor.reset()
-    off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
-    try:
-        ppl = perplexity(model, texts, off)
-    finally:
-        off.close()
-    return {"perplexity": ppl, **off.figures()}

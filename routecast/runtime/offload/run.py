@@ -18,6 +18,7 @@ import torch
 
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.engine import PREFETCHERS, OffloadConfig, OffloadedModel
+from routecast.runtime.offload.load import load_without_experts, model_path
 
 SWITCH_S = 0.0005  # GIL switch interval while loader threads run
 
@@ -33,20 +34,23 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[dict[str, Any]], max_new_to
     return out
 
 
-def load_run(model_name: str, prompts: str, max_new_tokens: int | None) -> tuple[Any, Any, Any, list[tuple[list[int], int]]]:
-    """`--model` and `--prompts` of a run -> (model, tokenizer, its TraceSpec, encoded requests)."""
+def load_run(model_name: str, prompts: str, max_new_tokens: int | None, *,
+             experts: bool = True) -> tuple[Any, Any, Any, list[tuple[list[int], int]]]:
+    """`--model` and `--prompts` of a run -> (model, tokenizer, its TraceSpec, encoded requests). experts=False: the
+    model without its routed experts' bytes (load.load_without_experts: enough for the spec and PROBE's gates)."""
     from routecast.trace.capture_arch import spec_from_model
     from routecast.trace.capture_inputs import load_model, load_prompts
 
-    model, tok = load_model(model_name)
+    model, tok = load_model(model_name) if experts else load_without_experts(model_name)
     return model, tok, spec_from_model(model), encode_prompts(tok, load_prompts(prompts, tok), max_new_tokens)
 
 
 def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tuple[list[int], int]], *,
                  offloaded: OffloadedModel | None = None, progress: bool = False, desc: str = "generate",
-                 batch_size: int = 1, switch_s: float = SWITCH_S) -> dict[str, Any]:
+                 batch_size: int = 1, switch_s: float = SWITCH_S, logits: bool = False) -> dict[str, Any]:
     """Greedy generation of every request, `batch_size` at a time (left-padded, as capture does) -> {'tokens':
-    [[new ids]...], 'wall_s', 'new_tokens', 'prompt_tokens'}. A batch runs to its longest budget; each request
+    [[new ids]...], 'wall_s', 'new_tokens', 'prompt_tokens'} (+ 'logits': per request a float32 tensor (new tokens,
+    vocab) of the logits every generated token was chosen from, when `logits`). A batch runs to its longest budget; each request
     keeps its own budget's tokens, cut after its first EOS. Wall time covers prefill and decode of all requests
     (tokenisation excluded). switch_s: the GIL switch interval while an offloaded run's loader threads run."""
     from tqdm.auto import tqdm
@@ -56,7 +60,8 @@ def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tupl
     if batch_size < 1:
         raise ConfigError(f"--batch-size is {batch_size}; expected at least 1.")
     gc, pad, eos = _generation_setup(model, tokenizer)
-    outs, new, prompt = [], 0, 0
+    gc.output_logits = gc.return_dict_in_generate = logits
+    outs, new, prompt, step_logits = [], 0, 0, []
     switch = sys.getswitchinterval()
     if offloaded is not None:  # loader threads hand the GIL back sooner (default 5 ms stalls the forward)
         sys.setswitchinterval(switch_s)
@@ -74,17 +79,34 @@ def generate_all(model: torch.nn.Module, tokenizer: Any, requests: Sequence[tupl
             gc.max_new_tokens = max(b for _, b in batch)
             seq = model.generate(input_ids=x, attention_mask=torch.ones_like(x) if mask is None else mask,
                                  generation_config=gc)
+            if logits:
+                seq, lg = seq.sequences, torch.stack(seq.logits, 1).float()  # (B, steps, V)
             for row, (ids, budget) in enumerate(batch):
                 got = seq[row, x.shape[1]:x.shape[1] + budget].tolist()
                 if len(batch) > 1:
                     stop = next((i for i, t in enumerate(got) if t in eos), None)
                     got = got if stop is None else got[:stop + 1]
                 outs.append(got)
+                if logits:
+                    step_logits.append(lg[row, :len(got)].clone())
                 new += len(got)
                 prompt += len(ids)
     wall = time.perf_counter() - t0
     sys.setswitchinterval(switch)
-    return {"tokens": outs, "wall_s": wall, "new_tokens": new, "prompt_tokens": prompt}
+    res = {"tokens": outs, "wall_s": wall, "new_tokens": new, "prompt_tokens": prompt}
+    if logits:
+        res["logits"] = step_logits
+    return res
+
+
+def logits_match(ref: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, rtol: float = 1e-4,
+                 atol: float = 1e-4) -> tuple[bool, float]:
+    """Every generation step's logits of `got` (per request (steps, vocab), generate_all(logits=True)) allclose to
+    `ref`'s -> (all close, largest absolute difference). Different step counts are a mismatch (inf)."""
+    if len(ref) != len(got) or any(a.shape != b.shape for a, b in zip(ref, got, strict=False)):
+        return False, float("inf")
+    diff = max((float((a - b).abs().max()) for a, b in zip(ref, got, strict=True) if a.numel()), default=0.0)
+    return all(torch.allclose(a, b, rtol=rtol, atol=atol) for a, b in zip(ref, got, strict=True)), diff
 
 
 def make_predictor(name: str, model: torch.nn.Module, model_dir: str | Path, *, predictor_dir: str | Path | None = None,
@@ -153,19 +175,24 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
-               batch_size: int = 1, preload: bool = False, switch_s: float = SWITCH_S) -> dict[str, Any]:
+               batch_size: int = 1, preload: bool = False, switch_s: float = SWITCH_S,
+               logits: bool = False) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
-    `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back.
+    `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back. A fresh
+    offloaded model is loaded without its routed experts (load.py: they are read from the checkpoint into the slots).
     preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
-    model, tok = loaded if loaded is not None else load_model(str(model_dir))
     if loaded is not None:
+        model, tok = loaded
         cfg_kw = {**(cfg_kw or {}), "keep_weights": True}
-    path = Path(model_dir) if Path(str(model_dir)).is_dir() else _builtin_dir(str(model_dir))
+    else:
+        model, tok = load_model(str(model_dir)) if budget is None else load_without_experts(model_dir)
+    path = model_path(model_dir)
     if budget is None:
-        res = generate_all(model, tok, requests, progress=progress, desc="all-resident", batch_size=batch_size)
+        res = generate_all(model, tok, requests, progress=progress, desc="all-resident", batch_size=batch_size,
+                           logits=logits)
         res.update(config="all-resident", tokens_per_s=res["new_tokens"] / res["wall_s"], hit_ratio=1.0,
                    bytes_read=0, stall_s=0.0, stall_share=0.0)
         return res
@@ -176,7 +203,7 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         if preload:
             off.preload()
         res = generate_all(model, tok, requests, offloaded=off, progress=progress, desc=f"offload {prefetch}",
-                           batch_size=batch_size, switch_s=switch_s)
+                           batch_size=batch_size, switch_s=switch_s, logits=logits)
     finally:
         off.close()
     fig = off.figures()
@@ -186,7 +213,20 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
     return res
 
 
-def _builtin_dir(name: str) -> Path:
-    from routecast.models.builtin import check_checkpoint
+def offloaded_perplexity(model_name: str, texts: list[list[int]], *, budget: int, cfg_kw: dict[str, Any] | None = None,
+                         predictor: Any = None, threads: int = 1) -> dict[str, Any]:
+    """Teacher-forced perplexity over `texts` (token ids) with the experts offloaded (a fresh model; cfg_kw as
+    OffloadConfig, e.g. fallback=True) -> {'perplexity', and the run's figures (hit ratio, rerouted share, ...)}."""
+    from routecast.runtime.offload.fallback import perplexity
 
-    return Path(check_checkpoint(name))
+    torch.set_num_threads(threads)
+    model, _tok = load_without_experts(model_name)
+    path = model_path(model_name)
+    if predictor is not None:
+        predictor.reset()
+    off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
+    try:
+        ppl = perplexity(model, texts, off)
+    finally:
+        off.close()
+    return {"perplexity": ppl, **off.figures()}

@@ -10,7 +10,8 @@ the data side: a reserved slot is filled by a loader thread (demand loads first,
 first); an access computes the experts whose weights are in their slots at once and waits for the rest.
 - A hit whose prefetch is still queued or being read is a *late prefetch*: it is waited for (no second read; a
   queued one jumps to the front of the queue) and counted in ``late``; the wait is stall time.
-- A miss reserves a slot (evicting the policy's victim) and is read on demand while the hits compute.
+- A miss reserves a slot (evicting the policy's victim) and is read on demand; the layer computes once all of
+  its experts are in their slots (straight from the slot pool: no copy, no scratch memory beyond the budget).
 - Real-time correction: a prefetch of this layer that the routing does not use and nothing used yet gives its
   slot back, and its read is skipped if it has not started (``reads_skipped``).
 - An evicted or released key's queued read is skipped; a slot still being written by an old read is reused
@@ -22,6 +23,7 @@ late, prefetch_loaded, reads_skipped and stall seconds (the compute thread waiti
 from __future__ import annotations
 
 import heapq
+import mmap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from routecast.cache.slots import Load, SlotCache
+from routecast.cache.zoo import DESCRIBE, split_name
 from routecast.common.errors import ConfigError
 
 _DEMAND = -1.0
@@ -42,7 +45,8 @@ class StoreConfig:
     loader_threads: background readers (demand loads and prefetches share them, demand first).
     check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
     depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one.
-    keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k)."""
+    keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k).
+    policy: the slots' replacement policy (cache/zoo.py RUNTIME_POLICIES: the replay's own objects)."""
 
     budget: int
     per_layer: bool = False
@@ -50,12 +54,28 @@ class StoreConfig:
     check: bool = False
     depth: int = 1
     keep_per_layer: int = 0
+    policy: str = "lru"
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
             raise ConfigError(f"budget is {self.budget!r} expert slots; expected at least 1.")
         if self.loader_threads < 1:
             raise ConfigError(f"loader_threads is {self.loader_threads}; expected at least 1.")
+        check_runtime_policy(self.policy)
+
+
+RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit runs in the replay only
+
+
+def check_runtime_policy(name: str) -> None:
+    """--policy NAME for the runtime: a cache/zoo.py policy object (prefetch admission, NAME+admit, is timed by the
+    replay's link model and is not run here)."""
+    if name.removesuffix("+admit") not in DESCRIBE:
+        raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(RUNTIME_POLICIES)}.")
+    _base, admit = split_name(name)
+    if admit:
+        raise ConfigError(f"--policy is {name!r}; prefetch admission (+admit) runs in `routecast cache replay` only; "
+                          f"expected one of {', '.join(RUNTIME_POLICIES)}.")
 
 
 class ExpertStore:
@@ -67,9 +87,10 @@ class ExpertStore:
         lay = tier.layout
         self.tier, self.cfg = tier, cfg
         self.L, self.E = lay.num_layers, lay.num_experts
-        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer)
+        self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer, cfg.policy)
         n_keys = self.L * self.E
-        self.pools = {p: torch.empty((cfg.budget, *shape), dtype=dt) for p, (shape, dt) in lay.params.items()}
+        self._maps: list[mmap.mmap] = []
+        self.pools = {p: self._pool(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}
         # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
         self._bytes = {p: t.view(torch.uint8).numpy().reshape(cfg.budget, -1) for p, t in self.pools.items()} \
             if getattr(tier, "accepts_bytes", False) else None
@@ -91,6 +112,15 @@ class ExpertStore:
                         for i in range(cfg.loader_threads)]
         for t in self.threads:
             t.start()
+
+    def _pool(self, n: int, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
+        """[n, *shape] of dt on page-aligned anonymous memory: a slot whose size is a whole number of pages starts
+        on a page, so the tier can read an aligned expert straight into it with O_DIRECT (no copy)."""
+        nbytes = n * int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)  # pages faulted in now,
+        buf = mmap.mmap(-1, max(nbytes, 1), flags=flags)  # not on the first read into each slot during the run
+        self._maps.append(buf)
+        return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(dt).view(n, *shape)
 
     @property
     def capacity(self) -> list[int]:
@@ -194,21 +224,27 @@ class ExpertStore:
             loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
 
-    def end_step(self) -> None:
-        """The forward step finished: its forecast marks are dropped (reads already issued go on)."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        """A forward step starts: its requests and forecast sets go to the policies that use them (fc-evict)."""
         with self.cond:
-            self.slots.end_step()
+            self.slots.begin_step(requests, forecast_LE)
+
+    def end_step(self, observed=None) -> None:
+        """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
+        cache.forecast_evict.StepUse, the step's routing per request) updates the policies' request profiles."""
+        with self.cond:
+            self.slots.end_step(observed)
 
     # ------------------------------------------------------------------ the access
     def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
-        """Make `experts` (ascending ids) of `layer` available and call compute(experts_n, slots_n) on ready
-        groups of them (hits first, then late prefetches and loaded misses); every expert is computed once."""
+        """Make `experts` (ascending ids) of `layer` available and call compute(experts_n, slots_n) once per round
+        with every expert of the round in its slot (ascending ids; slots valid during the call): one round when the
+        layer's experts fit their pool, more when misses were deferred (each round's slots are released after it)."""
         keys = [layer * self.E + int(e) for e in experts]
         with self.cond:
             released, hits, loads, deferred, later = self.slots.access(layer, keys)
             for k in released:
                 self._lose(k)
-            now = [k for k in hits if self.ready[k]]
             wait = [k for k in hits if not self.ready[k]]
             self.stats["late"] += len(wait)
             for k in wait:
@@ -217,9 +253,7 @@ class ExpertStore:
             self._issue(loads, lambda k: _DEMAND)
             self._issue(later, lambda k: float(k // self.E - layer), prefetch=True)
             wait += [k for k, _, _ in loads]
-            slot_now = self.slots.slot_of[np.asarray(now, np.int64)].copy()
-        if now:
-            self._run(now, slot_now, compute)
+            group = hits + [k for k, _, _ in loads]
         while True:
             if wait:
                 t0 = time.perf_counter()
@@ -228,16 +262,17 @@ class ExpertStore:
                 self.stats["stall_s"] += time.perf_counter() - t0
                 if self.error is not None:
                     raise self.error
-                with self.lock:
-                    slot_w = self.slots.slot_of[np.asarray(sorted(wait), np.int64)].copy()
-                self._run(sorted(wait), slot_w, compute)
+            group = sorted(group)
+            with self.lock:
+                slots = self.slots.slot_of[np.asarray(group, np.int64)].copy()
+            self._run(group, slots, compute)
             with self.cond:
-                self.slots.unpin(now + wait)
+                self.slots.unpin(group)
                 if not deferred:
                     return
                 loads, deferred = self.slots.next_round(deferred)
                 self._issue(loads, lambda k: _DEMAND)
-                now, wait = [], [k for k, _, _ in loads]
+                group = wait = [k for k, _, _ in loads]
 
     def _run(self, keys: list[int], slots: np.ndarray, compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
         compute(np.asarray(keys, np.int64) % self.E, slots)

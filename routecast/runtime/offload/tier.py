@@ -7,7 +7,8 @@ load (gate_up_proj[e] = cat(gate, up) along dim 0, down_proj[e] = down). ``Exper
 the file headers and the loaded model's fused tensors, and checks the bytes against the model's values.
 
 Reads bypass the page cache so that a miss costs what the disk costs: the file is opened with O_DIRECT and
-read into page-aligned buffers at 4 KiB-aligned offsets (mode "o_direct"); where the filesystem refuses
+read into page-aligned buffers at 4 KiB-aligned offsets (mode "o_direct"); a piece that fills a whole aligned
+request is read straight into its slot (the store's pools are page-aligned) with no copy; where the filesystem refuses
 O_DIRECT (tmpfs, some overlays), each read is preceded by posix_fadvise(DONTNEED) over its range, which
 drops those clean pages from the cache (mode "fadvise"). ``DiskTier.mode`` says which one runs.
 """
@@ -233,6 +234,20 @@ class DiskTier:
         self.bytes_read = 0
         self.reads = 0
         self.read_s = 0.0
+        self.direct_reads = 0  # requests read straight into a slot (no copy)
+
+    @staticmethod
+    def _direct_dest(plan: ReadPlan, ri: int, n: int, dests: dict) -> memoryview | None:
+        """The slot bytes request ri can be read into directly (one piece filling the whole aligned request, a
+        byte-array destination starting on a page), or None (read into the thread's buffer and copy)."""
+        cp = plan.copies[ri] if plan.copies else ()
+        if len(cp) != 1 or cp[0][0] != 0 or cp[0][1] != n:
+            return None
+        _inner, nb, param, at = cp[0]
+        d = dests.get(param)
+        if not isinstance(d, np.ndarray) or (d.ctypes.data + at) % ALIGN:
+            return None
+        return memoryview(d[at:at + nb])
 
     @staticmethod
     def _probe(fd: int) -> None:
@@ -260,17 +275,21 @@ class DiskTier:
         plan = self.layout.plans[key]
         fd = self.fds[int(self.layout.file_of[key])]
         buf = self._buffer()
-        total = 0
+        total = n_direct = 0
         t0 = time.perf_counter()
         for ri, (off, n) in enumerate(plan.requests):
             if self.mode == "fadvise":
                 os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
-            view = memoryview(buf)[:n]
+            direct = self._direct_dest(plan, ri, n, dests)
+            view = memoryview(buf)[:n] if direct is None else direct
             got = os.preadv(fd, [view], off)
             view.release()
             if got < plan.need[ri]:  # only the file's last page may come back short
                 raise ConfigError(f"checkpoint: read of expert {key} returned {got} of {n} bytes; the file is truncated.")
             total += n
+            if direct is not None:  # read straight into the slot
+                n_direct += 1
+                continue
             if all(isinstance(d, np.ndarray) for d in dests.values()):
                 arr = self._local.arr
                 for inner, nb, param, at in plan.copies[ri]:
@@ -287,6 +306,7 @@ class DiskTier:
             self.bytes_read += total
             self.reads += 1
             self.read_s += dt
+            self.direct_reads += n_direct
         return total
 
 

@@ -1,0 +1,241 @@
+"""Cost-aware prediction: evict by forecast next use (zero extra bytes) and admit a prefetch only when it pays.
+
+Two forecasts, both causal (they use only routing already observed and what the request horizon allows):
+
+- **within the step**: the predictor's batch sets for the step's layers (e.g. conditional-token), given
+  before the step (``begin_step(forecast_LE=...)``);
+- **beyond the step** (ReuseForecast): each active request's exponentially decayed expert profile
+  (decay per token of that request, smoothed towards the trace-wide frequency) gives, for each key, the
+  probability q_k that the next step's batch uses it: q_k = 1 - prod_r (1 - pi_rk), pi_rk the share of
+  request r's recent tokens routed to k. A key's expected next use, in accesses from layer l of this step,
+  is then off_k + L·(1/q_k - 1) (geometric over steps; off_k = layers until the key's layer comes round).
+
+ForecastEvictPolicy (a, "fc-evict") evicts the resident key whose predicted next use is farthest: keys
+forecast for a later layer of this step are needed at that layer (nearest kept); every other key at its
+expected next use above. Keys of the access being served go last (only when the pool is smaller than the
+access, as in the kernel). No prefetch: the bytes
+moved are the demand loads only.
+
+PrefetchAdmission (b, "+admit"): a forecast key k of the next layer is fetched ahead only when
+
+    p_k · min(x, W)  >  (1 - p_k) · (max(0, x - W) + r_v · x)
+
+x: seconds to move one expert; W: idle link seconds before the next layer's router asks (its estimated
+start minus the time the link frees from the transfers already queued); p_k: the forecast's confidence
+(the running precision of that layer's forecast sets, prior 0.5); r_v: the probability that the victim the
+prefetch evicts is needed in the next step (q_v above; 0 for a free slot). Left: the stall a right
+forecast removes (only the part of the transfer that fits in idle link time is saved; the rest would
+have queued anyway). Right: the link time a wrong forecast wastes beyond the idle window (it delays the
+next demand loads) plus the demand load the victim then costs. On a link busy with demand loads (W = 0)
+nothing is prefetched: that is the measured regime of the built-in traces on h100-sxm and PCIe profiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from routecast.cache.policy import BasePolicy, Rank
+
+
+@dataclass(frozen=True)
+class StepUse:
+    """One forward step's routing per request: requests (R,) int64 ids; off (R+1,) CSR into keys (n,) int64
+    (layer·E + expert) and counts (n,) tokens of the request routed there; tokens (R,) its tokens in the step."""
+
+    requests: np.ndarray
+    off: np.ndarray
+    keys: np.ndarray
+    counts: np.ndarray
+    tokens: np.ndarray
+
+    @classmethod
+    def from_routing(cls, request_T: np.ndarray, experts_TLK: np.ndarray, E: int) -> StepUse:
+        """One step's StepUse from its tokens' request ids (T,) and routed experts (T, L, K) (-1 = dropped slot):
+        what the runtime hands SlotCache.end_step after a forward step."""
+        req = np.asarray(request_T, np.int64)
+        ex = np.asarray(experts_TLK, np.int64)
+        T, L, _ = ex.shape
+        reqs, r_idx, tok = np.unique(req, return_inverse=True, return_counts=True)
+        ok = ex >= 0
+        keys = (np.arange(L, dtype=np.int64)[None, :, None] * E + ex)[ok]
+        rows = np.broadcast_to(r_idx.reshape(T, 1, 1), ex.shape)[ok]
+        u, cnt = np.unique(rows * (L * E) + keys, return_counts=True)
+        off = np.searchsorted(u // (L * E), np.arange(len(reqs) + 1)).astype(np.int64)
+        return cls(requests=reqs, off=off, keys=u % (L * E), counts=cnt.astype(np.float64), tokens=tok)
+
+
+class ReuseForecast:
+    """Per-request decayed expert profiles over K keys -> next-step use probability q (K,) (module docstring).
+
+    decay: weight kept per token of the same request (0.9: about the last ten tokens dominate); prior: tokens'
+    worth of trace-wide frequency mixed into each profile; forget_steps: a request unseen that long is dropped.
+    """
+
+    def __init__(self, K: int, decay: float = 0.9, prior: float = 1.0, forget_steps: int = 64) -> None:
+        self.K, self.decay, self.prior, self.forget = K, decay, prior, forget_steps
+        self.prof: dict[int, np.ndarray] = {}
+        self.mass: dict[int, float] = {}
+        self.seen: dict[int, int] = {}
+        self.glob = np.zeros(K)
+        self.glob_tokens = 0.0
+        self.step = 0
+
+    def next_step_probs(self, requests: np.ndarray | None) -> np.ndarray:
+        """(K,) probability that a step batching `requests` uses each key (trace-wide share for unknown ones)."""
+        gp = self.glob / self.glob_tokens if self.glob_tokens > 0 else np.zeros(self.K)
+        if requests is None or len(requests) == 0:
+            return np.clip(gp, 0.0, 1.0)
+        log_miss = np.zeros(self.K)
+        for r in np.asarray(requests).tolist():
+            c = self.prof.get(r)
+            pi = gp if c is None else (c + self.prior * gp) / (self.mass[r] + self.prior)
+            log_miss += np.log1p(-np.minimum(pi, 0.999))
+        return -np.expm1(log_miss)
+
+    def observe(self, use: StepUse) -> None:
+        """Fold one step's routing into the profiles (decay by the request's tokens in the step first)."""
+        self.step += 1
+        for i, r in enumerate(use.requests.tolist()):
+            n = float(use.tokens[i])
+            d = self.decay ** n
+            c = self.prof.get(r)
+            if c is None:
+                c = self.prof[r] = np.zeros(self.K)
+                self.mass[r] = 0.0
+            c *= d
+            ks, cs = use.keys[use.off[i]:use.off[i + 1]], use.counts[use.off[i]:use.off[i + 1]]
+            c[ks] += cs
+            self.mass[r] = self.mass[r] * d + n
+            self.seen[r] = self.step
+            self.glob[ks] += cs
+            self.glob_tokens += n
+        for r in [r for r, s in self.seen.items() if self.step - s > self.forget]:
+            del self.prof[r], self.mass[r], self.seen[r]
+
+
+class ForecastEvictPolicy(BasePolicy):
+    """(a) Belady on the forecast: evict the resident key with the farthest predicted next use (module docstring).
+
+    L, E: the model's layers and experts (keys are layer·E + expert); forecaster: a ReuseForecast to share
+    between pools (one is made if None). Ties go to the least recently used key.
+    """
+
+    name = "fc-evict"
+
+    def __init__(self, capacity: int, L: int, E: int, forecaster: ReuseForecast | None = None) -> None:
+        super().__init__(capacity)
+        self.L, self.E = L, E
+        self.fc = forecaster or ReuseForecast(L * E)
+        self.owns_fc = forecaster is None
+        self.res = np.zeros(L * E, bool)
+        self.last = np.zeros(L * E)
+        self.tick = 0.0
+        self.q = np.zeros(L * E)
+        self.fset = np.zeros(L * E, bool)
+        self.layer = 0
+        self.cur: set[int] = set()
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __contains__(self, key: int) -> bool:
+        return bool(self.res[key])
+
+    def _use(self, key: int) -> None:
+        lay = key // self.E
+        if lay != self.layer:
+            self.layer, self.cur = lay, set()
+        self.cur.add(key)
+        self.last[key] = self.tick
+        self.tick += 1.0
+
+    def touch(self, key: int) -> None:
+        self._use(key)
+
+    def admit(self, key: int) -> None:
+        self.res[key] = True
+        self.n += 1
+        self._use(key)
+
+    def remove(self, key: int) -> None:
+        if self.res[key]:
+            self.res[key] = False
+            self.n -= 1
+
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+        self.q = self.fc.next_step_probs(requests)
+        self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
+        self.layer, self.cur = 0, set()
+
+    def end_step(self, observed: StepUse | None = None) -> None:
+        if observed is not None and self.owns_fc:
+            self.fc.observe(observed)
+
+    def next_use(self, keys: np.ndarray, layer: int) -> np.ndarray:
+        """(n,) predicted next use of `keys`, in accesses from layer `layer` of this step."""
+        lk = keys // self.E
+        off = np.where(lk > layer, lk - layer, self.L - layer + lk).astype(np.float64)
+        far = off + self.L * (1.0 / np.maximum(self.q[keys], 1e-9) - 1.0)
+        return np.where(self.fset[keys] & (lk > layer), off, far)
+
+    def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
+        layer = incoming // self.E if incoming >= 0 else self.layer
+        keys = np.flatnonzero(self.res)
+        if len(keys) == 0:
+            return -1
+        d = self.next_use(keys, layer)
+        order = keys[np.lexsort((self.last[keys], -d))].tolist()  # farthest first, then least recent
+        for k in order:
+            if k not in self.cur and not pinned(k):
+                return k
+        for k in order:  # a pool smaller than the access: a computed key of it goes (the driver pins the others)
+            if not pinned(k):
+                return k
+        return -1
+
+
+def admit_prefetch(p_use: float, xfer_s: float, window_s: float, victim_reuse: float) -> bool:
+    """The admission rule of the module docstring: p·min(x, W) > (1 - p)·(max(0, x - W) + r_v·x)."""
+    w = max(window_s, 0.0)
+    return p_use * min(xfer_s, w) > (1.0 - p_use) * (max(0.0, xfer_s - w) + victim_reuse * xfer_s)
+
+
+class PrefetchAdmission:
+    """(b) The state the admission rule needs: per-layer forecast precision (p) and the victims' reuse (r_v).
+
+    begin_step(requests, forecast_LE) before a step, end_step(use) after it (use: StepUse); confidence(layer)
+    and reuse(key) feed admit_prefetch.
+    """
+
+    def __init__(self, L: int, E: int, forecaster: ReuseForecast | None = None) -> None:
+        self.L, self.E = L, E
+        self.fc = forecaster or ReuseForecast(L * E)
+        self.owns_fc = forecaster is None
+        self.right = np.ones(L)  # prior: one right and one wrong forecast key per layer (precision 0.5)
+        self.told = np.full(L, 2.0)
+        self.q = np.zeros(L * E)
+        self.fset = np.zeros((L, E), bool)
+
+    def begin_step(self, requests: np.ndarray | None, forecast_LE: np.ndarray | None) -> None:
+        self.q = self.fc.next_step_probs(requests)
+        self.fset = np.zeros((self.L, self.E), bool) if forecast_LE is None else np.asarray(forecast_LE, bool)
+
+    def end_step(self, use: StepUse | None) -> None:
+        if use is None:
+            return
+        used = np.zeros(self.L * self.E, bool)
+        used[use.keys] = True
+        self.right += (self.fset.ravel() & used).reshape(self.L, self.E).sum(1)
+        self.told += self.fset.sum(1)
+        if self.owns_fc:
+            self.fc.observe(use)
+
+    def confidence(self, layer: int) -> float:
+        return float(self.right[layer] / self.told[layer])
+
+    def reuse(self, key: int) -> float:
+        return 0.0 if key < 0 else float(self.q[key])

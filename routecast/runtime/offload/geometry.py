@@ -1,0 +1,259 @@
+"""The I/O-bound regime: MoE layers of a production expert geometry, random bf16 weights on disk, real routing.
+
+``write_weights(folder, geom)`` writes, once, a safetensors file of `geom.layers` MoE layers with that model's
+expert geometry (sim/models/NAME.toml: hidden size, expert FFN size, experts, top-k): per layer the fused
+``layers.<l>.experts.gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I] in bf16. **The weights are random**
+(each bf16 value: random sign and mantissa, exponent fixed so |w| is in [2^-7, 2^-6); no model is claimed); the
+layer count is scaled down to fit the disk and the time (stated in every output). The file is streamed expert by
+expert, written to a temporary name, fsynced and renamed; a sidecar JSON says what it holds, so a second run reuses it.
+
+``GeometryRun`` drives those layers with **real routing**: the decode tokens of a captured trace (builtin-fine's,
+DeepSeek-V3 architecture, 64 experts top-6), geometry layer g taking trace layer g mod L_trace. Expert ids: a
+64-expert geometry (DeepSeek-V2-Lite) uses the trace's ids as they are; an 8-expert one (Mixtral-8x7B) maps trace
+expert e to e // 8 and keeps the first two distinct groups in the router's weight order (top-2, weights
+renormalised). Each step (one decode token) accesses every layer's experts through the offload runtime's own
+ExpertStore (cache/slots.py SlotCache, the replay's policy objects; O_DIRECT reads on loader threads) and computes
+the SwiGLU experts from the slots in bf16. Prediction: PROBE's frozen-gate lookahead of builtin-fine applied to
+the trace's recorded router input of layer g (the next trace layer's gate, one matmul), mapped to the geometry's
+ids as the routing is; its sets prefetch layer g+1 while layer g computes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from routecast.common.errors import ConfigError
+from routecast.runtime.offload.store import ExpertStore, StoreConfig
+from routecast.runtime.offload.tier import DiskTier, ExpertLayout
+
+GEOMETRIES = ("deepseek-v2-lite", "mixtral-8x7b")
+WEIGHT_NOTE = "weights are random bf16 (no model), routing is real (the captured builtin-fine trace)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Geometry:
+    """One routed-expert geometry: hidden H, expert FFN I, experts E, top-k K, `layers` MoE layers written."""
+
+    name: str
+    hidden: int
+    ffn: int
+    experts: int
+    top_k: int
+    layers: int
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.hidden * self.ffn * 2
+
+
+def geometry(name: str, layers: int) -> Geometry:
+    """The routed-expert geometry of sim/models/NAME.toml with `layers` MoE layers."""
+    from routecast.sim.models import load_model
+
+    if name not in GEOMETRIES:
+        raise ConfigError(f"--geometry is {name!r}; expected one of {', '.join(GEOMETRIES)}.")
+    if layers < 1:
+        raise ConfigError(f"--geometry-layers is {layers}; expected at least 1.")
+    m = load_model(name)
+    return Geometry(name=name, hidden=m.hidden_size, ffn=m.expert_ffn, experts=m.num_experts, top_k=m.top_k,
+                    layers=layers)
+
+
+def _random_bf16(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n random bf16 bit patterns (uint16): random sign and 7-bit mantissa, exponent 2^-7."""
+    bits = rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
+    return (bits & np.uint16(0x807F)) | np.uint16(0x3C00)
+
+
+def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
+    """folder/NAME-Llayers.safetensors with geom's random expert weights (written once, reused) -> its path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{geom.name}-{geom.layers}layers.safetensors"
+    meta = {**asdict(geom), "seed": seed, "note": WEIGHT_NOTE, "aligned": 4096}
+    side = path.with_suffix(".json")
+    if path.is_file() and side.is_file() and json.loads(side.read_text()) == meta:
+        return path
+    E, H, I = geom.experts, geom.hidden, geom.ffn
+    need = geom.layers * E * geom.expert_bytes
+    free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+    if need > free * 0.8:
+        raise ConfigError(f"--geometry {geom.name} with {geom.layers} layers needs {need / 1e9:.1f} GB on {folder}; "
+                          f"{free / 1e9:.1f} GB are free: expected fewer --geometry-layers.")
+    head: dict[str, Any] = {"__metadata__": {"note": WEIGHT_NOTE}}
+    off = 0
+    for li in range(geom.layers):
+        for p, shape in (("gate_up_proj", [E, 2 * I, H]), ("down_proj", [E, H, I])):
+            n = int(np.prod(shape)) * 2
+            head[f"layers.{li}.experts.{p}"] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
+            off += n
+    raw = json.dumps(head).encode()
+    raw += b" " * (-(8 + len(raw)) % 4096)  # data on a page boundary: every expert is read straight into its slot
+    tmp = path.with_name(f".{path.name}.partial")
+    rng = np.random.default_rng(seed)
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for _li in range(geom.layers):
+            for per in (2 * I * H, H * I):
+                for _e in range(E):
+                    f.write(_random_bf16(rng, per).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    side.write_text(json.dumps(meta))
+    return path
+
+
+def map_routing(experts_TLK: np.ndarray, weights_TLK: np.ndarray, geom: Geometry, trace_E: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trace routing (T, Lt, Kt) -> the geometry's (T, geom.layers, geom.top_k) ids and weights (module docstring)."""
+    Lt = experts_TLK.shape[1]
+    lay = np.arange(geom.layers) % Lt
+    ids, w = experts_TLK[:, lay].astype(np.int64), weights_TLK[:, lay].astype(np.float32)
+    if geom.experts == trace_E and geom.top_k <= ids.shape[-1]:
+        return ids[..., :geom.top_k], w[..., :geom.top_k]
+    if trace_E % geom.experts:
+        raise ConfigError(f"--geometry {geom.name}: {geom.experts} experts do not divide the trace's {trace_E}.")
+    g = ids // (trace_E // geom.experts)
+    order = np.argsort(-w, axis=-1, kind="stable")
+    g, w = np.take_along_axis(g, order, -1), np.take_along_axis(w, order, -1)
+    T, L, K = g.shape
+    out_i, out_w = np.zeros((T, L, geom.top_k), np.int64), np.zeros((T, L, geom.top_k), np.float32)
+    first = np.ones_like(g, bool)
+    for k in range(1, K):  # a group seen at an earlier (heavier) slot is not new
+        first[..., k] = ~(g[..., :k] == g[..., k:k + 1]).any(-1)
+    rank = np.cumsum(first, -1) - 1
+    for j in range(geom.top_k):
+        sel = first & (rank == j)
+        has = sel.any(-1)
+        at = sel.argmax(-1)
+        out_i[..., j] = np.where(has, np.take_along_axis(g, at[..., None], -1)[..., 0], (out_i[..., 0] + 1) % geom.experts)
+        out_w[..., j] = np.where(has, (w * (g == out_i[..., j:j + 1])).sum(-1), 0.0)
+    out_w /= np.maximum(out_w.sum(-1, keepdims=True), 1e-9)
+    return out_i, out_w
+
+
+class GeometryRun:
+    """The geometry's layers over an ExpertStore of `budget` slots; ``step(t)`` runs decode token t of the routing."""
+
+    def __init__(self, path: Path, geom: Geometry, *, budget: int, policy: str = "lru", loader_threads: int = 4,
+                 direct: bool = True) -> None:
+        params = {"gate_up_proj": ((2 * geom.ffn, geom.hidden), torch.bfloat16),
+                  "down_proj": ((geom.hidden, geom.ffn), torch.bfloat16)}
+        self.geom, self.L, self.E = geom, geom.layers, geom.experts
+        self.layout = ExpertLayout([path], [f"layers.{li}" for li in range(geom.layers)], params, geom.experts)
+        self.tier = DiskTier(self.layout, direct=direct)
+        self.store = ExpertStore(self.tier, StoreConfig(budget=budget, loader_threads=loader_threads, policy=policy))
+        self.x = torch.randn(1, geom.hidden, generator=torch.Generator().manual_seed(0)).bfloat16()
+        self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.pred_sets: list[np.ndarray] = []
+        self.compute_s: list[float] = []  # seconds per expert computed
+        self.predict_s = 0.0
+
+    def close(self) -> None:
+        self.store.close()
+        self.tier.close()
+
+    def _compute(self, w_E: np.ndarray, out: list[torch.Tensor]):
+        gu, dn, I = self.store.pools["gate_up_proj"], self.store.pools["down_proj"], self.geom.ffn
+
+        def compute(exps: np.ndarray, slots: np.ndarray) -> None:
+            for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
+                t0 = time.perf_counter()
+                h = self.x @ gu[s].T  # (1, 2I)
+                y = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T
+                out[0] = out[0] + float(w_E[e]) * y.float()
+                self.compute_s.append(time.perf_counter() - t0)
+        return compute
+
+    def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None) -> None:
+        """One decode token: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets of layers
+        1.. (row g is prefetched when layer g-1 starts; row 0 is never forecast)."""
+        sets = np.zeros((self.L, self.E), bool)
+        for g in range(self.L):
+            if pred_LE is not None and g + 1 < self.L:
+                sets[g + 1] = pred_LE[g + 1]
+                self.store.prefetch([g + 1], [(g + 1) * self.E + np.flatnonzero(pred_LE[g + 1])], g)
+            uniq, inv = np.unique(ids_LK[g], return_inverse=True)
+            w_E = np.zeros(self.E, np.float32)
+            np.add.at(w_E, ids_LK[g], w_LK[g])
+            self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))
+            out = [torch.zeros(1, self.geom.hidden)]
+            self.store.access(g, uniq, self._compute(w_E, out))
+        self.store.end_step()
+        self.pred_sets.append(sets)
+
+    def figures(self) -> dict[str, Any]:
+        s = dict(self.store.stats)
+        asked = s["hits"] + s["misses"]
+        s.update(hit_ratio=s["hits"] / max(asked, 1), bytes_read=self.tier.bytes_read, reads=self.tier.reads,
+                 read_s=self.tier.read_s, direct_reads=self.tier.direct_reads, tier_mode=self.tier.mode,
+                 compute_s_per_expert=float(np.median(self.compute_s)) if self.compute_s else 0.0)
+        return s
+
+
+def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[str, Any]:
+    """The first `tokens` decode tokens of a captured trace (request order) -> {'ids', 'w' (T, L, K) the geometry's
+    routing; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer from the previous trace layer's recorded
+    router input (layer 0's: the trace's layer-0 routing frequencies), mapped as the routing; 'predict_s' seconds
+    of those forecasts per token (the predictor's own time, charged to every prefetching run)}."""
+    from routecast.predict.lookahead import LookaheadPredictor
+    from routecast.trace import DECODE
+    from routecast.trace.io import read_trace
+
+    trace = read_trace(trace_path, load_hidden=True)
+    if trace.hidden_TLH is None:
+        raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; expected a capture with --hidden.")
+    rows = np.flatnonzero(trace.phase == DECODE)[:tokens]
+    if len(rows) < tokens:
+        raise ConfigError(f"--routing {trace_path}: {len(rows)} decode tokens; expected at least {tokens}.")
+    spec = trace.spec
+    ids, w = map_routing(np.asarray(trace.experts_TLK[rows]), np.asarray(trace.weights_TLK[rows]), geom,
+                         spec.num_experts)
+    la = LookaheadPredictor.from_model(spec.name if spec.name in ("builtin", "builtin-fine") else "builtin-fine", spec)
+    hid = torch.from_numpy(np.asarray(trace.hidden_TLH[rows], np.float32))  # (T, Lt, H)
+    Kt = spec.top_k
+    t0 = time.perf_counter()
+    with torch.no_grad():  # every target trace layer j >= 1 from layer j-1's router input: one batched matmul
+        logits = torch.einsum("tlh,leh->tle", hid[:, :-1], la.net.prior_W) + la.net.prior_b
+        probs = la.rule.forecast(logits, la.net.correction)  # (T, Lt-1, E)
+        w_f, i_f = probs.topk(Kt, dim=-1)
+    predict_s = (time.perf_counter() - t0) / len(rows)
+    l0 = np.argsort(-np.bincount(np.asarray(trace.experts_TLK[:, 0]).reshape(-1), minlength=spec.num_experts))[:Kt]
+    f_ids = np.concatenate([np.broadcast_to(l0, (len(rows), 1, Kt)), i_f.numpy()], 1)
+    f_w = np.concatenate([np.full((len(rows), 1, Kt), 1.0 / Kt, np.float32), w_f.numpy()], 1)
+    g_ids, _ = map_routing(f_ids, f_w, geom, spec.num_experts)
+    pred = np.zeros((len(rows), geom.layers, geom.experts), bool)
+    np.put_along_axis(pred, g_ids, True, -1)
+    return {"ids": ids, "w": w, "pred": pred, "predict_s": predict_s, "tokens": len(rows),
+            "trace": str(trace_path), "trace_layers": spec.num_layers}
+
+
+def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
+                 prefetch: bool = False, loader_threads: int = 4, direct: bool = True) -> dict[str, Any]:
+    """Every token of `routing` through the geometry's layers at `budget` slots -> figures: s_per_token (wall),
+    hit ratio, bytes read, stall, predictor seconds (its measured per-token cost, added to the wall time: the
+    forecast matmul ran once before the timed loop), the access log and forecast sets for the replay."""
+    r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct)
+    ids, w, pred = routing["ids"], routing["w"], routing["pred"]
+    try:
+        t0 = time.perf_counter()
+        for t in range(routing["tokens"]):
+            r.step(ids[t], w[t], pred[t] if prefetch else None)
+        wall = time.perf_counter() - t0
+    finally:
+        r.close()
+    fig = r.figures()
+    pred_s = routing["predict_s"] * routing["tokens"] if prefetch else 0.0
+    wall += pred_s
+    fig.update(wall_s=wall, s_per_token=wall / routing["tokens"], predict_s=pred_s, budget=budget, policy=policy,
+               prefetch=prefetch, log=r.log, pred_sets=np.array(r.pred_sets), read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
+    return fig

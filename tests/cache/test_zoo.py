@@ -1,0 +1,171 @@
+"""The policy zoo (ARC, S3-FIFO, LIRS, LFU, fc-evict): golden sequences from each paper's rules, properties on
+random traces (budget, Belady's bound), and the equality of the object and kernel forms of LRU and LFU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from routecast.cache.arc import ARCPolicy
+from routecast.cache.compare import compare_policies
+from routecast.cache.forecast_evict import ForecastEvictPolicy, StepUse, admit_prefetch
+from routecast.cache.lirs import LIRSPolicy
+from routecast.cache.objreplay import replay_objects, step_uses
+from routecast.cache.replay import ReplayConfig, build_accesses, compute_seconds, run_policy, true_sets
+from routecast.cache.s3fifo import S3FIFOPolicy
+from routecast.cache.slots import SlotCache
+from routecast.common.errors import ConfigError
+from tests.cache.test_properties import HW, tiny_trace, trace_args
+
+ZOO = ["lru", "lfu", "arc", "s3fifo", "lirs", "fc-evict"]
+
+
+def drive(pol, seq):
+    """Plain demand driver over single-key accesses -> the evicted keys, in order."""
+    out = []
+    for k in seq:
+        if k in pol:
+            pol.touch(k)
+            continue
+        if len(pol) >= pol.capacity:
+            v = pol.victim(lambda _k: False, None, k)
+            pol.remove(v)
+            out.append(v)
+        pol.admit(k)
+    return out
+
+
+def test_arc_golden_adaptation():
+    """Worked by hand from ARC's rules (FAST'03 Fig. 4), c = 2: 1 2 1 3 2 1.
+    3 misses with p = 0 and |T1| = 1 > p: T1's LRU (2) goes to B1. 2 is a B1 ghost hit: p = 0 + max(0/1, 1) = 1,
+    |T1| = 1 is not > p, so T2's LRU (1) goes to B2. 1 is a B2 ghost hit: p = 1 - max(0/1, 1) = 0, T1's 3 goes."""
+    pol = ARCPolicy(2)
+    assert drive(pol, [1, 2, 1, 3, 2]) == [2, 1]
+    assert pol.p == 1.0 and list(pol.t2) == [2] and list(pol.b2) == [1]
+    assert drive(pol, [1]) == [3]
+    assert pol.p == 0.0 and list(pol.t2) == [2, 1] and list(pol.b1) == [3]
+
+
+def test_s3fifo_golden_quick_demotion():
+    """Worked by hand from S3-FIFO's Algorithm 1 (SOSP'23), capacity 4 (S holds >= 1 key = 10%, rounded up):
+    1 2 3 4 enter S; 1 is hit twice (freq 2), 2 once. Miss 5: S's oldest 1 (freq 2 > 1) moves to M, 2
+    (freq 1) is evicted into G. Miss 2: found in G, enters M; S's oldest 3 is evicted. Miss 6: 4 is evicted."""
+    pol = S3FIFOPolicy(4)
+    assert drive(pol, [1, 2, 3, 4, 1, 1, 2, 5, 2, 6]) == [2, 3, 4]
+    assert list(pol.m) == [1, 2] and list(pol.s) == [5, 6] and list(pol.g) == [3, 4]
+
+
+def test_lirs_golden_irr():
+    """Worked by hand from LIRS's rules (SIGMETRICS'02), capacity 3: L_lirs = 2, L_hirs = 1. 1 2 become LIR, 3 is
+    resident HIR. Miss 4 evicts 3 (Q's front; 3 stays in S, non-resident). Miss 3: 4 is evicted; 3 was still in
+    S (its reuse distance is short), so it turns LIR and the bottom LIR key 1 turns HIR: the next miss evicts 1,
+    where LRU would evict 4's successor... and keep 1."""
+    pol = LIRSPolicy(3)
+    assert drive(pol, [1, 2, 3, 4, 3]) == [3, 4]
+    assert pol.lir == {2, 3} and list(pol.queue) == [1]
+    assert drive(pol, [5]) == [1]
+
+
+def test_admission_rule():
+    x = 1.0
+    assert not admit_prefetch(0.99, x, 0.0, 0.0)  # a busy link: nothing to gain
+    assert admit_prefetch(0.9, x, 2.0, 0.5)  # idle link, confident, victim rarely reused
+    assert not admit_prefetch(0.3, x, 0.5, 0.5)  # half the transfer spills and the forecast is weak
+    assert admit_prefetch(1.0, x, 0.1, 1.0)  # a certain forecast costs nothing if wrong (it is never wrong)
+
+
+def test_fc_evict_keeps_the_steps_forecast_and_evicts_the_farthest():
+    """L = 3, E = 4. Request 0 used keys 1 (layer 0) and 9 (layer 2) on every token, never 5 (layer 1). At layer 0
+    of the next step, with 9 forecast for layer 2: 9 is needed 2 accesses ahead, 1 at the next step (q near 1),
+    5 never by this request's profile: 5 goes first, then 1, and 9 last."""
+    pol = ForecastEvictPolicy(3, L=3, E=4)
+    for k in (1, 5, 9):
+        pol.admit(k)
+    pol.end_step(StepUse(requests=np.array([0]), off=np.array([0, 2]), keys=np.array([1, 9]),
+                         counts=np.array([8.0, 8.0]), tokens=np.array([8])))
+    fc = np.zeros((3, 4), bool)
+    fc[2, 1] = True
+    pol.begin_step(np.array([0]), fc)
+    assert pol.victim(lambda _k: False, None, 2) == 5
+    assert pol.victim(lambda k: k == 5, None, 2) == 1
+    assert pol.victim(lambda k: k in (1, 5), None, 2) == 9
+    assert pol.next_use(np.array([9]), 0)[0] == 2.0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=trace_args, frac=st.floats(0.05, 1.0))
+def test_object_lru_and_lfu_equal_the_kernel(args, frac):
+    seed, L, E, k, steps, per_step = args
+    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
+    acc = build_accesses(tr)
+    budget = max(1, int(round(frac * L * E)))
+    cfg = ReplayConfig(budget=budget, hardware=HW, dense_us=1.0)
+    comp = compute_seconds(acc, cfg, 1 << 20)
+    for name in ("lru", "lfu"):
+        want = run_policy(acc, name, cfg, expert_bytes=1 << 20)
+        got = replay_objects(name, acc.req_off, acc.req_key, comp, L, E, budget, xfer_s=(1 << 20) / HW.h2d_bandwidth,
+                             dense_s=1e-6, num_tokens=acc.num_tokens, expert_bytes=1 << 20)
+        assert got["demand_loads"] == want["demand_loads"] and got["hit_ratio"] == want["hit_ratio"]
+        assert got["us_per_token"] == pytest.approx(want["us_per_token"], rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=trace_args, frac=st.floats(0.05, 1.0), admit=st.booleans())
+def test_zoo_never_beats_belady_and_keeps_the_budget(args, frac, admit):
+    seed, L, E, k, steps, per_step = args
+    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
+    acc = build_accesses(tr)
+    budget = max(1, int(round(frac * L * E)))
+    rng = np.random.default_rng(seed)
+    noisy = true_sets(acc) ^ (rng.random((len(acc.step_ids), L, E)) < 0.3)
+    names = [n + ("+admit" if admit else "") for n in ZOO]
+    rows = {r["policy"]: r for r in compare_policies(tr, budget=budget, hardware=HW, policies=names, forecast=noisy,
+                                                       dense_us=2.0)}
+    bel = rows["belady"]["demand_loads"]
+    for n in names:
+        assert rows[n]["demand_loads"] >= bel, f"{n} needed fewer demand loads than Belady"
+        assert rows[n]["stall_s"] >= -1e-12
+    # the same objects under the runtime's slot accounting: never more than `budget` experts hold slots
+    _, uses = step_uses(tr)
+    for n in ZOO:
+        sc = SlotCache(L, E, budget, policy=n)
+        for s in range(len(acc.step_ids)):
+            sc.begin_step(uses[s].requests, noisy[s])
+            for lay in range(L):
+                a = s * L + lay
+                keys = acc.req_key[acc.req_off[a]:acc.req_off[a + 1]].tolist()
+                _, hits, loads, deferred, _ = sc.access(lay, keys)
+                done = hits + [kk for kk, _, _ in loads]
+                sc.unpin(done)
+                while deferred:
+                    more, deferred = sc.next_round(deferred)
+                    sc.unpin([kk for kk, _, _ in more])
+                sc.check()
+            sc.end_step(uses[s])
+
+
+def test_compare_ranks_by_time_and_anchors_the_gap():
+    tr = tiny_trace(3, 2, 6, 2, 12, 3)
+    rows = compare_policies(tr, budget="50%", hardware=HW, policies=["lfu", "arc", "lirs"])
+    us = [r["us_per_token"] for r in rows]
+    assert us == sorted(us) and [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    by = {r["policy"]: r for r in rows}
+    assert by["lru"]["time_gap_closed"] == 0.0 and by["belady"]["time_gap_closed"] == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="forecast"):
+        compare_policies(tr, budget="50%", hardware=HW, policies=["fc-evict"])
+    with pytest.raises(ConfigError, match="nosuch"):
+        compare_policies(tr, budget="50%", hardware=HW, policies=["nosuch"])
+
+
+def test_step_use_from_routing_equals_the_replays_per_step_uses():
+    tr = tiny_trace(5, 2, 6, 2, 6, 3)
+    steps, uses = step_uses(tr)
+    step = np.asarray(tr.step)
+    for i, s in enumerate(steps.tolist()):
+        m = step == s
+        got = StepUse.from_routing(np.asarray(tr.tokens["request"])[m], np.asarray(tr.experts_TLK)[m], 6)
+        want = uses[i]
+        for f in ("requests", "off", "keys", "counts", "tokens"):
+            assert np.array_equal(getattr(got, f), getattr(want, f)), f
