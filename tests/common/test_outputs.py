@@ -244,6 +244,7 @@ WRITERS_ALLOWED = {
     "models/tokenizer.py": "the tokenizer into train-builtin's temp checkpoint folder",
     "cache/stream.py": "Belady's next-use scratch file in a private temp folder, deleted after the replay",
     "trace/standard.py": "its lock file and its own standard traces under out/traces (made on first use)",
+    "runtime/offload/geometry.py": "a synthetic production-geometry expert file in its own cache folder (temp, fsync, rename)",
 }
 _WRITE_CALLS = {"write_text", "write_bytes", "save_file", "savefig", "save_pretrained", "rmtree", "unlink"}
 
