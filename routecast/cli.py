@@ -224,6 +224,9 @@ def cmd_cache(a: argparse.Namespace) -> int:
 def cmd_schedule(a: argparse.Namespace) -> int:
     if a.action == "cocluster":
         return cocluster_cli.cocluster_main(a)
+    for flag, v in (("--plan", a.plan), ("--score", getattr(a, "score", None))):
+        if v:  # cocluster's flags: rebatch would ignore them (and a --plan would silently not be written)
+            raise ConfigError(f"{flag} {v} belongs to `schedule cocluster`; expected no {flag} with `schedule rebatch`.")
     from routecast.cache.cli import _clean
     from routecast.cache.replay import ReplayConfig, parse_budget, replay
     from routecast.common.outputs import check_out_file, write_json

@@ -43,6 +43,16 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _command(name: str) -> str:
+    """How the run was started: `python benchmarks/NAME.py ...`, or `python -m pytest ...` under pytest."""
+    argv = list(sys.argv)
+    if not argv or not argv[0]:
+        return name
+    if argv[0].endswith(("pytest/__main__.py", "/pytest", "py.test")):
+        argv[0] = "-m pytest"
+    return " ".join(["python", *argv])
+
+
 def table(title: str, rows: Sequence[Mapping[str, Any]], note: str = "") -> dict[str, Any]:
     """One renderable table: rows are dicts sharing their keys (the columns, in the first row's order)."""
     return {"title": title, "rows": [dict(r) for r in rows], "note": note}
@@ -58,7 +68,7 @@ def write_bench(name: str, *, title: str, headline: Sequence[str], tables: Seque
     """
     doc = {
         "benchmark": name, "title": title,
-        "command": " ".join(["python", *sys.argv]) if sys.argv and sys.argv[0] else name,
+        "command": _command(name),
         "machine": machine_info(), "load_avg": list(os.getloadavg()), "quick": bool(quick),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_s": time.monotonic() - _T0,

@@ -158,8 +158,23 @@ def load_all(bench_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
         except ConfigError as e:
             skipped.append(str(e))
             continue
-        docs[p.stem] = d
+        docs[p.stem] = portable(d)
     return docs, skipped
+
+
+ABS_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.@:+-]+/)+(?=[\w.@:+-])")
+
+
+def portable(x: Any) -> Any:
+    """x with every absolute path's folders shown as `LOCAL/` (a file only the machine that ran it had, e.g.
+    a calibrated profile or $ROUTECAST_TRACES): the docs name no folder a fresh clone lacks, yet show the file."""
+    if isinstance(x, str):
+        return ABS_PATH.sub("LOCAL/", x)
+    if isinstance(x, Mapping):
+        return {k: portable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [portable(v) for v in x]
+    return x
 
 
 def index_page(docs: Mapping[str, Mapping[str, Any]]) -> str:

@@ -68,3 +68,12 @@ def test_bad_region_spec_named(tmp_path):
     docs.mkdir()
     (docs / "p.md").write_text("<!-- results:x/table:5 -->\n<!-- /results -->")
     assert main(["--bench", str(tmp_path), "--docs", str(docs), "--readme", ""]) == 2
+
+
+def test_absolute_paths_rendered_portable():
+    from routecast.report.results import portable
+
+    d = portable({"command": "python b.py --hardware /srv/x/cal.toml --trace /data/t/fine", "rows": [{"p": "/a/b/c.json"}],
+                  "keep": ["docs/results/x.md", "3/4", "http://h/a/b"]})
+    assert d["command"] == "python b.py --hardware LOCAL/cal.toml --trace LOCAL/fine"
+    assert d["rows"] == [{"p": "LOCAL/c.json"}] and d["keep"] == ["docs/results/x.md", "3/4", "http://h/a/b"]
