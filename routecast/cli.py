@@ -172,8 +172,9 @@ def cmd_advise(a: argparse.Namespace) -> int:
 def cmd_predict(a: argparse.Namespace) -> int:
     from routecast.predict.evaluate import predict_eval_main, predict_fit_main
 
-
     if a.action == "eval":
+        if a.out:  # eval prints (or --json); only fit saves a predictor
+            raise ConfigError(f"--out {a.out} saves a fitted predictor; expected it with `predict fit`, not eval.")
         return predict_eval_main(
             a.trace, a.predictors, model=a.model, as_json=a.json, train_fraction=a.train_fraction, seed=a.seed,
             threads=a.threads, epochs=a.epochs, quiet=a.quiet, split=a.split, train_extra=a.train_extra,

@@ -366,16 +366,22 @@ def writes(*flags: str, inputs: Iterable[str] = ()) -> Callable:
             io = CommandIO(cmd=str(getattr(a, "cmd", fn.__name__)), overwrite=bool(getattr(a, "overwrite", False)))
             for f in ins:
                 io.input(f, getattr(a, _dest(f), None))
+            given = {f: getattr(a, _dest(f), None) for f in flags}
+            before = {f: _stamp(v) for f, v in given.items() if v not in (None, False)}
             token = _ACTIVE.set(io)
             try:
                 rc = fn(a)
             finally:
                 _ACTIVE.reset(token)
-            missing = [f for f in flags if getattr(a, _dest(f), None) not in (None, False)
-                       and not io.claimed(f) and f not in getattr(a, "_unclaimed_ok", ())]
+            missing = [f for f in before if not io.claimed(f) and f not in getattr(a, "_unclaimed_ok", ())]
             if missing and not rc:
-                raise RuntimeError(f"routecast {io.cmd}: {', '.join(missing)} written without being claimed through "
-                                   "routecast.common.outputs (a bug).")
+                touched = [f for f in missing if _stamp(given[f]) != before[f]]
+                if touched:
+                    raise RuntimeError(f"routecast {io.cmd}: {', '.join(touched)} written without being claimed "
+                                       "through routecast.common.outputs (a bug).")
+                f = missing[0]  # given, never used: the user asked for a file this run does not make
+                raise ConfigError(f"{f} {given[f]} was given, but `routecast {io.cmd}` with these arguments writes "
+                                  f"nothing there; expected {f} only where the command writes it (see --help).")
             return rc
 
         run.routecast_writes = flags  # type: ignore[attr-defined]
@@ -383,6 +389,15 @@ def writes(*flags: str, inputs: Iterable[str] = ()) -> Callable:
         return run
 
     return deco
+
+
+def _stamp(v: Any) -> tuple[bool, int, int]:
+    """(exists, size, mtime_ns) of an output path as given, to tell a write from no write."""
+    try:
+        st = os.lstat(str(v))
+    except (OSError, ValueError):
+        return (False, 0, 0)
+    return (True, st.st_size, st.st_mtime_ns)
 
 
 def declare_inputs(a: Any, flags: Iterable[str]) -> None:

@@ -229,7 +229,6 @@ WRITERS_ALLOWED = {
     "runtime/ep/launch.py": "rank configs into the launcher's scratch folder",
     "runtime/ep/ranks.py": "the ranks' stdout/stderr logs in a private temp folder, deleted when the ranks end",
     "runtime/ep/forward.py": "per-plan files inside the claimed --out folder",
-    "runtime/offload/geometry.py": "a GB-sized random-weight file streamed to a temp name beside it, fsync, rename",
     "report/results.py": "removes only docs/results pages it rendered whose benchmark JSON is gone",
     "runtime/ep/results.py": "per-plan files inside the claimed --out folder",
     "runtime/offload/tier.py": "the slow tier's expert file in a private temp folder",
@@ -296,3 +295,13 @@ def test_cli_refuses_output_onto_its_input(tmp_path, capsys):
         assert len(err) == 1 and ("input" in err[0] or "same place" in err[0]), err
     assert {p.name: p.read_bytes() for p in t.iterdir()} == before
     assert not os.path.exists(tmp_path / "c.json")
+
+
+def test_a_declared_output_the_run_never_uses_is_one_sentence(tree):
+    @O.writes("--out")
+    def ignores(a):
+        return 0
+
+    with pytest.raises(ConfigError, match="writes nothing there"):
+        _run(ignores, out=str(tree / "never.json"), overwrite=False)
+    assert not (tree / "never.json").exists()
