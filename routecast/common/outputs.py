@@ -323,9 +323,9 @@ class CommandIO:
             if rel:
                 raise ConfigError(f"{flag} {p} {rel} the input {iflag} {given}; expected an output path outside "
                                   "every input of the command (the input would be overwritten).")
-        for oflag, given, oreal, _ in self.outputs:
-            if oreal == real and oflag == flag:
-                return p  # the same flag checked twice (a handler and its library)
+        for oflag, given, oreal, okind in self.outputs:
+            if oflag == flag and (oreal == real or (okind == "dir" and oreal in real.parents)):
+                return p  # the same flag checked twice (a handler and its library), or a part of its own folder
             if oreal == real or oreal in real.parents or real in oreal.parents:
                 raise ConfigError(f"{flag} {p} and {oflag} {given} name the same place; expected distinct outputs.")
         if kind == "file" and not self.overwrite and p.is_file():

@@ -305,3 +305,13 @@ def test_a_declared_output_the_run_never_uses_is_one_sentence(tree):
     with pytest.raises(ConfigError, match="writes nothing there"):
         _run(ignores, out=str(tree / "never.json"), overwrite=False)
     assert not (tree / "never.json").exists()
+
+
+def test_a_folder_output_may_hold_its_own_parts(tree):
+    @O.writes("--out")
+    def demo_like(a):  # routecast demo claims --out, then its capture claims --out/trace.partial
+        O.check_out_dir(a.out, "--out", overwrite=True)
+        O.check_out_dir(Path(a.out) / "trace.partial", "--out", overwrite=True)
+        return 0
+
+    assert _run(demo_like, out=str(tree / "demo"), overwrite=True) == 0
