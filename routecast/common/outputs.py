@@ -436,11 +436,7 @@ def scratch_dir(out: str | os.PathLike, flag: str) -> Path:
         d = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}.partial-"))
     except OSError as e:
         raise os_error(e, flag, p) from None
-    _CREATED.add(_real(d))
-    io = _ACTIVE.get()
-    if io is not None:
-        io.created.add(_real(d))
-    return d
+    return _record_created(d)
 
 
 def own_file(path: str | os.PathLike, flag: str) -> Path:
@@ -454,14 +450,19 @@ def own_file(path: str | os.PathLike, flag: str) -> Path:
                           "it did not write; move it away).") from None
     except OSError as e:
         raise os_error(e, flag, p) from None
+    return _record_created(p)
+
+
+_CREATED: set[Path] = set()
+
+
+def _record_created(p: Path) -> Path:
+    """Note p as made by this process (and by the running command): only such paths may remove_own delete."""
     _CREATED.add(_real(p))
     io = _ACTIVE.get()
     if io is not None:
         io.created.add(_real(p))
     return p
-
-
-_CREATED: set[Path] = set()
 
 
 def remove_own(path: str | os.PathLike) -> None:
