@@ -38,8 +38,8 @@ def scheduler_candidates(trace: Trace, dep: Deployment, regime: Regime, *, model
     budget = min(max(regime.resident_share, 1e-6), 1.0)
     try:
         req = Requests.from_trace(trace)
-        # the simulator prefills a prompt in one step: the token budget must hold the longest prompt
-        token_budget = max(TOKEN_BUDGET, int(req.prompt.max()))
+        # the simulator prefills a prompt in one step: the budget must exceed the longest prompt
+        token_budget = max(TOKEN_BUDGET, int(req.prompt.max()) + 1)  # serve.loop: prompt < budget
         cfg = EngineConfig(model=model_ref, hardware=hw_ref, gpus=dep.gpus, link=dep.link, budget=budget,
                            skewness=max(regime.skewness, 1.0), token_budget=token_budget, seed=seed)
         engine = build_engine(cfg)

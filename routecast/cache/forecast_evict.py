@@ -188,14 +188,29 @@ class ForecastEvictPolicy(BasePolicy):
         if len(keys) == 0:
             return -1
         d = self.next_use(keys, layer)
-        order = keys[np.lexsort((self.last[keys], -d))].tolist()  # farthest first, then least recent
-        for k in order:
-            if k not in self.cur and not pinned(k):
+        # Farthest first, then least recent. Sorting every resident key costs O(n log n) per miss; the victim is
+        # almost always among the farthest few, so those (every key tied with the cut included) are sorted first
+        # and the full order is built only when all of them are in use: the same key either way.
+        few = _FEW + len(self.cur)
+        if len(keys) > 4 * few:
+            cut = -np.partition(-d, few)[few]
+            near = d >= cut
+            k = self._first_free(keys[near][np.lexsort((self.last[keys[near]], -d[near]))].tolist(), pinned, True)
+            if k >= 0:
                 return k
-        for k in order:  # a pool smaller than the access: a computed key of it goes (the driver pins the others)
-            if not pinned(k):
+        order = keys[np.lexsort((self.last[keys], -d))].tolist()
+        k = self._first_free(order, pinned, True)
+        # a pool smaller than the access: a computed key of it goes (the driver pins the others)
+        return k if k >= 0 else self._first_free(order, pinned, False)
+
+    def _first_free(self, order: list[int], pinned: Callable[[int], bool], skip_current: bool) -> int:
+        for k in order:
+            if not (skip_current and k in self.cur) and not pinned(k):
                 return k
         return -1
+
+
+_FEW = 16  # ForecastEvict.victim: keys sorted before the full order is needed
 
 
 def admit_prefetch(p_use: float, xfer_s: float, window_s: float, victim_reuse: float) -> bool:

@@ -231,3 +231,17 @@ def test_json_is_strict_and_lists_what_does_not_apply(ep_trace, capsys):
     dead = [r for r in doc["rows"] if not r["applicable"]]
     assert dead and all(r["reason"] and r["rank"] == 0 for r in dead)
     assert {r["strategy"] for r in doc["rows"] if r["rank"]} == {"fcfs", "vllm", "fastgen", "emoe"}
+
+
+def test_schedulers_apply_when_the_longest_prompt_meets_the_default_token_budget(monkeypatch):
+    """The serving simulator needs prompt < token budget; advise raises its budget past the longest prompt (a
+    deepseek-v3 preset trace with an 8,927-token prompt was refused at a budget of exactly 8,927)."""
+    import routecast.advise.serving as serving
+
+    t = build_small_trace(num_requests=4, prompt_len=12, decode_len=3, num_experts=8, top_k=2)
+    monkeypatch.setattr(serving, "TOKEN_BUDGET", 12)
+    dep = make_deployment(model_profile="mixtral-8x7b", hardware="a100-sxm-80gb", gpus=4)
+    got, conf = serving.scheduler_candidates(t, dep, detect_regime(dep, t), model_ref="mixtral-8x7b",
+                                             hw_ref="a100-sxm-80gb")
+    assert all(c.applicable for c in got), [c.reason for c in got if not c.applicable]
+    assert conf["token_budget"] == 13

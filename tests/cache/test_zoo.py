@@ -169,3 +169,29 @@ def test_step_use_from_routing_equals_the_replays_per_step_uses():
         want = uses[i]
         for f in ("requests", "off", "keys", "counts", "tokens"):
             assert np.array_equal(getattr(got, f), getattr(want, f)), f
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), L=st.integers(2, 6), E=st.integers(16, 48), ties=st.booleans())
+def test_fc_evict_victim_equals_the_full_order(seed, L, E, ties):
+    """victim() sorts only the farthest few keys first: it must name the key the full farthest-then-LRU order names."""
+    rng = np.random.default_rng(seed)
+    K = L * E
+    pol = ForecastEvictPolicy(K, L=L, E=E)
+    pol.res[:] = rng.random(K) < 0.9
+    pol.n = int(pol.res.sum())
+    pol.last[:] = rng.permutation(K).astype(float)
+    pol.q = rng.choice([0.0, 0.5], K) if ties else rng.random(K)  # ties: many keys share a predicted distance
+    pol.fset = rng.random(K) < 0.2
+    pol.layer = int(rng.integers(L))
+    pol.cur = set(rng.choice(K, size=int(rng.integers(0, 8)), replace=False).tolist())
+    pinned_set = set(rng.choice(K, size=int(rng.integers(0, K)), replace=False).tolist())
+    incoming = int(rng.integers(-1, K))
+
+    layer = incoming // E if incoming >= 0 else pol.layer
+    keys = np.flatnonzero(pol.res)
+    d = pol.next_use(keys, layer)
+    order = keys[np.lexsort((pol.last[keys], -d))].tolist()
+    want = next((k for k in order if k not in pol.cur and k not in pinned_set),
+                next((k for k in order if k not in pinned_set), -1))
+    assert pol.victim(lambda k: k in pinned_set, incoming=incoming) == want
