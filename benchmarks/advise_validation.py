@@ -67,7 +67,7 @@ def offload_configs(args: argparse.Namespace, prof: Path, trace_dir: Path) -> li
     """One configuration per budget: measured tokens/s and the advisor's predicted µs/token per arm."""
     import torch
 
-    from routecast.cache.cli import forecast_sets
+    from routecast.cache.forecasts import forecast_sets
     from routecast.cache.replay import ReplayConfig, replay
     from routecast.predict.lookahead import LookaheadPredictor
     from routecast.runtime.offload.run import load_run, run_config

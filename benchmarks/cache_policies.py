@@ -34,8 +34,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from routecast.cache.cli import forecast_sets  # noqa: E402
 from routecast.cache.compare import compare_policies, is_predictive  # noqa: E402
+from routecast.cache.forecasts import forecast_sets  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
 

@@ -126,7 +126,7 @@ def offload_candidates(trace: Trace, dep: Deployment, regime: Regime, *, predict
     if dep.hw.h2d_bandwidth <= 0:
         why = f"hardware {dep.hw.name} has no host-to-device link (h2d_gbps 0) to load experts over"
         return [not_applicable(n, SYSTEMS.get(n, n), "cache", why) for n in names]
-    from routecast.cache.cli import make_forecast
+    from routecast.cache.forecasts import make_forecast
 
     s, m = trace.spec, dep.model
     L, E = s.num_layers, s.num_experts

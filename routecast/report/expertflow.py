@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from routecast.cache.cli import forecast_sets
 from routecast.cache.compare import compare_policies
+from routecast.cache.forecasts import forecast_sets
 from routecast.cache.replay import ReplayConfig, replay
 from routecast.common.errors import ConfigError
 from routecast.predict.batch_eval import token_sets

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from routecast.cache.cli import forecast_sets, run_replay
+from routecast.cache.forecasts import forecast_sets, run_replay
 from routecast.cache.replay import build_accesses, parse_budget, true_sets
 from routecast.cli import main
 from routecast.common.errors import ConfigError
@@ -76,7 +76,7 @@ def test_parse_budget_forms():
 
 
 def test_make_forecast_is_reused_and_a_saved_predictor_must_not_have_trained_on_the_replay(small, tmp_path):
-    from routecast.cache.cli import make_forecast
+    from routecast.cache.forecasts import make_forecast
     from routecast.predict.evaluate import fit_and_save
 
     fc = make_forecast(small, "conditional-token", split="request")

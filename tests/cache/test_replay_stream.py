@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from routecast.cache import stream
-from routecast.cache.cli import forecast_sets, run_replay
+from routecast.cache.forecasts import forecast_sets, run_replay
 from routecast.cache.replay import (
     ORACLE,
     POLICIES,
