@@ -245,3 +245,31 @@ def test_schedulers_apply_when_the_longest_prompt_meets_the_default_token_budget
                                              hw_ref="a100-sxm-80gb")
     assert all(c.applicable for c in got), [c.reason for c in got if not c.applicable]
     assert conf["token_budget"] == 13
+
+
+def test_first_steps_caps_steps_and_tokens():
+    from routecast.advise.run import first_steps
+
+    t = build_small_trace(num_requests=6, prompt_len=10, decode_len=5, num_experts=8, top_k=2)
+    steps = np.asarray(t.tokens["step"])
+    u, per = np.unique(steps, return_counts=True)
+    same, note = first_steps(t, u.size, max_tokens=t.num_tokens)
+    assert same is t and note == ""
+    cap = int(per[:3].sum())  # exactly three whole steps fit
+    sub, note = first_steps(t, u.size, max_tokens=cap, what="caching")
+    assert sub.num_tokens == cap and note.startswith("caching priced on the first 3 of")
+    one, _ = first_steps(t, u.size, max_tokens=1)  # never less than one step
+    assert one.num_tokens == per[0]
+
+
+def test_cache_family_runs_on_a_prefix_of_a_long_trace_and_says_so(tmp_path, monkeypatch):
+    import routecast.advise.run as run
+
+    t = build_small_trace(num_requests=10, prompt_len=12, decode_len=6, num_layers=3, num_experts=64, top_k=6)
+    dep = make_deployment(model_profile="deepseek-v2-lite", hardware="h100-sxm", gpus=1,
+                          memory_gb=_half_memory_gb("deepseek-v2-lite"))
+    monkeypatch.setattr(run, "MAX_CACHE_CELLS", t.num_tokens * 3 // 2)  # half the tokens of a 3-layer trace
+    v, _ = advise_trace(t, dep, model_ref="deepseek-v2-lite", hw_ref="h100-sxm", families=("cache",))
+    note = next(n for n in v.regime["notes"] if n.startswith("caching and prefetch priced on the first"))
+    assert f"of {t.num_tokens} tokens" in note
+    assert any(r.cand.name == "on-demand LRU" and r.cand.applicable for r in v.rows)
