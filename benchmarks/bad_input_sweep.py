@@ -12,8 +12,9 @@ could type by mistake. A row's outcome is one of:
   executed   a model folder's custom code (auto_map) ran
 Prints the counts per outcome and per class, writes JSON (--json), and states the machine.
 
-  PYTHONPATH=. python benchmarks/bad_input_sweep.py [--jobs 2] [--timeout 20] [--json out/bad_input_sweep.json]
-Run it against another tree (e.g. main before a change) with PYTHONPATH pointing there.
+  PYTHONPATH=. python benchmarks/bad_input_sweep.py [--quick] [--jobs 2] [--timeout 20] [--json out/bad_input_sweep.json]
+--quick (make bench) runs only the rows of issue 20's classes (bad_input_rows_issue20.py); the counts go to
+out/bench/bad_input_sweep.json (common/bench.py) and every row to --json. Run it against another tree (e.g. main before a change) with PYTHONPATH pointing there.
 """
 
 from __future__ import annotations
@@ -357,7 +358,9 @@ def main() -> int:
     ap.add_argument("--issue20", action="store_true", help="run only the rows of issue 20's classes "
                     "(bad_input_rows_issue20.py)")
     ap.add_argument("--only", default=None, help="run only rows whose command contains one of these comma-separated strings")
+    ap.add_argument("--quick", action="store_true", help="only issue 20's rows, as --issue20 (make bench)")
     a = ap.parse_args()
+    a.issue20 = a.issue20 or a.quick
     from routecast.common.machine import machine_info
 
     ws = Path(a.work or tempfile.mkdtemp(prefix="routecast-sweep-"))
@@ -415,6 +418,20 @@ def main() -> int:
     Path(a.json).write_text(json.dumps({"machine": info, "counts": dict(counts), "tried": len(results),
                                         "by_command": {k: dict(v) for k, v in by_cmd.items()}, "rows": results},
                                        indent=1))
+    from routecast.common.bench import table, write_bench
+
+    load = os.getloadavg()[0]
+    which = "issue 20's rows" if a.issue20 else "every row"
+    head = [f"{len(results)} malformed inputs ({which}) through the routecast commands: "
+            + ", ".join(f"{k} {counts[k]}" for k in kinds if counts[k]),
+            f"{len(bad)} did not end cleanly; load average {load:.1f}; every row in {a.json}"]
+    write_bench("bad_input_sweep", title="Bad-input sweep: malformed inputs, one subprocess each", headline=head,
+                tables=[table("outcomes per command", [{"command": cmd, "tried": sum(c.values()),
+                                                         **{k: c[k] for k in kinds}} for cmd, c in sorted(by_cmd.items())]),
+                        table("rows that did not end cleanly", [{"outcome": r["outcome"], "command": r["cmd"],
+                                                                 "class": r["class"], "rc": r["rc"],
+                                                                 "stderr": r["stderr_last"][:110]} for r in bad])],
+                data={"counts": dict(counts), "tried": len(results), "issue20_only": a.issue20}, quick=a.quick)
     return 0
 
 
