@@ -52,7 +52,7 @@ EP_PLANS = ("static", "eplb", "moe-gps", "probe")
 
 def _profile(args: argparse.Namespace, work: Path) -> Path:
     """This machine's calibrated profile with h2d = the disk tier of builtin-fine's experts."""
-    from routecast.runtime.cli import write_profile
+    from routecast.runtime.offload.run import write_profile
     from routecast.sim.calibrate import calibrate
 
     base = Path(args.hardware) if args.hardware else work / "cpu.toml"

@@ -131,7 +131,7 @@ def main() -> None:
         if not Path(base).is_file():
             subprocess.run([sys.executable, "-m", "routecast.cli", "calibrate", "--quick", "--out", base], check=True,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
-    from routecast.runtime.cli import write_profile
+    from routecast.runtime.offload.run import write_profile
 
     prof_path = scratch / "offload-cpu-disk.toml"
     prof_path.unlink(missing_ok=True)

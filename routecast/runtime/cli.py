@@ -12,9 +12,7 @@ bandwidth and writes a hardware profile (a base profile with h2d_gbps = the meas
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 from routecast.common import numbers as N
@@ -96,17 +94,18 @@ def cmd_run(a: argparse.Namespace) -> int:
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
 
 
-def check_prefetch_top(top: int, top_k: int) -> None:
-    """--prefetch-top keeps each token's `top` most likely experts of its top-k forecast: 0 (= top-k) to top_k."""
-    if not 0 <= top <= top_k:
-        raise ConfigError(f"--prefetch-top is {top}; expected 0 (the model's top-k) to {top_k} (its top-k).")
-
-
 def run_main(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from routecast.cache.replay import parse_budget
-    from routecast.runtime.offload.run import load_run, make_predictor, run_config
+    from routecast.runtime.offload.run import (
+        check_prefetch_top,
+        generations,
+        load_run,
+        make_predictor,
+        run_config,
+        write_profile,
+    )
     from routecast.runtime.offload.store import check_runtime_policy
 
     torch.set_num_threads(a.threads)
@@ -137,37 +136,6 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
         res["profile"] = write_profile(a.model, a.write_profile, a.hardware, direct=not a.no_direct)
     res["generations"] = generations(tok, requests, res["tokens"])
     return res
-
-
-def generations(tok: Any, requests: list[tuple[list[int], int]], tokens: list[list[int]]) -> list[dict[str, Any]]:
-    """One record per request: its prompt and generated text (decoded) and the generated token ids."""
-    return [{"request": i + 1, "prompt": tok.decode(ids), "text": tok.decode(new), "token_ids": new}
-            for i, ((ids, _), new) in enumerate(zip(requests, tokens, strict=True))]
-
-
-def write_profile(model_name: str, out: str | Path, base: str | Path, *, direct: bool = True, reads: int = 64) -> dict[str, Any]:
-    """Measure the model's disk tier (expert-sized O_DIRECT / fadvise reads) and write `base` with h2d_gbps set to
-    it (name 'offload-cpu-disk') at `out`. -> the measurement."""
-    from routecast.common.outputs import write_atomic
-    from routecast.runtime.offload.engine import OffloadConfig, OffloadedModel
-    from routecast.runtime.offload.load import load_without_experts, model_path
-    from routecast.runtime.offload.tier import measure_bandwidth
-    from routecast.sim.hardware import load_hardware
-    hw = load_hardware(base)
-    model, _ = load_without_experts(model_name)
-    path = model_path(model_name)
-    off = OffloadedModel(model, path, OffloadConfig(budget=1, direct=direct, verify=False))
-    try:
-        m = measure_bandwidth(off.tier, reads=reads)
-    finally:
-        off.close()
-    prof = dataclasses.replace(hw, name="offload-cpu-disk", h2d_bandwidth=m["bandwidth_Bps"],
-                               description=f"{hw.description}; slow tier: {model_name} experts on disk ({m['mode']})")
-    note = (f"measured: {m['expert_bytes']} B expert / median {m['median_read_s'] * 1e6:.0f} us per {m['mode']} read "
-            f"of {reads} random experts of {model_name} (routecast run --write-profile)")
-    write_atomic(out, prof.to_toml({"interconnect.h2d_gbps": note}), "--write-profile")
-    m["path"] = str(out)
-    return m
 
 
 def format_figures(r: dict[str, Any]) -> str:

@@ -196,7 +196,7 @@ def test_gated_prefetch_keeps_tokens_and_replay_agreement(setup) -> None:
 
 
 def test_prefetch_top_above_the_models_top_k_is_refused() -> None:
-    from routecast.runtime.cli import check_prefetch_top
+    from routecast.runtime.offload.run import check_prefetch_top
 
     check_prefetch_top(0, 2)
     check_prefetch_top(2, 2)

@@ -2,11 +2,14 @@
 
 ``generate_all`` is the loop both configurations share (so their tokens compare one to one);
 ``run_config`` builds a fresh model + store for one (budget, prefetch) configuration, runs the prompts
-and returns tokens/s, hit ratio, bytes read, stall share and the access log for the replay.
+and returns tokens/s, hit ratio, bytes read, stall share and the access log for the replay;
+``generations`` decodes a run's text per request; ``write_profile`` measures the disk tier and writes the
+hardware profile `cache replay` prices misses with (`routecast run --write-profile`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -230,3 +233,40 @@ def offloaded_perplexity(model_name: str, texts: list[list[int]], *, budget: int
     finally:
         off.close()
     return {"perplexity": ppl, **off.figures()}
+
+
+def check_prefetch_top(top: int, top_k: int) -> None:
+    """--prefetch-top keeps each token's `top` most likely experts of its top-k forecast: 0 (= top-k) to top_k."""
+    if not 0 <= top <= top_k:
+        raise ConfigError(f"--prefetch-top is {top}; expected 0 (the model's top-k) to {top_k} (its top-k).")
+
+
+def generations(tok: Any, requests: list[tuple[list[int], int]], tokens: list[list[int]]) -> list[dict[str, Any]]:
+    """One record per request: its prompt and generated text (decoded) and the generated token ids."""
+    return [{"request": i + 1, "prompt": tok.decode(ids), "text": tok.decode(new), "token_ids": new}
+            for i, ((ids, _), new) in enumerate(zip(requests, tokens, strict=True))]
+
+
+def write_profile(model_name: str, out: str | Path, base: str | Path, *, direct: bool = True, reads: int = 64) -> dict[str, Any]:
+    """Measure the model's disk tier (expert-sized O_DIRECT / fadvise reads) and write `base` with h2d_gbps set to
+    it (name 'offload-cpu-disk') at `out`. -> the measurement."""
+    from routecast.common.outputs import write_atomic
+    from routecast.runtime.offload.engine import OffloadConfig, OffloadedModel
+    from routecast.runtime.offload.load import load_without_experts, model_path
+    from routecast.runtime.offload.tier import measure_bandwidth
+    from routecast.sim.hardware import load_hardware
+    hw = load_hardware(base)
+    model, _ = load_without_experts(model_name)
+    path = model_path(model_name)
+    off = OffloadedModel(model, path, OffloadConfig(budget=1, direct=direct, verify=False))
+    try:
+        m = measure_bandwidth(off.tier, reads=reads)
+    finally:
+        off.close()
+    prof = dataclasses.replace(hw, name="offload-cpu-disk", h2d_bandwidth=m["bandwidth_Bps"],
+                               description=f"{hw.description}; slow tier: {model_name} experts on disk ({m['mode']})")
+    note = (f"measured: {m['expert_bytes']} B expert / median {m['median_read_s'] * 1e6:.0f} us per {m['mode']} read "
+            f"of {reads} random experts of {model_name} (routecast run --write-profile)")
+    write_atomic(out, prof.to_toml({"interconnect.h2d_gbps": note}), "--write-profile")
+    m["path"] = str(out)
+    return m
