@@ -37,6 +37,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -514,6 +515,11 @@ def import_jsonl(src: str | os.PathLike, out: str | os.PathLike, *, spec: MoESpe
     src = Path(src)
     if not src.is_file():
         raise TraceError(f"{src}: file does not exist; expected a JSON-lines routing log.")
+    with open(src, "rb") as f:
+        magic = f.read(2)
+    if src.suffix.lower() in (".gz", ".gzip") and magic != b"\x1f\x8b":  # the content decides, the user is told
+        print(f"note: {src} ends in {src.suffix} but is not gzip-compressed; read as plain JSON lines "
+              "(assumed from its first two bytes).", file=sys.stderr)
     try:
         return _import(src, out, spec=spec, field_map=field_map, num_experts=num_experts, top_k=top_k,
                        shard_tokens=shard_tokens, progress=progress, window=window, overwrite=overwrite)

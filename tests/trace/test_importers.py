@@ -69,6 +69,18 @@ def test_round_trip_with_every_field(tmp_path, small_trace, assert_trace_equal, 
     assert got.provenance["records"] == t.num_tokens * 3 and got.provenance["step"] == "from the log"
 
 
+def test_plain_log_named_gz_is_read_and_the_note_says_so(tmp_path, small_trace, assert_trace_equal, capsys):
+    t = small_trace(4, dropped=0.0, seed=3)
+    src = _write(tmp_path / "log.jsonl.gz", _records(t), gz=False)  # plain text under a .gz name
+    got = read_trace(import_jsonl(src, tmp_path / "out", spec=t.spec, progress=False))
+    assert_trace_equal(got, t, check_provenance=False)
+    err = capsys.readouterr().err
+    assert "is not gzip-compressed; read as plain JSON lines" in err and str(src) in err
+    import_jsonl(_write(tmp_path / "real.jsonl.gz", _records(t), gz=True), tmp_path / "out2", spec=t.spec,
+                 progress=False)
+    assert "gzip" not in capsys.readouterr().err  # a real gzip file says nothing
+
+
 def test_inference_aliases_and_derived_steps(tmp_path, small_trace):
     t = small_trace(dropped=0.0, seed=2)
     src = _write(tmp_path / "log.jsonl", _records(t, drop=("step", "task", "source", "arrival_s", "phase", "document"),
