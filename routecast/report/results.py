@@ -111,8 +111,11 @@ def render_region(spec: str, docs: Mapping[str, Mapping[str, Any]], link_prefix:
         raise ConfigError(f"results region {spec!r} is not understood; expected NAME, NAME/table:I or summary.")
     name = m.group("name")
     doc = docs.get(name)
-    if doc is None:
-        return f"_No results yet: run `python benchmarks/{name}.py --quick` (or `make bench`), then `make results`._"
+    if doc is None:  # NAME-VARIANT: a variant of benchmarks/NAME.py (e.g. cost_model_validation-cuda: --device cuda)
+        script, _, variant = name.partition("-")
+        how = (f"`python benchmarks/{script}.py` writes it in its {variant} variant" if variant else
+               f"`python benchmarks/{script}.py --quick` (or `make bench`) writes it")
+        return f"_No results yet: {how} (out/bench/{name}.json); then `make results`._"
     link = f"[{doc['title']}]({link_prefix}{name}.md)"
     if m.group("table") is None:
         return "\n".join([*(f"- {h}" for h in doc["headline"]), "", f"{provenance(doc)} Details: {link}."])

@@ -44,7 +44,8 @@ def test_render_all_pages_regions_and_stale(tmp_path):
     (docs / "results" / "gone.md").write_text("# old figures\n")
     page = docs / "systems" / "p.md"
     page.write_text("intro\n<!-- results:alpha -->\nhand-typed 9.9x\n<!-- /results -->\nmid\n"
-                    "<!-- results:beta/table:0 -->\n<!-- /results -->\n<!-- results:missing -->x<!-- /results -->\nend\n")
+                    "<!-- results:beta/table:0 -->\n<!-- /results -->\n<!-- results:missing -->x<!-- /results -->\n"
+                    "<!-- results:alpha-cuda -->\n<!-- /results -->\nend\n")
     readme = tmp_path / "README.md"
     readme.write_text("# r\n<!-- results:summary -->\n<!-- /results -->\n")
     notes = render_all(bench, docs, readme)
@@ -53,7 +54,8 @@ def test_render_all_pages_regions_and_stale(tmp_path):
     text = page.read_text()
     assert "hand-typed" not in text and "- alpha: 1.25x faster" in text and "(../results/alpha.md)" in text
     assert "**speeds**" in text and "full run" in text and text.startswith("intro\n") and text.endswith("end\n")
-    assert "No results yet: run `python benchmarks/missing.py --quick`" in text
+    assert "No results yet: `python benchmarks/missing.py --quick` (or `make bench`) writes it" in text
+    assert "`python benchmarks/alpha.py` writes it in its cuda variant (out/bench/alpha-cuda.json)" in text
     r = readme.read_text()
     assert "[alpha](docs/results/alpha.md)" in r and "alpha: 1.25x faster" in r and "| quick |" in r
     assert "[beta](beta.md)" in (docs / "results" / "index.md").read_text()
