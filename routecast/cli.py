@@ -482,6 +482,11 @@ _FORWARDED = {"train-builtin": cmd_train_builtin, "corpus": cmd_corpus}
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    bad = next((i for i, x in enumerate(argv) if "\0" in str(x)), None)
+    if bad is not None:  # no shell passes one; a caller of main() can, and no path or name may hold it
+        print(f"routecast: error: argument {bad + 1} ({str(argv[bad])[:40]!r}) holds a NUL byte; expected text "
+              "without one.", file=sys.stderr)
+        return 2
     if argv[:2] == ["place", "export"]:  # routecast/place/export_cli.py owns its flags
         a = argparse.Namespace(cmd="place export", fn=run_export, args=argv[2:])
     elif argv and argv[0] in _FORWARDED:

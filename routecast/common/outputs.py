@@ -364,6 +364,10 @@ def writes(*flags: str, inputs: Iterable[str] = ()) -> Callable:
         @functools.wraps(fn)
         def run(a: Any) -> Any:
             io = CommandIO(cmd=str(getattr(a, "cmd", fn.__name__)), overwrite=bool(getattr(a, "overwrite", False)))
+            for f in (*flags, *ins):  # an empty path is the current folder to pathlib: never what was meant
+                v = getattr(a, _dest(f), None)
+                if any(isinstance(x, str) and not x.strip() for x in (v if isinstance(v, (list, tuple)) else (v,))):
+                    raise ConfigError(f"{f} is empty; expected a path.")
             for f in ins:
                 io.input(f, getattr(a, _dest(f), None))
             given = {f: getattr(a, _dest(f), None) for f in flags}

@@ -315,3 +315,30 @@ def test_a_folder_output_may_hold_its_own_parts(tree):
         return 0
 
     assert _run(demo_like, out=str(tree / "demo"), overwrite=True) == 0
+
+
+def test_an_empty_path_flag_is_refused_before_the_handler_runs():
+    import argparse
+
+    from routecast.common.errors import ConfigError
+    from routecast.common.outputs import writes
+
+    ran = []
+
+    @writes("--out", inputs=("--plan",))
+    def handler(a):
+        ran.append(a)
+        return 0
+
+    for ns, flag in ((argparse.Namespace(out="", plan=None), "--out"), (argparse.Namespace(out=None, plan=" "), "--plan")):
+        with pytest.raises(ConfigError, match=f"^{flag} is empty; expected a path"):
+            handler(ns)
+    assert not ran
+
+
+def test_a_nul_byte_in_any_argument_is_one_sentence(capsys):
+    from routecast.cli import main
+
+    assert main(["schedule", "cocluster", "t\0x", "--out", "o.json"]) == 2
+    err = capsys.readouterr().err
+    assert "argument 3" in err and "holds a NUL byte" in err and "Traceback" not in err

@@ -1,5 +1,9 @@
 """Offload memory (issue 20): peak RSS of an offloaded run at 25% is below the all-resident run's peak by at least
-half the routed experts' bytes (each run in its own subprocess; ru_maxrss of that child minus its RSS after imports)."""
+half the routed experts' bytes (each run in its own subprocess; its peak RSS minus its RSS after imports).
+
+The peak is VmHWM from /proc/self/status, which belongs to the child's own address space. ru_maxrss would not do:
+Linux carries it across fork + exec, so a child of a large pytest process (after the long fuzz test, 1.1 GB)
+reports the parent's peak in both runs, and the test failed that way."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
-import json, os, resource, sys, torch
+import json, os, sys, torch
 torch.set_num_threads(1)
 import transformers.models.deepseek_v3.modeling_deepseek_v3
 from routecast.runtime.offload.run import load_run, run_config
@@ -23,7 +27,8 @@ offload = budget != "none"
 _, _, spec, reqs = load_run(name, "corpus:val:1", 4, experts=not offload)
 b = None if not offload else int(float(budget) * spec.num_layers * spec.num_experts)
 r = run_config(name, reqs, budget=b)
-print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "base_kb": base_kb,
+hwm_kb = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+print(json.dumps({"maxrss_kb": hwm_kb, "base_kb": base_kb,
                   "new_tokens": r["new_tokens"],
                   "routed_bytes": spec.num_layers * spec.num_experts * spec.expert_bytes}))
 """

@@ -59,8 +59,9 @@ def _listen(host: str) -> socket.socket:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(addr[:2])
         s.listen(128)
-    except OSError as e:
-        raise ConfigError(f"--master-addr {host}: cannot listen there ({e.strerror or e}); expected an address of "
+    except (OSError, UnicodeError, ValueError) as e:  # UnicodeError: an empty or over-long label (idna)
+        raise ConfigError(f"--master-addr {host[:60]}: cannot listen there ({getattr(e, 'strerror', None) or e}); "
+                          "expected an address of "
                           f"this machine (default {LOOPBACK}).") from None
     s.set_inheritable(True)
     return s

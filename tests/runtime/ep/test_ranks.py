@@ -141,3 +141,12 @@ def test_no_rank_outlives_routecast_and_the_store_listens_on_loopback(trace_dir,
             p.kill()
         for pid in _ranks_of(str(out)):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("host", ["a" * 300, "a..b", "/tmp/trace/routing-00000.safetensors"])
+def test_an_unusable_master_addr_is_one_sentence(host):
+    from routecast.common.errors import ConfigError
+    from routecast.runtime.ep.ranks import _listen
+
+    with pytest.raises(ConfigError, match="--master-addr .*: cannot listen there"):
+        _listen(host)
