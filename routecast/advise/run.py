@@ -24,7 +24,7 @@ from routecast.trace.trace import Trace
 FAMILIES = ("placement", "shuffle", "cache", "scheduler")
 # Placement and shuffling plan and price every (step, layer) (PROBE's planner, the co-activation fit, the
 # co-clustering's scoring): on a longer trace they run on its first MAX_EP_CELLS // MoE-layers steps (2,000 steps of a
-# 20-layer model, 689 of DeepSeek-V3's 58); the regime, caching and scheduling read the whole trace.
+# 20-layer model, 689 of DeepSeek-V3's 58); the regime and scheduling read the whole trace.
 MAX_EP_CELLS = 40000
 # Caching and prefetch replay every routed (token, layer) of the held-out requests with each policy object and fit
 # a predictor on the rest: on a longer trace they run on its first steps holding at most MAX_CACHE_CELLS token-layer
@@ -89,9 +89,10 @@ def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, 
         timings["shuffle"] = time.perf_counter() - t0
     if "cache" in families:
         t0 = time.perf_counter()
-        c_trace, c_note = first_steps(trace, trace.num_tokens, what="caching and prefetch",
-                                      max_tokens=max(MAX_CACHE_CELLS // trace.spec.num_layers, 1))
-        if c_note and not regime.fits:
+        c_trace, c_note = (trace, "") if regime.fits else first_steps(  # nothing to replay when all experts fit
+            trace, trace.num_tokens, what="caching and prefetch",
+            max_tokens=max(MAX_CACHE_CELLS // trace.spec.num_layers, 1))
+        if c_note:
             regime = dataclasses.replace(regime, notes=(*regime.notes, c_note))
         cands += offload_candidates(c_trace, dep, regime, predictor=predictor, model_arg=model_ref,
                                     emoe_quality=emoe_quality, seed=seed)
