@@ -1,7 +1,14 @@
 """Offloaded inference on CPU, experts read from disk: tokens/s, hit ratio, bytes read, stall share per strategy.
 
     python benchmarks/offload.py [--quick]                       # builtin-fine, CPU, experts on disk
-    python benchmarks/offload.py --geometry deepseek-v2-lite     # the I/O-bound regime (benchmarks/geometry_bench.py)
+    python benchmarks/offload.py --geometry deepseek-v2-lite     # the I/O-bound regime (main_geometry below)
+
+Geometry mode: MoE layers of a production expert geometry (deepseek-v2-lite, mixtral-8x7b) with random bf16 weights
+written once to --scratch/geometry, driven by the real routing of the standard 'fine' trace (runtime/offload/
+geometry.py); --geometry-warmup tokens fill the fast tier untimed, then --geometry-tokens are timed; every demand
+policy, and lookahead prefetch with the --geometry-prefetch policies, at each budget; each run's measured s/token
+against the replay's prediction (replay_slots with the measured read time and compute); out/bench/
+offload_geometry_NAME.json.
 
 Runs from a fresh clone with no arguments: ffn is fitted on first use on the standard 'fine' trace into
 --scratch/predictors; writes out/bench/offload.json (common/bench.py). Python API for one configuration:
@@ -16,6 +23,7 @@ routed experts, runtime/offload/load.py):
   POLICY              budget B, a demand replacement policy of cache/policy.py (the replay's own objects), no prefetch
   <predictor>         budget B, LRU + PLEC prefetch driven by lookahead (PROBE, layer horizon), ffn (MoE-GPS) or
                       expertflow (routing-path predictor), with real-time correction
+  <pred>+<policy>      the same prefetch with another demand policy than LRU (--combine, default ffn+lfu, ffn+lirs)
   <predictor> <gate>  the same with a confidence gate (--gate topN,pX): each token prefetches only its N most likely
                       experts / those of forecast probability >= X (OffloadConfig.prefetch_top / prefetch_min_prob)
 at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats interleaved rounds (new
@@ -51,8 +59,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -86,6 +92,8 @@ def main() -> None:
     ap.add_argument("--policies", default=None, help="demand replacement policies (default: every cache/zoo.py policy object)")
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
     ap.add_argument("--scratch", default="out/bench_offload")
+    ap.add_argument("--combine", default=None, help="prefetch predictors run with another demand policy than LRU, "
+                    "comma-separated PRED+POLICY (default ffn+lfu,ffn+lirs; --quick none)")
     ap.add_argument("--gate", default="", help="extra confidence-gated prefetch rows, comma-separated: 'pX' = a token "
                     "prefetches only experts of forecast probability >= X, 'topN' = only its N highest (e.g. p0.1,top3)")
     ap.add_argument("--switch-ms", type=float, default=None,
@@ -93,7 +101,11 @@ def main() -> None:
     ap.add_argument("--geometry", default=None, help="I/O-bound mode: deepseek-v2-lite or mixtral-8x7b expert geometry, "
                     "random bf16 weights on disk, the routing of the standard 'fine' trace (see geometry.py)")
     ap.add_argument("--geometry-layers", type=int, default=None, help="MoE layers written (default 4 / mixtral 2)")
-    ap.add_argument("--geometry-tokens", type=int, default=None, help="decode tokens driven (default 24, --quick 8)")
+    ap.add_argument("--geometry-tokens", type=int, default=None, help="decode tokens timed (default 24, --quick 8)")
+    ap.add_argument("--geometry-warmup", type=int, default=None,
+                    help="decode tokens run untimed first to warm the fast tier (default 16, --quick 8)")
+    ap.add_argument("--geometry-prefetch", default=None,
+                    help="demand policies combined with lookahead prefetch (default lru,fc-evict,lfu)")
     ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
@@ -142,6 +154,12 @@ def main() -> None:
           f"profile {prof_path}")
 
     gates = parse_gates(a.gate)
+    combos = [tuple(c.split("+", 1)) for c in (a.combine if a.combine is not None else
+                                               ("" if q else "ffn+lfu,ffn+lirs")).split(",") if c]
+    for name, pol in combos:
+        if name not in predictors or pol not in RUNTIME_POLICIES:
+            raise SystemExit(f"--combine {name}+{pol}: expected PRED+POLICY with PRED in --predictors "
+                             f"({', '.join(predictors)}) and POLICY one of {', '.join(RUNTIME_POLICIES)}.")
     configs: list[tuple[str, int | None, str, object, dict]] = [("all-resident", None, "none", None, {}),
                                                                  ("resident-path", L * E, "none", None, {}),
                                                                  ("on-demand", spec.top_k, "none", None, {})]
@@ -151,6 +169,8 @@ def main() -> None:
         for name, pred in predictors.items():
             configs.append((f"{name}@{pct}%", b, name, pred, {}))
             configs += [(f"{name} {g}@{pct}%", b, name, pred, kw) for g, kw in gates.items()]
+        for name, pol in combos:
+            configs.append((f"{name}+{pol}@{pct}%", b, name, predictors[name], {"policy": pol}))
     switch = {} if a.switch_ms is None else {"switch_s": a.switch_ms / 1e3}
 
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
@@ -175,10 +195,13 @@ def main() -> None:
 
 def main_geometry(a) -> None:
     """The I/O-bound table: s per token per policy and budget on the geometry's random-weight layers driven by the
-    'fine' trace's routing, with the replay's prediction (replay_slots with the measured tier and compute)."""
+    'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
+    with the measured tier and compute)."""
     from routecast.runtime.offload.geometry import (
         WEIGHT_NOTE,
+        GeometryRun,
         geometry,
+        replay_geometry,
         run_geometry,
         trace_routing,
         write_weights,
@@ -189,69 +212,74 @@ def main_geometry(a) -> None:
     q = a.quick
     layers = a.geometry_layers or (2 if a.geometry == "mixtral-8x7b" else 4)
     tokens = a.geometry_tokens or (8 if q else 24)
+    warm = a.geometry_warmup if a.geometry_warmup is not None else (8 if q else 16)
     repeats = a.repeats or (1 if q else 3)
     budgets = [int(x) for x in (a.budgets or ("50" if q else "25,50,75")).split(",")]
     policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
+    combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
     geom = geometry(a.geometry, layers)
     t_start, loads = time.time(), [os.getloadavg()[0]]
     path = write_weights(Path(a.scratch) / "geometry", geom)
     trace = standard_trace("fine")
-    routing = trace_routing(trace, geom, tokens)
-    from routecast.runtime.offload.geometry import GeometryRun
-
+    routing = trace_routing(trace, geom, warm + tokens)
     probe = GeometryRun(path, geom, budget=geom.top_k)
     tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
     probe.close()
     n = geom.layers * geom.experts
     print(f"{geom.name} geometry: {geom.layers} MoE layers (of the model's; scaled to this disk and time) x {geom.experts} "
-          f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {tokens} decode "
-          f"tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; tier {tier['mode']} "
-          f"{tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)", flush=True)
+          f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {warm} warm-up + "
+          f"{tokens} timed decode tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; "
+          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
+          flush=True)
     configs = [("on-demand", geom.top_k, "lru", False)]
     for pct in budgets:
         b = max(geom.top_k, int(round(pct / 100 * n)))
         configs += [(f"{pol}@{pct}%", b, pol, False) for pol in policies]
-        configs.append((f"lookahead@{pct}%", b, "lru", True))
+        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True) for pol in combined]
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(repeats):
         for label, b, pol, pf in configs:
-            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf)
+            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm)
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
-            print(f"round {rep + 1}/{repeats} {label:16s} {r['s_per_token']:.3f} s/token hit {r['hit_ratio']:.3f}", flush=True)
+            print(f"round {rep + 1}/{repeats} {label:22s} {r['s_per_token']:.3f} s/token hit {r['hit_ratio']:.3f}", flush=True)
     rows = []
     for label, b, pol, pf in configs:
         rs = runs[label]
-        r0 = rs[0]
-        comp = statistics.median(r["compute_s_per_expert"] for r in rs)
-        acc = accesses_from_log(r0["log"], geom.layers, geom.experts, tokens)
-        rep_ = replay_slots(acc.req_off, acc.req_key, geom.layers, geom.experts, b, policy=pol,
-                            pred_SLE=r0["pred_sets"] if pf else None, layer_ahead=True,
-                            req_comp_s=np.full(len(acc.req_key), comp), xfer_s=tier["median_read_s"], links=1)
+        r0 = dict(rs[0], compute_s_per_expert=statistics.median(r["compute_s_per_expert"] for r in rs))
+        rep_ = replay_geometry(r0, geom, routing, xfer_s=tier["median_read_s"])
         spt = [r["s_per_token"] for r in rs]
         pct = label.rsplit("@", 1)[1] if "@" in label else None
         lru = runs.get(f"lru@{pct}") if pct else None
         ratios = [y["s_per_token"] / x["s_per_token"] for x, y in zip(rs, lru, strict=True)] if lru else []
-        replay_s = (rep_["sim_s"] + (routing["predict_s"] * tokens if pf else 0.0)) / tokens
-        rows.append({"config": label, "budget": b, "s_per_token": statistics.median(spt), "s_min": min(spt),
-                     "s_max": max(spt), "x_lru_tokens_per_s": statistics.median(ratios) if ratios else None,
-                     "hit_ratio": statistics.median(r["hit_ratio"] for r in rs), "replay_s_per_token": replay_s,
-                     "replay_hit_ratio": rep_["hit_ratio"], "measured_vs_replay": statistics.median(spt) / replay_s - 1,
+        rows.append({"config": label, "budget": b, "prediction": pf or pol == "fc-evict",
+                     "s_per_token": statistics.median(spt), "s_min": min(spt), "s_max": max(spt),
+                     "x_lru_tokens_per_s": statistics.median(ratios) if ratios else None,
+                     "x_lru_min": min(ratios) if ratios else None, "x_lru_max": max(ratios) if ratios else None,
+                     "hit_ratio": statistics.median(r["hit_ratio"] for r in rs), "replay_s_per_token": rep_["s_per_token"],
+                     "replay_hit_ratio": rep_["hit_ratio"], "measured_vs_replay": statistics.median(spt) / rep_["s_per_token"] - 1,
                      "predictor_share": statistics.median(r["predict_s"] / r["wall_s"] for r in rs),
                      "read_s_per_expert": statistics.median(r["read_s_per_expert"] for r in rs),
-                     "compute_s_per_expert": comp})
-    print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "hit", "replay s/token", "replay hit",
+                     "compute_s_per_expert": r0["compute_s_per_expert"]})
+    print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "(min-max)", "hit", "replay s/token", "replay hit",
                       "measured vs replay", "predictor share")))
     for r in rows:
         print(" | ".join((r["config"], f"{r['s_per_token']:.3f}", f"({r['s_min']:.3f}-{r['s_max']:.3f})",
-                          _f(r["x_lru_tokens_per_s"], ".2f"), f"{r['hit_ratio']:.3f}", f"{r['replay_s_per_token']:.3f}",
-                          f"{r['replay_hit_ratio']:.3f}", f"{r['measured_vs_replay']:+.1%}", f"{r['predictor_share']:.2%}")))
+                          _f(r["x_lru_tokens_per_s"], ".2f"),
+                          f"({_f(r['x_lru_min'], '.2f')}-{_f(r['x_lru_max'], '.2f')})", f"{r['hit_ratio']:.3f}",
+                          f"{r['replay_s_per_token']:.3f}", f"{r['replay_hit_ratio']:.3f}", f"{r['measured_vs_replay']:+.1%}",
+                          f"{r['predictor_share']:.2%}")))
     lo, hi = min(loads), max(loads)
-    head = [f"{geom.name} geometry, {geom.layers} MoE layers, {tokens} tokens; {WEIGHT_NOTE}"]
+    head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens; {WEIGHT_NOTE}"]
     for pct in budgets:
-        p = next(r for r in rows if r["config"] == f"lookahead@{pct}%")
-        head.append(f"budget {pct}%: lookahead prefetch {p['x_lru_tokens_per_s']:.2f}x LRU tokens/s; measured "
-                    f"{p['measured_vs_replay']:+.1%} vs the replay's prediction ({p['replay_s_per_token']:.3f} s/token)")
+        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
+        best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
+        plain = max((r for r in at if not r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
+        head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} "
+                    f"{best['x_lru_tokens_per_s']:.2f}x LRU tokens/s ({best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), "
+                    f"best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru_tokens_per_s']:.2f}x; "
+                    f"measured {best['measured_vs_replay']:+.1%} vs the replay's prediction "
+                    f"({best['replay_s_per_token']:.3f} s/token)")
     head.append(f"median of {repeats} interleaved rounds; load average {lo:.1f}-{hi:.1f}; no GPU was lent to this task "
                 "(the GPU table of issue 21 item 6 was not run)")
     for line in head:
@@ -259,6 +287,7 @@ def main_geometry(a) -> None:
     write_bench(f"offload_geometry_{geom.name}", title=f"Offloading in the I/O-bound regime: {geom.name} geometry",
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
+                      "warmup": warm,
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s")},
                       "rows": rows, "wall_s": time.time() - t_start})
     print(f"wrote out/bench/offload_geometry_{geom.name}.json")

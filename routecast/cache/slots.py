@@ -236,7 +236,8 @@ class SlotCache:
 def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budget: int, *, per_layer: bool = False,
                  pred_SLE: np.ndarray | None = None, layer_ahead: bool = False, req_comp_s: np.ndarray | None = None,
                  dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1,
-                 keep_per_layer: int = 0, policy: str = "lru") -> dict[str, Any]:
+                 keep_per_layer: int = 0, policy: str = "lru", requests_S: np.ndarray | None = None,
+                 uses: Sequence[StepUse] | None = None) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -246,6 +247,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     router, each required expert req_comp_s (N,) seconds of compute; reads take xfer_s on one of `links` readers,
     demand loads and late prefetches first, then prefetches nearest layer first, as the runtime's loader threads.
     depth, keep_per_layer, policy: as SlotCache (the runtime's OffloadConfig; top-k when it runs the fallback).
+    requests_S (S,) the request of each step and uses (S StepUse) its routing: given, they reach the policies at
+    begin_step / end_step as in the runtime (fc-evict's request profiles).
     """
     import heapq
 
@@ -301,8 +304,12 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                 raise RuntimeError("replay: a needed read is not queued")
         return max((ready_t[k] for k in keys), default=0.0)
 
+    if uses is not None and len(uses) != S:
+        raise ConfigError(f"{len(uses)} step uses for {S} steps; expected one per step.")
     t = 0.0
     for s in range(S):
+        if requests_S is not None:
+            sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None)
         if pred_SLE is not None and not layer_ahead:
             issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)
@@ -338,7 +345,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                 sc.unpin(got)
             stall += end - tr - sum(c_of.values())
             t = end
-        sc.end_step()
+        sc.end_step(None if uses is None else uses[s])
     st = dict(sc.stats)
     asked = st["hits"] + st["misses"]
     late = n_late

@@ -147,6 +147,8 @@ class GeometryRun:
 
     def __init__(self, path: Path, geom: Geometry, *, budget: int, policy: str = "lru", loader_threads: int = 4,
                  direct: bool = True) -> None:
+        from routecast.cache.zoo import split_name
+
         params = {"gate_up_proj": ((2 * geom.ffn, geom.hidden), torch.bfloat16),
                   "down_proj": ((geom.hidden, geom.ffn), torch.bfloat16)}
         self.geom, self.L, self.E = geom, geom.layers, geom.experts
@@ -158,6 +160,7 @@ class GeometryRun:
         self.pred_sets: list[np.ndarray] = []
         self.compute_s: list[float] = []  # seconds per expert computed
         self.predict_s = 0.0
+        self.profiles = split_name(policy)[0] == "fc-evict"  # its request profiles need each step's routing
 
     def close(self) -> None:
         self.store.close()
@@ -175,9 +178,13 @@ class GeometryRun:
                 self.compute_s.append(time.perf_counter() - t0)
         return compute
 
-    def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None) -> None:
-        """One decode token: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets of layers
-        1.. (row g is prefetched when layer g-1 starts; row 0 is never forecast)."""
+    def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0) -> None:
+        """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
+        of layers 1.. (row g is prefetched when layer g-1 starts; row 0 is never forecast)."""
+        from routecast.cache.forecast_evict import StepUse
+
+        if self.profiles:
+            self.store.begin_step(np.array([request], np.int64), None)
         sets = np.zeros((self.L, self.E), bool)
         for g in range(self.L):
             if pred_LE is not None and g + 1 < self.L:
@@ -189,21 +196,28 @@ class GeometryRun:
             self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))
             out = [torch.zeros(1, self.geom.hidden)]
             self.store.access(g, uniq, self._compute(w_E, out))
-        self.store.end_step()
+        self.store.end_step(StepUse.from_routing(np.array([request]), ids_LK[None], self.E) if self.profiles else None)
         self.pred_sets.append(sets)
 
-    def figures(self) -> dict[str, Any]:
-        s = dict(self.store.stats)
+    def counters(self) -> dict[str, Any]:
+        """The store's and the tier's counters now (figures() of a later moment minus these = that stretch)."""
+        return dict(self.store.stats, bytes_read=self.tier.bytes_read, reads=self.tier.reads, read_s=self.tier.read_s,
+                    direct_reads=self.tier.direct_reads, computed=len(self.compute_s))
+
+    def figures(self, since: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Counters, hit ratio and median compute per expert; since (a counters() snapshot): of the run after it."""
+        now = self.counters()
+        s = {k: (v - since[k] if since and isinstance(v, int | float) and k != "max_occupied" else v) for k, v in now.items()}
+        comp = self.compute_s[since["computed"] if since else 0:]
         asked = s["hits"] + s["misses"]
-        s.update(hit_ratio=s["hits"] / max(asked, 1), bytes_read=self.tier.bytes_read, reads=self.tier.reads,
-                 read_s=self.tier.read_s, direct_reads=self.tier.direct_reads, tier_mode=self.tier.mode,
-                 compute_s_per_expert=float(np.median(self.compute_s)) if self.compute_s else 0.0)
+        s.update(hit_ratio=s["hits"] / max(asked, 1), tier_mode=self.tier.mode,
+                 compute_s_per_expert=float(np.median(comp)) if comp else 0.0)
         return s
 
 
 def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[str, Any]:
     """The first `tokens` decode tokens of a captured trace (request order) -> {'ids', 'w' (T, L, K) the geometry's
-    routing; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer from the previous trace layer's recorded
+    routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer from the previous trace layer's recorded
     router input (layer 0's: the trace's layer-0 routing frequencies), mapped as the routing; 'predict_s' seconds
     of those forecasts per token (the predictor's own time, charged to every prefetching run)}."""
     from routecast.predict.lookahead import LookaheadPredictor
@@ -235,26 +249,69 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[s
     pred = np.zeros((len(rows), geom.layers, geom.experts), bool)
     np.put_along_axis(pred, g_ids, True, -1)
     return {"ids": ids, "w": w, "pred": pred, "predict_s": predict_s, "tokens": len(rows),
+            "request": np.asarray(trace.request[rows], np.int64),
             "trace": str(trace_path), "trace_layers": spec.num_layers}
 
 
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
-                 prefetch: bool = False, loader_threads: int = 4, direct: bool = True) -> dict[str, Any]:
-    """Every token of `routing` through the geometry's layers at `budget` slots -> figures: s_per_token (wall),
-    hit ratio, bytes read, stall, predictor seconds (its measured per-token cost, added to the wall time: the
-    forecast matmul ran once before the timed loop), the access log and forecast sets for the replay."""
+                 prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0) -> dict[str, Any]:
+    """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
+    fast tier untimed (a server runs warm; cold first uses would otherwise dominate a short run) -> figures of the
+    timed tokens: s_per_token (wall), hit ratio, bytes read, predictor seconds (its measured per-token cost, added
+    to the wall time: the forecast matmul ran once before the timed loop); the access log and forecast sets of
+    every token (warm-up included) for the replay."""
+    n = routing["tokens"]
+    if not 0 <= warmup < n:
+        raise ConfigError(f"--geometry-warmup is {warmup}; expected 0..{n - 1} (below the {n} tokens driven).")
     r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct)
-    ids, w, pred = routing["ids"], routing["w"], routing["pred"]
+    ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
     try:
+        for t in range(warmup):
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]))
+        r.store.drain()
+        since = r.counters()
         t0 = time.perf_counter()
-        for t in range(routing["tokens"]):
-            r.step(ids[t], w[t], pred[t] if prefetch else None)
+        for t in range(warmup, n):
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]))
         wall = time.perf_counter() - t0
     finally:
         r.close()
-    fig = r.figures()
-    pred_s = routing["predict_s"] * routing["tokens"] if prefetch else 0.0
+    fig = r.figures(since)
+    timed = n - warmup
+    pred_s = routing["predict_s"] * timed if prefetch else 0.0
     wall += pred_s
-    fig.update(wall_s=wall, s_per_token=wall / routing["tokens"], predict_s=pred_s, budget=budget, policy=policy,
-               prefetch=prefetch, log=r.log, pred_sets=np.array(r.pred_sets), read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
+    fig.update(wall_s=wall, s_per_token=wall / timed, predict_s=pred_s, budget=budget, policy=policy,
+               prefetch=prefetch, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
+               read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
     return fig
+
+
+def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any], *, xfer_s: float) -> dict[str, Any]:
+    """The replay's prediction of one run_geometry result: its accesses and forecast sets through cache/slots.py
+    replay_slots (the same policy object, fc-evict fed each token's request and routing as the run was) with reads of
+    xfer_s seconds on one link and the run's measured compute per expert -> {'s_per_token', 'hit_ratio'} of the timed
+    tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock)."""
+    from routecast.cache.forecast_evict import StepUse
+    from routecast.cache.slots import replay_slots
+    from routecast.runtime.offload.run import accesses_from_log
+
+    L, E, n, warm = geom.layers, geom.experts, routing["tokens"], fig["warmup"]
+    acc = accesses_from_log(fig["log"], L, E, n)
+    comp = np.full(len(acc.req_key), fig["compute_s_per_expert"])
+    req = np.asarray(routing["request"], np.int64)
+    uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)]
+    fc = fig["policy"] == "fc-evict"
+
+    def replay(steps: int) -> dict[str, Any]:
+        cut = int(acc.req_off[steps * L])
+        return replay_slots(acc.req_off[:steps * L + 1], acc.req_key[:cut], L, E, fig["budget"], policy=fig["policy"],
+                            pred_SLE=fig["pred_sets"][:steps] if fig["prefetch"] else None, layer_ahead=True,
+                            req_comp_s=comp[:cut], xfer_s=xfer_s, links=1, requests_S=req[:steps] if fc else None,
+                            uses=uses[:steps] if fc else None)
+
+    full = replay(n)
+    pre = replay(warm) if warm else {"sim_s": 0.0, "hits": 0, "misses": 0}
+    hits, misses = full["hits"] - pre["hits"], full["misses"] - pre["misses"]
+    pred_s = routing["predict_s"] * (n - warm) if fig["prefetch"] else 0.0
+    return {"s_per_token": (full["sim_s"] - pre["sim_s"] + pred_s) / (n - warm), "hit_ratio": hits / max(hits + misses, 1),
+            "hits": hits, "misses": misses}

@@ -194,6 +194,15 @@ class ExpertStore:
         pools = self._bytes if self._bytes is not None else self.pools
         return {p: t[slot] for p, t in pools.items()}
 
+    def drain(self) -> None:
+        """Wait until every queued read (a live one: not skipped) has landed in its slot."""
+        with self.cond:
+            while self.writing.any() or any(self.job_seq[k] == sq and self.load_id[k] == lid
+                                            for _, sq, k, _, lid in self.jobs):
+                if self.error is not None:
+                    raise self.error
+                self.cond.wait(0.05)
+
     def close(self) -> None:
         with self.cond:
             self._stop = True

@@ -1,0 +1,113 @@
+"""The I/O-bound geometry harness on a tiny geometry: expert ids mapped from the trace's, the random weights written
+once and read back through the tier, warm-up excluded from the figures, fc-evict fed each token's request, and the
+run's slot decisions equal to the replay's (replay_geometry) for every policy, with and without prefetch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routecast.common.errors import ConfigError
+from routecast.runtime.offload.geometry import (
+    Geometry,
+    GeometryRun,
+    map_routing,
+    replay_geometry,
+    run_geometry,
+    write_weights,
+)
+
+TINY = Geometry(name="tiny", hidden=64, ffn=32, experts=8, top_k=2, layers=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 6))
+def test_map_routing_gives_distinct_experts_in_range_with_unit_weights(seed: int, K: int) -> None:
+    rng = np.random.default_rng(seed)
+    T, Lt, E = 5, 2, 64
+    ids = np.stack([[rng.choice(E, K, replace=False) for _ in range(Lt)] for _ in range(T)])
+    w = rng.random((T, Lt, K)).astype(np.float32)
+    out_i, out_w = map_routing(ids, w, TINY, E)
+    assert out_i.shape == (T, TINY.layers, TINY.top_k)
+    assert out_i.min() >= 0 and out_i.max() < TINY.experts
+    assert np.all(out_i[..., 0] != out_i[..., 1])  # top-2 distinct
+    assert np.allclose(out_w.sum(-1), 1.0, atol=1e-5)
+    heavy = np.take_along_axis(ids, np.argmax(w, -1)[..., None], -1)[..., 0] // (E // TINY.experts)
+    assert np.all(out_i[..., 0] == heavy[:, np.arange(TINY.layers) % Lt])  # the heaviest group comes first
+
+
+def test_map_routing_refuses_experts_that_do_not_divide() -> None:
+    with pytest.raises(ConfigError, match="do not divide"):
+        map_routing(np.zeros((1, 1, 2), np.int64), np.ones((1, 1, 2), np.float32), TINY, 12)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("geometry")
+    return write_weights(folder, TINY)
+
+
+def test_weights_are_written_once_and_read_back_through_the_tier(weights) -> None:
+    side = json.loads(weights.with_suffix(".json").read_text())
+    assert side["layers"] == 3 and "random" in side["note"]
+    stamp = weights.stat().st_mtime_ns
+    assert write_weights(weights.parent, TINY) == weights and weights.stat().st_mtime_ns == stamp  # reused
+    from safetensors import safe_open
+
+    run = GeometryRun(weights, TINY, budget=4, direct=False)
+    try:
+        with safe_open(str(weights), "pt") as f:
+            want = f.get_tensor("layers.1.experts.down_proj")[5]
+        dests = {p: torch.empty(shape, dtype=dt) for p, (shape, dt) in run.layout.params.items()}
+        run.tier.read_into(1 * TINY.experts + 5, dests)
+        assert torch.equal(dests["down_proj"], want)
+        assert want.abs().min() >= 2 ** -7 and want.abs().max() < 2 ** -6  # the stated value range
+    finally:
+        run.close()
+
+
+def routing(T: int, seed: int = 0) -> dict:
+    """A routing dict as trace_routing returns: 3 requests in turn, a forecast that is right half the time."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([[rng.choice(TINY.experts, 2, replace=False) for _ in range(TINY.layers)] for _ in range(T)])
+    pred = np.zeros((T, TINY.layers, TINY.experts), bool)
+    np.put_along_axis(pred, np.where(rng.random(ids.shape) < 0.5, ids, (ids + 3) % TINY.experts), True, -1)
+    return {"ids": ids, "w": np.full(ids.shape, 0.5, np.float32), "pred": pred, "predict_s": 1e-4, "tokens": T,
+            "request": np.repeat(np.arange(3), -(-T // 3))[:T]}
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lirs", "fc-evict"])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_run_counts_only_timed_tokens_and_matches_the_replay(weights, policy: str, prefetch: bool) -> None:
+    T, warm = 14, 5
+    rt = routing(T)
+    fig = run_geometry(weights, TINY, rt, budget=6, policy=policy, prefetch=prefetch, warmup=warm, direct=False)
+    timed = sum(len(np.unique(rt["ids"][t, g])) for t in range(warm, T) for g in range(TINY.layers))
+    assert fig["hits"] + fig["misses"] == timed and fig["timed_tokens"] == T - warm
+    assert fig["misses"] <= fig["reads"] <= fig["misses"] + fig["prefetch_issued"]  # warm-up reads not counted
+    assert len(fig["log"]) == T * TINY.layers  # the warm-up's accesses are kept for the replay
+    rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)
+    assert (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])  # the same decisions, clock-free
+    assert rep["s_per_token"] > 0
+
+
+def test_fc_evict_sees_each_tokens_request(weights) -> None:
+    rt = routing(9)
+    run = GeometryRun(weights, TINY, budget=6, policy="fc-evict", direct=False)
+    try:
+        for t in range(9):
+            run.step(rt["ids"][t], rt["w"][t], None, int(rt["request"][t]))
+        fc = run.store.slots.policies[0].fc
+        assert set(fc.prof) == {0, 1, 2} and fc.step == 9
+    finally:
+        run.close()
+
+
+def test_warmup_must_leave_timed_tokens(weights) -> None:
+    with pytest.raises(ConfigError, match="geometry-warmup"):
+        run_geometry(weights, TINY, routing(4), budget=6, warmup=4, direct=False)
