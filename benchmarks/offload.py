@@ -193,6 +193,9 @@ def main() -> None:
     print("wrote out/bench/offload.json")
 
 
+BOUND_TOKENS = 400  # decode tokens of the eviction bound (a replay: no I/O, a second)
+
+
 def main_geometry(a) -> None:
     """The I/O-bound table: s per token per policy and budget on the geometry's random-weight layers driven by the
     'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
@@ -200,6 +203,7 @@ def main_geometry(a) -> None:
     from routecast.runtime.offload.geometry import (
         WEIGHT_NOTE,
         GeometryRun,
+        eviction_bound,
         geometry,
         replay_geometry,
         run_geometry,
@@ -231,6 +235,13 @@ def main_geometry(a) -> None:
           f"{tokens} timed decode tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; "
           f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
           flush=True)
+    long = trace_routing(trace, geom, BOUND_TOKENS)
+    bounds = {}
+    for pct in budgets:
+        m = bounds[pct] = eviction_bound(geom, long, max(geom.top_k, int(round(pct / 100 * n))))
+        print(f"eviction bound at {pct}% (cache kernel over {BOUND_TOKENS} decode tokens, no I/O): misses LRU "
+              f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
+              f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
     configs = [("on-demand", geom.top_k, "lru", False)]
     for pct in budgets:
         b = max(geom.top_k, int(round(pct / 100 * n)))
@@ -279,7 +290,8 @@ def main_geometry(a) -> None:
                     f"{best['x_lru_tokens_per_s']:.2f}x LRU tokens/s ({best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), "
                     f"best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru_tokens_per_s']:.2f}x; "
                     f"measured {best['measured_vs_replay']:+.1%} vs the replay's prediction "
-                    f"({best['replay_s_per_token']:.3f} s/token)")
+                    f"({best['replay_s_per_token']:.3f} s/token); Belady reads {bounds[pct]['belady'] / bounds[pct]['lru']:.2f}x "
+                    "LRU's experts on the same routing")
     head.append(f"median of {repeats} interleaved rounds; load average {lo:.1f}-{hi:.1f}; no GPU was lent to this task "
                 "(the GPU table of issue 21 item 6 was not run)")
     for line in head:
@@ -287,7 +299,7 @@ def main_geometry(a) -> None:
     write_bench(f"offload_geometry_{geom.name}", title=f"Offloading in the I/O-bound regime: {geom.name} geometry",
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
-                      "warmup": warm,
+                      "warmup": warm, "eviction_bound": {str(k): v for k, v in bounds.items()},
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s")},
                       "rows": rows, "wall_s": time.time() - t_start})
     print(f"wrote out/bench/offload_geometry_{geom.name}.json")

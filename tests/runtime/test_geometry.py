@@ -111,3 +111,14 @@ def test_fc_evict_sees_each_tokens_request(weights) -> None:
 def test_warmup_must_leave_timed_tokens(weights) -> None:
     with pytest.raises(ConfigError, match="geometry-warmup"):
         run_geometry(weights, TINY, routing(4), budget=6, warmup=4, direct=False)
+
+
+@pytest.mark.parametrize("budget", [2, 5, 12])
+def test_eviction_bound_orders_belady_first_and_matches_the_runs_lru(weights, budget: int) -> None:
+    from routecast.runtime.offload.geometry import eviction_bound
+
+    rt = routing(30, seed=3)
+    m = eviction_bound(TINY, rt, budget)
+    assert m["belady"] <= min(m["lru"], m["lfu"])
+    fig = run_geometry(weights, TINY, rt, budget=budget, policy="lru", direct=False)
+    assert fig["misses"] == m["lru"]  # the kernel's LRU = the runtime's slot decisions

@@ -315,3 +315,22 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     pred_s = routing["predict_s"] * (n - warm) if fig["prefetch"] else 0.0
     return {"s_per_token": (full["sim_s"] - pre["sim_s"] + pred_s) / (n - warm), "hit_ratio": hits / max(hits + misses, 1),
             "hits": hits, "misses": misses}
+
+
+def eviction_bound(geom: Geometry, routing: dict[str, Any], budget: int) -> dict[str, float]:
+    """Misses of LRU, LFU and Belady (the cache kernel, clock-free) on every token of `routing` at `budget` slots:
+    in this I/O-bound regime the time follows the reads, so LRU / Belady misses bounds what any eviction rule
+    (predicted or not) can gain over LRU, and a prefetch can add at most the compute it overlaps."""
+    from routecast.cache.replay import ReplayConfig, run_policy
+    from routecast.runtime.offload.run import accesses_from_log
+    from routecast.sim.hardware import load_hardware
+
+    ids = routing["ids"]
+    log = []
+    for t in range(routing["tokens"]):
+        for g in range(geom.layers):
+            u, c = np.unique(ids[t, g], return_counts=True)
+            log.append((g, u, c))
+    acc = accesses_from_log(log, geom.layers, geom.experts, routing["tokens"])
+    cfg = ReplayConfig(budget=budget, hardware=load_hardware("h100-sxm"), expert_bytes=geom.expert_bytes)
+    return {p: float(run_policy(acc, p, cfg)["demand_loads"]) for p in ("lru", "lfu", "belady")}
