@@ -116,24 +116,6 @@ def _batch_sets(fc, num_tokens: int, top: int = 0, min_prob: float = 0.0) -> np.
     return ((s >= kth) & (s > 0) & (s >= min_prob)).any(axis=0)
 
 
-def _frozen_gate_sets(h_TH: np.ndarray, Wt_HE: np.ndarray, b_E: np.ndarray, corr_E: np.ndarray, rule, top: int) -> np.ndarray:
-    """PROBE's frozen-gate forecast in numpy: router input h (T, H) -> bool (1, E), the union of each token's `top`
-    highest scores by the router's rule (softmax: the logits, monotone; sigmoid: sigmoid + correction, then the
-    group limit: the topk_group groups of highest max / top-2-sum score, the other groups' experts excluded)."""
-    logits = h_TH @ Wt_HE + b_E
-    score = logits if rule.scoring == "softmax" else 1.0 / (1.0 + np.exp(-logits)) + corr_E
-    T, E = score.shape
-    if rule.n_group > 1:
-        g = score.reshape(T, rule.n_group, -1)
-        gs = g.max(-1) if rule.group_score == "max" else np.partition(g, -2, axis=-1)[..., -2:].sum(-1)
-        drop = np.ones((T, rule.n_group), bool)
-        np.put_along_axis(drop, np.argpartition(-gs, rule.topk_group - 1, axis=-1)[:, :rule.topk_group], False, -1)
-        score = np.where(drop[..., None], -np.inf, g).reshape(T, E)
-    sets = np.zeros((1, E), bool)
-    sets[0, np.argpartition(-score, top - 1, axis=-1)[:, :top].ravel()] = True
-    return sets
-
-
 class OffloadedModel:
     """model (decoder-only, top-k routed, fused experts) with its routed experts in an ExpertStore.
 
@@ -184,10 +166,6 @@ class OffloadedModel:
             net = self.lookahead.net
             self._la_Wt = net.prior_W.transpose(1, 2).contiguous()  # (L-1, H, E)
             self._la_mlp = [bool(net.W2[i].any() or net.c2[i].any()) for i in range(self.L - 1)]
-            # numpy copies for the frozen-gate path: a decode step's forecast is a 1-row matmul and a few selections,
-            # where each torch op's dispatch (~5 µs) costs more than its arithmetic
-            self._la_np = (self._la_Wt.float().numpy(), net.prior_b.detach().float().numpy(),
-                           net.correction.detach().float().numpy())
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
@@ -333,13 +311,6 @@ class OffloadedModel:
                 logits = net.one(li, h)
             else:
                 logits = torch.addmm(net.prior_b[li], h, self._la_Wt[li])
-            if not self._la_mlp[li] and self.cfg.prefetch_min_prob == 0 and not (rule.scoring == "softmax"
-                                                                                 and rule.n_group > 1):
-                sets = _frozen_gate_sets(h.numpy(), *(x[li] for x in self._la_np), rule, top)
-                self.predict_s += time.perf_counter() - t0
-                self._prefetch(None, [li + 1], li, sets)
-                self.issue_s += time.perf_counter() - t0
-                return
             if self.cfg.prefetch_min_prob > 0 or (rule.scoring == "softmax" and rule.n_group > 1):
                 score = rule.forecast(logits, net.correction[li])
                 vals, idx = score.topk(top, dim=-1)
