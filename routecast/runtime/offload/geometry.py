@@ -217,9 +217,10 @@ class GeometryRun:
 
 def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[str, Any]:
     """The first `tokens` decode tokens of a captured trace (request order) -> {'ids', 'w' (T, L, K) the geometry's
-    routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer from the previous trace layer's recorded
-    router input (layer 0's: the trace's layer-0 routing frequencies), mapped as the routing; 'predict_s' seconds
-    of those forecasts per token (the predictor's own time, charged to every prefetching run)}."""
+    routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
+    from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
+    mapped as the routing; 'predict_s' seconds of those forecasts per token (the predictor's own time, charged to
+    every prefetching run)}."""
     from routecast.predict.lookahead import LookaheadPredictor
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
@@ -293,6 +294,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock)."""
     from routecast.cache.forecast_evict import StepUse
     from routecast.cache.slots import replay_slots
+    from routecast.cache.zoo import split_name
     from routecast.runtime.offload.run import accesses_from_log
 
     L, E, n, warm = geom.layers, geom.experts, routing["tokens"], fig["warmup"]
@@ -300,7 +302,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     comp = np.full(len(acc.req_key), fig["compute_s_per_expert"])
     req = np.asarray(routing["request"], np.int64)
     uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)]
-    fc = fig["policy"] == "fc-evict"
+    fc = split_name(fig["policy"])[0] == "fc-evict"  # as GeometryRun: its request profiles get each step
 
     def replay(steps: int) -> dict[str, Any]:
         cut = int(acc.req_off[steps * L])
