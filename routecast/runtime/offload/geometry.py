@@ -15,7 +15,12 @@ renormalised). Each step (one decode token) accesses every layer's experts throu
 ExpertStore (cache/slots.py SlotCache, the replay's policy objects; O_DIRECT reads on loader threads) and computes
 the SwiGLU experts from the slots in bf16. Prediction: PROBE's frozen-gate lookahead of builtin-fine applied to
 the trace's recorded router input of layer g (the next trace layer's gate, one matmul), mapped to the geometry's
-ids as the routing is; its sets prefetch layer g+1 while layer g computes.
+ids as the routing is; its sets prefetch layer g+1 while layer g computes. fc-evict is given each token's request and
+routing (its request profiles), as in the runtime.
+
+``run_geometry`` times the tokens after a warm-up (untimed, its reads drained); ``replay_geometry`` replays the same
+accesses through replay_slots (the warm-up prefix replayed alone and subtracted) for the time the replay predicts;
+``eviction_bound`` gives LRU, LFU and Belady misses on the routing, the most any eviction rule can save.
 """
 
 from __future__ import annotations
