@@ -115,7 +115,11 @@ def main() -> None:
         print_report(out)
         return
     if a.geometry:
-        main_geometry(a)
+        try:
+            main_geometry(a)
+        except (ConfigError, OSError) as e:  # bad flags or inputs: one sentence, exit 2 (as routecast's own commands)
+            print(f"benchmarks/offload.py: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         return
     q = a.quick
     a.prompts = a.prompts or ("corpus:val:3" if q else "corpus:val:8")
@@ -204,6 +208,7 @@ def main_geometry(a) -> None:
         WEIGHT_NOTE,
         GeometryRun,
         eviction_bound,
+        first_tokens,
         geometry,
         replay_geometry,
         run_geometry,
@@ -214,18 +219,30 @@ def main_geometry(a) -> None:
     from routecast.trace.standard import standard_trace
 
     q = a.quick
-    layers = a.geometry_layers or (2 if a.geometry == "mixtral-8x7b" else 4)
-    tokens = a.geometry_tokens or (8 if q else 24)
-    warm = a.geometry_warmup if a.geometry_warmup is not None else (8 if q else 16)
-    repeats = a.repeats or (1 if q else 3)
-    budgets = [int(x) for x in (a.budgets or ("50" if q else "25,50,75")).split(",")]
+    def given(x, default):  # 0 is a value the checks below refuse, not "use the default"
+        return default if x is None else x
+
+    layers = given(a.geometry_layers, 2 if a.geometry == "mixtral-8x7b" else 4)
+    tokens = given(a.geometry_tokens, 8 if q else 24)
+    warm = given(a.geometry_warmup, 8 if q else 16)
+    repeats = given(a.repeats, 1 if q else 3)
+    text = a.budgets or ("50" if q else "25,50,75")
+    budgets = [int(x) for x in text.split(",") if x.strip().isdigit()]
+    if len(budgets) != len(text.split(",")) or not all(1 <= b <= 100 for b in budgets):
+        raise ConfigError(f"--budgets {text!r}: expected comma-separated whole percents of the experts, 1 to 100.")
     policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
     combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
+    for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
+        raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
+    if tokens < 1 or warm < 0 or repeats < 1:
+        raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warm} / --repeats {repeats}: expected at least "
+                         "1 timed token, 0 or more warm-up tokens and at least 1 round.")
     geom = geometry(a.geometry, layers)
     t_start, loads = time.time(), [os.getloadavg()[0]]
     path = write_weights(Path(a.scratch) / "geometry", geom)
     trace = standard_trace("fine")
-    routing = trace_routing(trace, geom, warm + tokens)
+    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens))  # one read of the trace for both
+    routing = first_tokens(long, warm + tokens)
     probe = GeometryRun(path, geom, budget=geom.top_k)
     tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
     probe.close()
@@ -235,16 +252,15 @@ def main_geometry(a) -> None:
           f"{tokens} timed decode tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; "
           f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
           flush=True)
-    long = trace_routing(trace, geom, BOUND_TOKENS)
+    slots = {pct: max(geom.top_k, int(round(pct / 100 * n))) for pct in budgets}
     bounds = {}
     for pct in budgets:
-        m = bounds[pct] = eviction_bound(geom, long, max(geom.top_k, int(round(pct / 100 * n))))
+        m = bounds[pct] = eviction_bound(geom, first_tokens(long, BOUND_TOKENS), slots[pct])
         print(f"eviction bound at {pct}% (cache kernel over {BOUND_TOKENS} decode tokens, no I/O): misses LRU "
               f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
               f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
     configs = [("on-demand", geom.top_k, "lru", False)]
-    for pct in budgets:
-        b = max(geom.top_k, int(round(pct / 100 * n)))
+    for pct, b in slots.items():
         configs += [(f"{pol}@{pct}%", b, pol, False) for pol in policies]
         configs += [(f"lookahead+{pol}@{pct}%", b, pol, True) for pol in combined]
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}

@@ -122,3 +122,14 @@ def test_eviction_bound_orders_belady_first_and_matches_the_runs_lru(weights, bu
     assert m["belady"] <= min(m["lru"], m["lfu"])
     fig = run_geometry(weights, TINY, rt, budget=budget, policy="lru", direct=False)
     assert fig["misses"] == m["lru"]  # the kernel's LRU = the runtime's slot decisions
+
+
+def test_first_tokens_cuts_every_per_token_array() -> None:
+    from routecast.runtime.offload.geometry import first_tokens
+
+    rt = routing(10)
+    head = first_tokens(rt, 4)
+    assert head["tokens"] == 4 and all(len(head[k]) == 4 for k in ("ids", "w", "pred", "request"))
+    assert np.array_equal(head["ids"], rt["ids"][:4]) and head["predict_s"] == rt["predict_s"]
+    with pytest.raises(ConfigError, match="geometry tokens"):
+        first_tokens(rt, 11)

@@ -259,6 +259,13 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[s
             "trace": str(trace_path), "trace_layers": spec.num_layers}
 
 
+def first_tokens(routing: dict[str, Any], n: int) -> dict[str, Any]:
+    """The first n tokens of a trace_routing result (n <= its tokens)."""
+    if not 1 <= n <= routing["tokens"]:
+        raise ConfigError(f"{n} geometry tokens asked of a routing of {routing['tokens']}; expected 1..{routing['tokens']}.")
+    return {**routing, **{k: routing[k][:n] for k in ("ids", "w", "pred", "request")}, "tokens": n}
+
+
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
                  prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0) -> dict[str, Any]:
     """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
@@ -306,15 +313,15 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     acc = accesses_from_log(fig["log"], L, E, n)
     comp = np.full(len(acc.req_key), fig["compute_s_per_expert"])
     req = np.asarray(routing["request"], np.int64)
-    uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)]
     fc = split_name(fig["policy"])[0] == "fc-evict"  # as GeometryRun: its request profiles get each step
+    uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)] if fc else None
 
     def replay(steps: int) -> dict[str, Any]:
         cut = int(acc.req_off[steps * L])
         return replay_slots(acc.req_off[:steps * L + 1], acc.req_key[:cut], L, E, fig["budget"], policy=fig["policy"],
                             pred_SLE=fig["pred_sets"][:steps] if fig["prefetch"] else None, layer_ahead=True,
                             req_comp_s=comp[:cut], xfer_s=xfer_s, links=1, requests_S=req[:steps] if fc else None,
-                            uses=uses[:steps] if fc else None)
+                            uses=uses[:steps] if uses else None)
 
     full = replay(n)
     pre = replay(warm) if warm else {"sim_s": 0.0, "hits": 0, "misses": 0}
