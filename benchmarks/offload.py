@@ -508,12 +508,28 @@ def headline(out: dict) -> list[str]:
         if demand:
             bd = max(demand, key=lambda r: r["x_lru"])
             lines.append(f"budget {b}: best policy without prediction {bd['config']} {bd['x_lru']:.2f}x LRU tokens/s")
+        c = ceiling(out.get("runs", {}), b)
+        if c is not None:
+            need = f"; 1.10x needs {0.10 / (c[0] - 1):.0%} of that margin" if c[0] > 1 else "; 1.10x is out of reach"
+            lines.append(f"budget {b}: ceiling {c[0]:.2f}x LRU tokens/s (per-round min-max {c[1]:.2f}-{c[2]:.2f}): the "
+                         f"resident-path run, this engine with every expert resident, no reads, stalls or predictor{need}")
     bad = [r["config"] for r in rows if not r["logits_allclose"]]
     lines.append("every run's logits allclose to all-resident at every step" if not bad else
                  f"logits NOT allclose to all-resident: {', '.join(bad)}")
     lo, hi = out["load_avg"]
     lines.append(f"load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; tier {out['tier']['mode']}")
     return lines
+
+
+def ceiling(runs: dict[str, list[dict]], b: str) -> tuple[float, float, float] | None:
+    """The most any cache or prefetch can gain at budget b in this runtime: per round, LRU's wall time over the
+    resident-path run's (the same engine, every expert preloaded: no read, stall or predictor time) -> (median, min,
+    max), or None when the run has no resident-path or LRU rounds."""
+    res, lru = runs.get("resident-path"), runs.get(f"lru@{b}")
+    if not res or not lru or len(res) != len(lru):
+        return None
+    x = [lr["wall_s"] / rp["wall_s"] for lr, rp in zip(lru, res, strict=True)]
+    return statistics.median(x), min(x), max(x)
 
 
 def print_report(out: dict) -> None:

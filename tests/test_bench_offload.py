@@ -1,0 +1,42 @@
+"""benchmarks/offload.py's headline arithmetic: the runtime's ceiling (LRU's wall over the resident-path run's)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_offload", ROOT / "benchmarks" / "offload.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _walls(*xs):
+    return [{"wall_s": x} for x in xs]
+
+
+def test_ceiling_is_per_round_lru_over_resident_path(bench):
+    runs = {"resident-path": _walls(4.0, 5.0, 2.0), "lru@50%": _walls(5.0, 5.5, 3.0)}
+    assert bench.ceiling(runs, "50%") == pytest.approx((1.25, 1.1, 1.5))
+    assert bench.ceiling(runs, "25%") is None  # no LRU rounds at that budget
+    assert bench.ceiling({"lru@50%": _walls(1.0)}, "50%") is None  # no resident-path run
+
+
+def test_headline_states_the_ceiling_and_the_share_of_it_a_target_needs(bench):
+    row = {"prefetch": "none", "policy": "lru", "x_lru": 1.0, "x_lru_min": 1.0, "x_lru_max": 1.0,
+           "predictor_share": 0.0, "logits_allclose": True}
+    out = {"rows": [dict(row, config="lru@50%"), dict(row, config="lookahead@50%", prefetch="lookahead", x_lru=1.05,
+                                                        x_lru_min=0.9, x_lru_max=1.1, predictor_share=0.04)],
+           "runs": {"resident-path": _walls(4.0, 4.0), "lru@50%": _walls(5.0, 4.8)},
+           "load_avg": [1.0, 1.2], "machine": {"cpus": 2}, "tier": {"mode": "o_direct"}}
+    lines = bench.headline(out)
+    ceil = [x for x in lines if "ceiling" in x]
+    assert ceil == ["budget 50%: ceiling 1.23x LRU tokens/s (per-round min-max 1.20-1.25): the resident-path run, this "
+                    "engine with every expert resident, no reads, stalls or predictor; 1.10x needs 44% of that margin"]
+    out["runs"]["lru@50%"] = _walls(3.9, 4.0)  # LRU as fast as every expert resident: nothing left to gain
+    assert "1.10x is out of reach" in [x for x in bench.headline(out) if "ceiling" in x][0]
