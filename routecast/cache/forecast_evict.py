@@ -138,6 +138,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.layer = 0
         self.cur: set[int] = set()
         self.n = 0
+        self.ver = 0  # bumped when the step or the running layer changes (victim's memo is valid within one)
+        self._memo: tuple[int, int, bool, list[int]] | None = None  # (layer, ver, whole, order)
 
     def __len__(self) -> int:
         return self.n
@@ -149,6 +151,7 @@ class ForecastEvictPolicy(BasePolicy):
         lay = key // self.E
         if lay != self.layer:
             self.layer, self.cur = lay, set()
+            self.ver += 1
         self.cur.add(key)
         self.last[key] = self.tick
         self.tick += 1.0
@@ -170,6 +173,7 @@ class ForecastEvictPolicy(BasePolicy):
         self.q = self.fc.next_step_probs(requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
         self.layer, self.cur = 0, set()
+        self.ver += 1
 
     def end_step(self, observed: StepUse | None = None) -> None:
         if observed is not None and self.owns_fc:
@@ -184,24 +188,42 @@ class ForecastEvictPolicy(BasePolicy):
 
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
         layer = incoming // self.E if incoming >= 0 else self.layer
+        # Farthest first, then least recent. Within one step and running layer (one `ver`) a key's distance is fixed
+        # and only keys used in it (self.cur, never victims) change recency, so the order built at the first miss
+        # holds for every later one: it is memoised and walked, skipping keys gone since. Sorting every resident key
+        # costs O(n log n); the victim is almost always among the farthest few, so those (every key tied with the cut
+        # included) are sorted first and the whole order is built only when all of them are in use.
+        memo = self._memo
+        if memo is None or memo[0] != layer or memo[1] != self.ver:
+            memo = self._memo = self._order(layer, whole=False)
+        k = self._walk(memo[3], pinned)
+        if k < 0 and not memo[2]:
+            memo = self._memo = self._order(layer, whole=True)
+            k = self._walk(memo[3], pinned)
+        if k >= 0:
+            return k
+        # a pool smaller than the access: a computed key of it goes (the driver pins the others); the order is built
+        # afresh, as keys admitted since the memo (all in self.cur) are candidates now
+        return self._first_free(self._order(layer, whole=True)[3], pinned, False)
+
+    def _order(self, layer: int, whole: bool) -> tuple[int, int, bool, list[int]]:
+        """Resident keys farthest-then-least-recent from `layer` (only the farthest few unless `whole`) -> memo."""
         keys = np.flatnonzero(self.res)
-        if len(keys) == 0:
-            return -1
         d = self.next_use(keys, layer)
-        # Farthest first, then least recent. Sorting every resident key costs O(n log n) per miss; the victim is
-        # almost always among the farthest few, so those (every key tied with the cut included) are sorted first
-        # and the full order is built only when all of them are in use: the same key either way.
         few = _FEW + len(self.cur)
-        if len(keys) > 4 * few:
-            cut = -np.partition(-d, few)[few]
-            near = d >= cut
-            k = self._first_free(keys[near][np.lexsort((self.last[keys[near]], -d[near]))].tolist(), pinned, True)
-            if k >= 0:
+        if not whole and len(keys) > 4 * few:
+            near = d >= -np.partition(-d, few)[few]
+            keys, d = keys[near], d[near]
+        else:
+            whole = True
+        return layer, self.ver, whole, keys[np.lexsort((self.last[keys], -d))].tolist()
+
+    def _walk(self, order: list[int], pinned: Callable[[int], bool]) -> int:
+        res, cur = self.res, self.cur
+        for k in order:
+            if res[k] and k not in cur and not pinned(k):
                 return k
-        order = keys[np.lexsort((self.last[keys], -d))].tolist()
-        k = self._first_free(order, pinned, True)
-        # a pool smaller than the access: a computed key of it goes (the driver pins the others)
-        return k if k >= 0 else self._first_free(order, pinned, False)
+        return -1
 
     def _first_free(self, order: list[int], pinned: Callable[[int], bool], skip_current: bool) -> int:
         for k in order:

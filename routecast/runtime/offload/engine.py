@@ -116,6 +116,34 @@ def _batch_sets(fc, num_tokens: int, top: int = 0, min_prob: float = 0.0) -> np.
     return ((s >= kth) & (s > 0) & (s >= min_prob)).any(axis=0)
 
 
+def step_use_from_ids(ids_L: list[torch.Tensor | None], first: int, B: int, S: int, E: int):
+    """A step's top-k ids per layer ((B·S, K) tensors; None: the layer did not run) -> its StepUse: requests
+    first..first+B-1 (one per batch row), each row's distinct layer·E + expert keys and token counts."""
+    from routecast.cache.forecast_evict import StepUse
+
+    keys_R, counts_R = [], []
+    for r in range(B):
+        ks = np.concatenate([li * E + x.reshape(B, S, -1)[r].reshape(-1).numpy() for li, x in enumerate(ids_L)
+                             if x is not None])
+        u, c = np.unique(ks, return_counts=True)
+        keys_R.append(u)
+        counts_R.append(c)
+    off = np.concatenate([[0], np.cumsum([len(k) for k in keys_R])]).astype(np.int64)
+    return StepUse(requests=first + np.arange(B, dtype=np.int64), off=off, keys=np.concatenate(keys_R).astype(np.int64),
+                   counts=np.concatenate(counts_R).astype(np.int64), tokens=np.full(B, S, np.int64))
+
+
+def step_use_from_log(step_log: list[tuple[int, np.ndarray, np.ndarray]], request: int, S: int, E: int):
+    """One request's step from its access-log entries ((layer, distinct experts ascending, tokens per expert), one per
+    layer run, layers ascending) -> the same StepUse as step_use_from_ids, without a unique over every token's ids
+    (a decode step's dozen cold numpy calls become three)."""
+    from routecast.cache.forecast_evict import StepUse
+
+    keys = np.concatenate([li * E + u for li, u, _ in step_log]).astype(np.int64)
+    return StepUse(requests=np.array([request], np.int64), off=np.array([0, len(keys)], np.int64), keys=keys,
+                   counts=np.concatenate([c for _, _, c in step_log]).astype(np.int64), tokens=np.array([S], np.int64))
+
+
 class OffloadedModel:
     """model (decoder-only, top-k routed, fused experts) with its routed experts in an ExpertStore.
 
@@ -180,7 +208,8 @@ class OffloadedModel:
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
         self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
-        self.predict_s = 0.0  # the forecasts' own compute (predict + observe), on the compute thread
+        self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
+        # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
 
     # ------------------------------------------------------------------ setup
@@ -277,7 +306,9 @@ class OffloadedModel:
         self._step_ids = [None] * self.L
         if self.predictor is None:
             if self._profiles:
+                t0 = time.perf_counter()
                 self.store.begin_step(self._first + np.arange(self._shape[0], dtype=np.int64), None)
+                self.predict_s += time.perf_counter() - t0
             return
         T = tok.shape[0]
         B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
@@ -345,23 +376,16 @@ class OffloadedModel:
 
     def _step_use(self):
         """The step's routing per request (batch row) as a cache.forecast_evict.StepUse (fc-evict's profiles)."""
-        from routecast.cache.forecast_evict import StepUse
-
         B, S = self._shape
-        keys_R, counts_R = [], []
-        for r in range(B):
-            ks = np.concatenate([li * self.E + x.reshape(B, S, -1)[r].reshape(-1).numpy()
-                                 for li, x in enumerate(self._step_ids) if x is not None])
-            u, c = np.unique(ks, return_counts=True)
-            keys_R.append(u)
-            counts_R.append(c)
-        off = np.concatenate([[0], np.cumsum([len(k) for k in keys_R])]).astype(np.int64)
-        return StepUse(requests=self._first + np.arange(B, dtype=np.int64), off=off,
-                       keys=np.concatenate(keys_R).astype(np.int64), counts=np.concatenate(counts_R).astype(np.int64),
-                       tokens=np.full(B, S, np.int64))
+        if B == 1:  # one request: the step's access-log entries (one per layer run) are its use, already unique
+            return step_use_from_log(self.log[-sum(x is not None for x in self._step_ids):], self._first, S, self.E)
+        return step_use_from_ids(self._step_ids, self._first, B, S, self.E)
 
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
+        t0 = time.perf_counter()
         self.store.end_step(self._step_use() if self._profiles else None)
+        if self._profiles:  # fc-evict's request profiles are its forecast: their upkeep is predictor time
+            self.predict_s += time.perf_counter() - t0
         if self.lookahead is not None and not self.lookahead.config.online:  # its observe would do nothing
             self.pred_sets.append(self._pred)
         elif self.predictor is not None:
