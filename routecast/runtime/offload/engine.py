@@ -378,7 +378,8 @@ class OffloadedModel:
         """The step's routing per request (batch row) as a cache.forecast_evict.StepUse (fc-evict's profiles)."""
         B, S = self._shape
         if B == 1:  # one request: the step's access-log entries (one per layer run) are its use, already unique
-            return step_use_from_log(self.log[-sum(x is not None for x in self._step_ids):], self._first, S, self.E)
+            ran = sum(x is not None for x in self._step_ids)
+            return step_use_from_log(self.log[len(self.log) - ran:], self._first, S, self.E)
         return step_use_from_ids(self._step_ids, self._first, B, S, self.E)
 
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
