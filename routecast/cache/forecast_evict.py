@@ -9,6 +9,8 @@ Two forecasts, both causal (they use only routing already observed and what the 
   probability q_k that the next step's batch uses it: q_k = 1 - prod_r (1 - pi_rk), pi_rk the share of
   request r's recent tokens routed to k. A key's expected next use, in accesses from layer l of this step,
   is then off_k + L·(1/q_k - 1) (geometric over steps; off_k = layers until the key's layer comes round).
+  SelectedForecast keeps a short and a long memory of these profiles and uses, each step, the one whose
+  forecasts so far had the lower log-loss on the steps observed.
 
 ForecastEvictPolicy (a, "fc-evict") evicts the resident key whose predicted next use is farthest: keys
 forecast for a later layer of this step are needed at that layer (nearest kept); every other key at its
@@ -116,19 +118,53 @@ class ReuseForecast:
             del self.prof[r], self.mass[r], self.seen[r]
 
 
+class SelectedForecast:
+    """ReuseForecasts of several memories ((decay, prior) each) -> each step, the forecast of the one whose earlier
+    forecasts had the lowest total log-loss on the steps observed (each key used or not in a step: a Bernoulli of
+    probability q_k, clipped to [1e-4, 1 - 1e-4]); ties go to the first. Short memory (0.9: a request's last ten
+    tokens) suits text whose experts drift within a request (builtin-fine: it is picked there on every held-out
+    part); long memory (0.99, 16 tokens of trace-wide prior) suits stationary routing (the mixtral-8x7b preset)."""
+
+    def __init__(self, K: int, memories: tuple[tuple[float, float], ...] = ((0.9, 1.0), (0.99, 16.0))) -> None:
+        self.K = K
+        self.subs = [ReuseForecast(K, decay=d, prior=p) for d, p in memories]
+        self.loss = np.zeros(len(self.subs))
+        self._q: list[np.ndarray] | None = None
+
+    @property
+    def chosen(self) -> int:
+        return int(np.argmin(self.loss))
+
+    def next_step_probs(self, requests: np.ndarray | None) -> np.ndarray:
+        self._q = [f.next_step_probs(requests) for f in self.subs]
+        return self._q[self.chosen]
+
+    def observe(self, use: StepUse) -> None:
+        if self._q is not None:  # score the forecasts made for this step, then learn from it
+            used = np.zeros(self.K, bool)
+            used[use.keys] = True
+            for i, q in enumerate(self._q):
+                q = np.clip(q, 1e-4, 1 - 1e-4)
+                self.loss[i] -= np.log(np.where(used, q, 1.0 - q)).sum()
+            self._q = None
+        for f in self.subs:
+            f.observe(use)
+
+
 class ForecastEvictPolicy(BasePolicy):
     """(a) Belady on the forecast: evict the resident key with the farthest predicted next use (module docstring).
 
-    L, E: the model's layers and experts (keys are layer·E + expert); forecaster: a ReuseForecast to share
-    between pools (one is made if None). Ties go to the least recently used key.
+    L, E: the model's layers and experts (keys are layer·E + expert); forecaster: a ReuseForecast or
+    SelectedForecast to share between pools (a SelectedForecast is made if None). Ties go to the least recently
+    used key.
     """
 
     name = "fc-evict"
 
-    def __init__(self, capacity: int, L: int, E: int, forecaster: ReuseForecast | None = None) -> None:
+    def __init__(self, capacity: int, L: int, E: int, forecaster: ReuseForecast | SelectedForecast | None = None) -> None:
         super().__init__(capacity)
         self.L, self.E = L, E
-        self.fc = forecaster or ReuseForecast(L * E)
+        self.fc = forecaster or SelectedForecast(L * E)
         self.owns_fc = forecaster is None
         self.res = np.zeros(L * E, bool)
         self.last = np.zeros(L * E)

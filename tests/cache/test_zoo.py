@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from routecast.cache.arc import ARCPolicy
 from routecast.cache.compare import compare_policies
-from routecast.cache.forecast_evict import ForecastEvictPolicy, StepUse, admit_prefetch
+from routecast.cache.forecast_evict import ForecastEvictPolicy, SelectedForecast, StepUse, admit_prefetch
 from routecast.cache.lirs import LIRSPolicy
 from routecast.cache.objreplay import replay_objects, step_uses
 from routecast.cache.replay import ReplayConfig, build_accesses, compute_seconds, run_policy, true_sets
@@ -232,3 +232,41 @@ def test_fc_evict_memoised_victims_equal_the_full_order_over_a_run(seed, L, E, n
             assert got == want
             if got >= 0 and rng.random() < 0.7:  # the driver usually evicts the victim
                 pol.remove(got)
+
+
+def _step(request: int, keys) -> StepUse:
+    ks = np.unique(np.asarray(keys, np.int64))
+    return StepUse(requests=np.array([request]), off=np.array([0, len(ks)]), keys=ks, counts=np.ones(len(ks)),
+                   tokens=np.array([1]))
+
+
+def test_selected_forecast_scores_each_memory_by_log_loss():
+    """The loss added per step is -sum log(q_k if k was used else 1 - q_k) of the forecast each memory made for it."""
+    sel = SelectedForecast(4)
+    sel.observe(_step(0, [1, 2]))  # nothing forecast yet: no score, profiles learn
+    assert np.all(sel.loss == 0)
+    qs = [f.next_step_probs(np.array([0])) for f in sel.subs]
+    q_sel = sel.next_step_probs(np.array([0]))
+    assert np.array_equal(q_sel, qs[sel.chosen])
+    sel.observe(_step(0, [1, 3]))
+    used = np.isin(np.arange(4), [1, 3])
+    for i, q in enumerate(qs):
+        q = np.clip(q, 1e-4, 1 - 1e-4)
+        assert sel.loss[i] == pytest.approx(-np.log(np.where(used, q, 1 - q)).sum())
+
+
+@pytest.mark.parametrize("drift", [False, True])
+def test_selected_forecast_picks_long_memory_for_stationary_routing_and_short_for_drift(drift):
+    """Stationary: every token draws 2 of 16 keys from one skewed law -> the long memory forecasts better. Drift: a
+    request's keys change every 6 tokens -> the short memory (a request's last ~10 tokens) forecasts better."""
+    rng = np.random.default_rng(0)
+    K, sel = 16, SelectedForecast(16)
+    law = rng.dirichlet(np.full(K, 0.5))
+    for r in range(40):
+        for t in range(30):
+            if drift and t % 6 == 0:
+                block = rng.choice(K, 3, replace=False)
+            keys = rng.choice(block, 2, replace=False) if drift else rng.choice(K, 2, replace=False, p=law)
+            sel.next_step_probs(np.array([r]))
+            sel.observe(_step(r, keys))
+    assert sel.chosen == (0 if drift else 1)
