@@ -6,8 +6,9 @@
 Geometry mode: MoE layers of a production expert geometry (deepseek-v2-lite, mixtral-8x7b) with random bf16 weights
 written once to --scratch/geometry, driven by the real routing of the standard 'fine' trace (runtime/offload/
 geometry.py); --geometry-warmup tokens fill the fast tier untimed, then --geometry-tokens are timed; every demand
-policy, and lookahead prefetch with the --geometry-prefetch policies, at each budget; each run's measured s/token
-against the replay's prediction (replay_slots with the measured read time and compute); out/bench/
+policy, and lookahead prefetch with the --geometry-prefetch policies, at each budget, the loader threads at the
+fastest measured count of reads in flight (1/2/4; --geometry-threads); each run's measured s/token against the
+replay's prediction (replay_slots, one link at that count's measured read time, the run's compute); out/bench/
 offload_geometry_NAME.json.
 
 Runs from a fresh clone with no arguments: ffn is fitted on first use on the standard 'fine' trace into
@@ -106,6 +107,8 @@ def main() -> None:
                     help="decode tokens run untimed first to warm the fast tier (default 16, --quick 8)")
     ap.add_argument("--geometry-prefetch", default=None,
                     help="demand policies combined with lookahead prefetch (default lru,fc-evict,lfu)")
+    ap.add_argument("--geometry-threads", type=int, default=None,
+                    help="loader threads (reads in flight) in geometry mode (default: the fastest of 1/2/4, measured)")
     ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
@@ -215,7 +218,7 @@ def main_geometry(a) -> None:
         trace_routing,
         write_weights,
     )
-    from routecast.runtime.offload.tier import measure_bandwidth
+    from routecast.runtime.offload.tier import measure_bandwidth, measure_concurrency
     from routecast.trace.standard import standard_trace
 
     q = a.quick
@@ -234,6 +237,8 @@ def main_geometry(a) -> None:
     combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
+    if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
+        raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
     if tokens < 1 or warm < 0 or repeats < 1:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warm} / --repeats {repeats}: expected at least "
                          "1 timed token, 0 or more warm-up tokens and at least 1 round.")
@@ -243,9 +248,17 @@ def main_geometry(a) -> None:
     trace = standard_trace("fine")
     long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens))  # one read of the trace for both
     routing = first_tokens(long, warm + tokens)
-    probe = GeometryRun(path, geom, budget=geom.top_k)
+    flight = (1, 2, 4)
+    probe = GeometryRun(path, geom, budget=max(geom.top_k, *flight, a.geometry_threads or 1))
     tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
-    probe.close()
+    conc = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(max(flight))], threads=flight,
+                               reads=8 if q else 16)
+    threads = given(a.geometry_threads, min(conc, key=conc.get))
+    tier.update(concurrency={str(k): v for k, v in conc.items()}, loader_threads=threads)
+    print("reads in flight -> seconds per expert read: " + ", ".join(f"{k}: {v * 1e3:.1f} ms" for k, v in conc.items())
+          + f"; loader threads {threads} ({'--geometry-threads' if a.geometry_threads else 'the fastest'}); the tier is timed "
+          "again right before every run, and the replay is priced with the median of those times",
+          flush=True)
     n = geom.layers * geom.experts
     print(f"{geom.name} geometry: {geom.layers} MoE layers (of the model's; scaled to this disk and time) x {geom.experts} "
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {warm} warm-up + "
@@ -266,15 +279,24 @@ def main_geometry(a) -> None:
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(repeats):
         for label, b, pol, pf in configs:
-            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm)
+            # the tier's speed right before each run (this disk drifts by tens of percent within minutes): the replay
+            # is priced with the median over all runs (a few reads per run alone are too noisy to price that run)
+            near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
+                                       threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
+            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads)
+            r["tier_read_s"] = near
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
             print(f"round {rep + 1}/{repeats} {label:22s} {r['s_per_token']:.3f} s/token hit {r['hit_ratio']:.3f}", flush=True)
+    probe.close()
+    near = statistics.median(r["tier_read_s"] for rs in runs.values() for r in rs)  # the tier during these runs
+    tier["replay_read_s"] = near
+    print(f"tier during the runs: {near * 1e3:.1f} ms per expert read (median of the reads timed before each run)")
     rows = []
     for label, b, pol, pf in configs:
         rs = runs[label]
         r0 = dict(rs[0], compute_s_per_expert=statistics.median(r["compute_s_per_expert"] for r in rs))
-        rep_ = replay_geometry(r0, geom, routing, xfer_s=tier["median_read_s"])
+        rep_ = replay_geometry(r0, geom, routing, xfer_s=near)
         spt = [r["s_per_token"] for r in rs]
         pct = label.rsplit("@", 1)[1] if "@" in label else None
         lru = runs.get(f"lru@{pct}") if pct else None
@@ -287,6 +309,7 @@ def main_geometry(a) -> None:
                      "replay_hit_ratio": rep_["hit_ratio"], "measured_vs_replay": statistics.median(spt) / rep_["s_per_token"] - 1,
                      "predictor_share": statistics.median(r["predict_s"] / r["wall_s"] for r in rs),
                      "read_s_per_expert": statistics.median(r["read_s_per_expert"] for r in rs),
+                     "replay_read_s": near,
                      "compute_s_per_expert": r0["compute_s_per_expert"]})
     print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "(min-max)", "hit", "replay s/token", "replay hit",
                       "measured vs replay", "predictor share")))

@@ -133,3 +133,18 @@ def test_first_tokens_cuts_every_per_token_array() -> None:
     assert np.array_equal(head["ids"], rt["ids"][:4]) and head["predict_s"] == rt["predict_s"]
     with pytest.raises(ConfigError, match="geometry tokens"):
         first_tokens(rt, 11)
+
+
+def test_concurrency_is_measured_per_reads_in_flight_into_the_stores_slots(weights) -> None:
+    from routecast.runtime.offload.tier import measure_concurrency
+
+    run = GeometryRun(weights, TINY, budget=4, direct=False)
+    try:
+        before = run.tier.reads
+        got = measure_concurrency(run.tier, [run.store.slot_dests(i) for i in range(4)], threads=(1, 2, 4), reads=8)
+        assert set(got) == {1, 2, 4} and all(v > 0 for v in got.values())
+        assert run.tier.reads - before == 3 * 8  # every count read its share: 8, 2 x 4, 4 x 2
+        with pytest.raises(ValueError, match="2 destinations for up to 4 threads"):
+            measure_concurrency(run.tier, [run.store.slot_dests(i) for i in range(2)], threads=(1, 4))
+    finally:
+        run.close()

@@ -178,7 +178,7 @@ class ExpertStore:
                 self.job_seq[key] = 0
                 self.writing[slot] = True
             try:
-                self.tier.read_into(key, self._dests(slot))
+                self.tier.read_into(key, self.slot_dests(slot))
             except BaseException as e:  # surfaced to the compute thread, never swallowed
                 self.error = e
             with self.cond:
@@ -190,7 +190,8 @@ class ExpertStore:
                         self.stats["prefetch_loaded"] += 1
                 self.cond.notify_all()
 
-    def _dests(self, slot: int) -> dict:
+    def slot_dests(self, slot: int) -> dict:
+        """Slot `slot`'s tensors by parameter name (what a read of an expert into that slot fills)."""
         pools = self._bytes if self._bytes is not None else self.pools
         return {p: t[slot] for p, t in pools.items()}
 
@@ -220,7 +221,7 @@ class ExpertStore:
                     continue
                 slot = self.slots.free[p].pop()
                 self.slots._reserve(k, slot)
-                self.tier.read_into(k, self._dests(slot))
+                self.tier.read_into(k, self.slot_dests(slot))
                 self.ready[k] = True
                 self.events[k] = threading.Event()
                 self.events[k].set()

@@ -328,3 +328,32 @@ def measure_bandwidth(tier: DiskTier, *, reads: int = 64, seed: int = 0) -> dict
     return {"mode": tier.mode, "reads": reads, "expert_bytes": eb, "median_read_s": med,
             "p10_read_s": float(np.percentile(times, 10)), "p90_read_s": float(np.percentile(times, 90)),
             "bandwidth_Bps": eb / med}
+
+
+def measure_concurrency(tier: DiskTier, dests: list[dict], *, threads: tuple[int, ...] = (1, 2, 4), reads: int = 24,
+                        seed: int = 0) -> dict[int, float]:
+    """Seconds per expert read with `n` reads in flight, for each n in `threads`: n threads read `reads` random
+    experts between them, thread i into dests[i] (slots of a store: page-aligned, faulted in, as the runtime's);
+    -> {n: wall seconds / reads}. A disk that serves parallel reads faster shows falling values; this machine's
+    virtual disk may not, so the geometry benchmark runs its loaders at the fastest n and prices the replay's link
+    with that n's figure."""
+    if len(dests) < max(threads):
+        raise ValueError(f"measure_concurrency: {len(dests)} destinations for up to {max(threads)} threads")
+    L, E = tier.layout.num_layers, tier.layout.num_experts
+    out = {}
+    for n in threads:
+        per = max(1, reads // n)
+        keys = np.random.default_rng(seed + n).integers(0, L * E, size=(n, per))
+
+        def work(row: np.ndarray, dest: dict) -> None:
+            for k in row.tolist():
+                tier.read_into(int(k), dest)
+
+        pool = [threading.Thread(target=work, args=(keys[i], dests[i])) for i in range(n)]
+        t0 = time.perf_counter()
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        out[n] = (time.perf_counter() - t0) / (per * n)
+    return out
