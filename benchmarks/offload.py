@@ -8,8 +8,8 @@ written once to --scratch/geometry, driven by the real routing of the standard '
 geometry.py); --geometry-warmup tokens fill the fast tier untimed, then --geometry-tokens are timed; every demand
 policy, and lookahead prefetch with the --geometry-prefetch policies, at each budget, the loader threads at the
 fastest measured count of reads in flight (1/2/4; --geometry-threads); each run's measured s/token against the
-replay's prediction (replay_slots, one link at that count's measured read time, the run's compute); out/bench/
-offload_geometry_NAME.json.
+replay's prediction (replay_slots, one link at the read time measured before every run (median), the run's compute);
+out/bench/offload_geometry_NAME.json.
 
 Runs from a fresh clone with no arguments: ffn is fitted on first use on the standard 'fine' trace into
 --scratch/predictors; writes out/bench/offload.json (common/bench.py). Python API for one configuration:
