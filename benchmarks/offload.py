@@ -118,6 +118,8 @@ def main() -> None:
         print_report(out)
         return
     if a.geometry:
+        from offload_geometry import main_geometry  # benchmarks/ (sys.path[0] when run as a script)
+
         try:
             main_geometry(a)
         except (ConfigError, OSError) as e:  # bad flags or inputs: one sentence, exit 2 (as routecast's own commands)
@@ -198,150 +200,6 @@ def main() -> None:
     write_bench("offload", title="Offloaded inference on CPU (experts read from disk with O_DIRECT)",
                 headline=out["headline"], tables=out["tables"], data=out, quick=q)
     print("wrote out/bench/offload.json")
-
-
-BOUND_TOKENS = 400  # decode tokens of the eviction bound (a replay: no I/O, a second)
-
-
-def main_geometry(a) -> None:
-    """The I/O-bound table: s per token per policy and budget on the geometry's random-weight layers driven by the
-    'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
-    with the measured tier and compute)."""
-    from routecast.runtime.offload.geometry import (
-        WEIGHT_NOTE,
-        GeometryRun,
-        eviction_bound,
-        first_tokens,
-        geometry,
-        replay_geometry,
-        run_geometry,
-        trace_routing,
-        write_weights,
-    )
-    from routecast.runtime.offload.tier import measure_bandwidth, measure_concurrency
-    from routecast.trace.standard import standard_trace
-
-    q = a.quick
-    def given(x, default):  # 0 is a value the checks below refuse, not "use the default"
-        return default if x is None else x
-
-    layers = given(a.geometry_layers, 2 if a.geometry == "mixtral-8x7b" else 4)
-    tokens = given(a.geometry_tokens, 8 if q else 24)
-    warm = given(a.geometry_warmup, 8 if q else 16)
-    repeats = given(a.repeats, 1 if q else 3)
-    text = a.budgets or ("50" if q else "25,50,75")
-    budgets = [int(x) for x in text.split(",") if x.strip().isdigit()]
-    if len(budgets) != len(text.split(",")) or not all(1 <= b <= 100 for b in budgets):
-        raise ConfigError(f"--budgets {text!r}: expected comma-separated whole percents of the experts, 1 to 100.")
-    policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
-    combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
-    for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
-        raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
-    if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
-        raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
-    if tokens < 1 or warm < 0 or repeats < 1:
-        raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warm} / --repeats {repeats}: expected at least "
-                         "1 timed token, 0 or more warm-up tokens and at least 1 round.")
-    geom = geometry(a.geometry, layers)
-    t_start, loads = time.time(), [os.getloadavg()[0]]
-    path = write_weights(Path(a.scratch) / "geometry", geom)
-    trace = standard_trace("fine")
-    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens))  # one read of the trace for both
-    routing = first_tokens(long, warm + tokens)
-    flight = (1, 2, 4)
-    probe = GeometryRun(path, geom, budget=max(geom.top_k, *flight, a.geometry_threads or 1))
-    tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
-    conc = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(max(flight))], threads=flight,
-                               reads=8 if q else 16)
-    threads = given(a.geometry_threads, min(conc, key=conc.get))
-    tier.update(concurrency={str(k): v for k, v in conc.items()}, loader_threads=threads)
-    print("reads in flight -> seconds per expert read: " + ", ".join(f"{k}: {v * 1e3:.1f} ms" for k, v in conc.items())
-          + f"; loader threads {threads} ({'--geometry-threads' if a.geometry_threads else 'the fastest'}); the tier is timed "
-          "again right before every run, and the replay is priced with the median of those times",
-          flush=True)
-    n = geom.layers * geom.experts
-    print(f"{geom.name} geometry: {geom.layers} MoE layers (of the model's; scaled to this disk and time) x {geom.experts} "
-          f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {warm} warm-up + "
-          f"{tokens} timed decode tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; "
-          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
-          flush=True)
-    slots = {pct: max(geom.top_k, int(round(pct / 100 * n))) for pct in budgets}
-    bounds = {}
-    for pct in budgets:
-        m = bounds[pct] = eviction_bound(geom, first_tokens(long, BOUND_TOKENS), slots[pct])
-        print(f"eviction bound at {pct}% (cache kernel over {BOUND_TOKENS} decode tokens, no I/O): misses LRU "
-              f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
-              f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
-    configs = [("on-demand", geom.top_k, "lru", False)]
-    for pct, b in slots.items():
-        configs += [(f"{pol}@{pct}%", b, pol, False) for pol in policies]
-        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True) for pol in combined]
-    runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
-    for rep in range(repeats):
-        for label, b, pol, pf in configs:
-            # the tier's speed right before each run (this disk drifts by tens of percent within minutes): the replay
-            # is priced with the median over all runs (a few reads per run alone are too noisy to price that run)
-            near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
-                                       threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
-            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads)
-            r["tier_read_s"] = near
-            loads.append(os.getloadavg()[0])
-            runs[label].append(r)
-            print(f"round {rep + 1}/{repeats} {label:22s} {r['s_per_token']:.3f} s/token hit {r['hit_ratio']:.3f}", flush=True)
-    probe.close()
-    near = statistics.median(r["tier_read_s"] for rs in runs.values() for r in rs)  # the tier during these runs
-    tier["replay_read_s"] = near
-    print(f"tier during the runs: {near * 1e3:.1f} ms per expert read (median of the reads timed before each run)")
-    rows = []
-    for label, b, pol, pf in configs:
-        rs = runs[label]
-        r0 = dict(rs[0], compute_s_per_expert=statistics.median(r["compute_s_per_expert"] for r in rs))
-        rep_ = replay_geometry(r0, geom, routing, xfer_s=near)
-        spt = [r["s_per_token"] for r in rs]
-        pct = label.rsplit("@", 1)[1] if "@" in label else None
-        lru = runs.get(f"lru@{pct}") if pct else None
-        ratios = [y["s_per_token"] / x["s_per_token"] for x, y in zip(rs, lru, strict=True)] if lru else []
-        rows.append({"config": label, "budget": b, "prediction": pf or pol == "fc-evict",
-                     "s_per_token": statistics.median(spt), "s_min": min(spt), "s_max": max(spt),
-                     "x_lru_tokens_per_s": statistics.median(ratios) if ratios else None,
-                     "x_lru_min": min(ratios) if ratios else None, "x_lru_max": max(ratios) if ratios else None,
-                     "hit_ratio": statistics.median(r["hit_ratio"] for r in rs), "replay_s_per_token": rep_["s_per_token"],
-                     "replay_hit_ratio": rep_["hit_ratio"], "measured_vs_replay": statistics.median(spt) / rep_["s_per_token"] - 1,
-                     "predictor_share": statistics.median(r["predict_s"] / r["wall_s"] for r in rs),
-                     "read_s_per_expert": statistics.median(r["read_s_per_expert"] for r in rs),
-                     "replay_read_s": near,
-                     "compute_s_per_expert": r0["compute_s_per_expert"]})
-    print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "(min-max)", "hit", "replay s/token", "replay hit",
-                      "measured vs replay", "predictor share")))
-    for r in rows:
-        print(" | ".join((r["config"], f"{r['s_per_token']:.3f}", f"({r['s_min']:.3f}-{r['s_max']:.3f})",
-                          _f(r["x_lru_tokens_per_s"], ".2f"),
-                          f"({_f(r['x_lru_min'], '.2f')}-{_f(r['x_lru_max'], '.2f')})", f"{r['hit_ratio']:.3f}",
-                          f"{r['replay_s_per_token']:.3f}", f"{r['replay_hit_ratio']:.3f}", f"{r['measured_vs_replay']:+.1%}",
-                          f"{r['predictor_share']:.2%}")))
-    lo, hi = min(loads), max(loads)
-    head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens; {WEIGHT_NOTE}"]
-    for pct in budgets:
-        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
-        best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
-        plain = max((r for r in at if not r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
-        head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} "
-                    f"{best['x_lru_tokens_per_s']:.2f}x LRU tokens/s ({best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), "
-                    f"best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru_tokens_per_s']:.2f}x; "
-                    f"measured {best['measured_vs_replay']:+.1%} vs the replay's prediction "
-                    f"({best['replay_s_per_token']:.3f} s/token); Belady reads {bounds[pct]['belady'] / bounds[pct]['lru']:.2f}x "
-                    "LRU's experts on the same routing")
-    head.append(f"median of {repeats} interleaved rounds; load average {lo:.1f}-{hi:.1f}; no GPU was lent to this task "
-                "(the GPU table of issue 21 item 6 was not run)")
-    for line in head:
-        print(line)
-    write_bench(f"offload_geometry_{geom.name}", title=f"Offloading in the I/O-bound regime: {geom.name} geometry",
-                headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
-                data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
-                      "warmup": warm, "eviction_bound": {str(k): v for k, v in bounds.items()},
-                      "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s")},
-                      "rows": rows, "wall_s": time.time() - t_start})
-    print(f"wrote out/bench/offload_geometry_{geom.name}.json")
 
 
 def fitted_predictor(name: str, model, model_name: str, scratch: Path):
