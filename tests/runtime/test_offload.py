@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
 import pytest
 
 from routecast.cache.replay import ReplayConfig, run_policy
@@ -274,3 +275,13 @@ def test_admission_policies_are_refused_by_the_runtime() -> None:
 
     with pytest.raises(ConfigError, match=r"\+admit\) runs in `routecast cache replay` only"):
         StoreConfig(budget=4, policy="lru+admit")
+
+
+def test_in_block_lookahead_kernel_picks_the_router_rules_sets(setup) -> None:
+    """The compiled selection (no confidence gate) and RouterRule.forecast + topk (a gate that keeps every positive
+    score) forecast the same sets on every step of a run."""
+    name, model, reqs, _ref = setup
+    pred = make_predictor("lookahead", model, name)
+    runs = [run_config(name, reqs, budget=8, prefetch="lookahead", predictor=pred, cfg_kw={"prefetch_min_prob": p})
+            for p in (0.0, 1e-12)]
+    assert runs[0]["pred_sets"].any() and np.array_equal(runs[0]["pred_sets"], runs[1]["pred_sets"])

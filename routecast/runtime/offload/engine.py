@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from routecast.common.errors import ConfigError
-from routecast.predict.lookahead import LookaheadPredictor
+from routecast.predict.lookahead import GROUP_TOP2, LookaheadPredictor
+from routecast.predict.lookahead_kernel import union_topk
 from routecast.runtime.offload.fallback import Fallback
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
@@ -194,6 +195,9 @@ class OffloadedModel:
             net = self.lookahead.net
             self._la_Wt = net.prior_W.transpose(1, 2).contiguous()  # (L-1, H, E)
             self._la_mlp = [bool(net.W2[i].any() or net.c2[i].any()) for i in range(self.L - 1)]
+            self._la_corr = [c.detach().float().numpy() for c in net.correction]
+            union_topk(np.zeros((1, self.E), np.float32), self._la_corr[0], sigmoid=False, top=1)  # compile now,
+            # not in the first step's predictor time
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
@@ -346,16 +350,11 @@ class OffloadedModel:
                 score = rule.forecast(logits, net.correction[li])
                 vals, idx = score.topk(top, dim=-1)
                 idx = idx[(vals > 0) & (vals >= self.cfg.prefetch_min_prob)]
-            else:  # the router's top-k without normalising: softmax is monotone; sigmoid + correction decides
-                score = logits if rule.scoring == "softmax" else logits.sigmoid() + net.correction[li]
-                if rule.n_group > 1:
-                    g = score.view(score.shape[0], rule.n_group, -1)
-                    gs = g.amax(-1) if rule.group_score == "max" else g.topk(2, dim=-1).values.sum(-1)
-                    drop = torch.ones_like(gs, dtype=torch.bool).scatter_(-1, gs.topk(rule.topk_group, dim=-1).indices,
-                                                                          False)
-                    score = g.masked_fill(drop.unsqueeze(-1), float("-inf")).view_as(score)
-                idx = score.topk(top, dim=-1).indices
-            sets = torch.bincount(idx.reshape(-1), minlength=self.E).numpy()[None, :] > 0
+                sets = torch.bincount(idx.reshape(-1), minlength=self.E).numpy()[None, :] > 0
+            else:  # the router's top-k without normalising, in one compiled loop (predict/lookahead_kernel.py)
+                sets = union_topk(logits.numpy(), self._la_corr[li], sigmoid=rule.scoring != "softmax",
+                                  n_group=rule.n_group, topk_group=rule.topk_group,
+                                  group_top2=rule.group_score == GROUP_TOP2, top=top)[None, :]
         self.predict_s += time.perf_counter() - t0
         self._prefetch(None, [li + 1], li, sets)
         self.issue_s += time.perf_counter() - t0
