@@ -9,6 +9,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 
 from routecast.cache.replay import ReplayConfig, run_policy
 from routecast.cache.slots import replay_slots
@@ -285,3 +286,21 @@ def test_in_block_lookahead_kernel_picks_the_router_rules_sets(setup) -> None:
     runs = [run_config(name, reqs, budget=8, prefetch="lookahead", predictor=pred, cfg_kw={"prefetch_min_prob": p})
             for p in (0.0, 1e-12)]
     assert runs[0]["pred_sets"].any() and np.array_equal(runs[0]["pred_sets"], runs[1]["pred_sets"])
+
+
+def test_compact_scratch_gives_the_pool_paths_logits_exactly(setup) -> None:
+    """A layer's experts run from a compact copy of their slots (the default) or from the whole pool (compact_bytes
+    0): the same logits bit for bit, at a budget where layers hit and miss."""
+    name, model, reqs, ref = setup
+    from routecast.trace.capture_arch import spec_from_model
+
+    s = spec_from_model(model)
+    budget = s.num_layers * s.num_experts // 4
+    runs = [run_config(name, reqs, budget=budget, logits=True, cfg_kw={"compact_bytes": cb}) for cb in (0, 4 << 20)]
+    assert runs[0]["tokens"] == runs[1]["tokens"] == ref["tokens"]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0]["logits"], runs[1]["logits"], strict=True))
+    assert runs[0]["compact_calls"] == 0 < runs[1]["compact_calls"]
+    from routecast.runtime.offload.engine import OffloadConfig
+
+    with pytest.raises(ConfigError, match="compact_bytes is -1"):
+        OffloadConfig(budget=4, compact_bytes=-1)

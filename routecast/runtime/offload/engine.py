@@ -8,9 +8,11 @@ module's forward: the router's choice is turned into one store access (the layer
 and the experts run from the store's slot pools through the model's own experts implementation.
 
 Exactness and memory: once all of a layer's experts hold slots (hits at once, misses when read), the model's own
-experts function (eager, grouped_mm or batched_mm, as its config says) runs once on the slot pool itself, the
-router's ids remapped to slot indices (numpy bincount for the distinct experts, a slot table for the remap): no
-copy and no scratch buffer outside --budget. transformers' grouped_mm sums each token's K contributions in the
+experts function (eager, grouped_mm or batched_mm, as its config says) runs once, the router's ids remapped (numpy
+bincount for the distinct experts, a slot table for the remap): on a compact copy of those experts' slots when they
+take at most OffloadConfig.compact_bytes (4 MiB: a decode step of small experts; grouped_mm's CPU cost grows with
+the number of expert groups, empty ones included, so on the whole pool it grew with the budget), else on the slot
+pool itself with no copy. transformers' grouped_mm sums each token's K contributions in the
 router's k order, whatever the expert numbering, so the logits are bit-identical to the all-resident model's
 (tested on every generation step). A layer whose distinct experts exceed its pool computes in rounds (each
 round's slots are released before the next round is read; the other ids take transformers' expert-parallel
@@ -58,7 +60,10 @@ class OffloadConfig:
     prefetch_top, prefetch_min_prob: confidence gate on a token-level forecast (_batch_sets): each token prefetches
     only its prefetch_top (0 = top-k) highest-scoring experts whose probability is at least prefetch_min_prob.
     policy: the replacement policy of the slots (cache/zoo.py: lru, lfu, arc, s3fifo, lirs, fc-evict; the same
-    objects as the replay's)."""
+    objects as the replay's). compact_bytes: a layer whose experts (one round) take at most this many bytes runs them
+    from a compact copy of their slots instead of the whole pool (0 = never): scratch memory beyond --budget of at
+    most this size, for a compute cost that no longer grows with the pool (transformers' grouped_mm on CPU pays a
+    fixed cost per expert group, empty ones included)."""
 
     budget: int
     per_layer: bool = False
@@ -72,10 +77,13 @@ class OffloadConfig:
     prefetch_top: int = 0
     prefetch_min_prob: float = 0.0
     policy: str = "lru"
+    compact_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         if self.prefetch_top < 0:
             raise ConfigError(f"--prefetch-top is {self.prefetch_top}; expected 0 (the model's top-k) or more.")
+        if self.compact_bytes < 0:
+            raise ConfigError(f"compact_bytes is {self.compact_bytes}; expected 0 (never) or a byte count.")
         if not 0.0 <= self.prefetch_min_prob < 1.0:  # NaN fails too
             raise ConfigError(f"--prefetch-min-prob is {self.prefetch_min_prob}; expected a probability in [0, 1).")
 
@@ -215,6 +223,7 @@ class OffloadedModel:
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
+        self.compact_calls = 0  # layer rounds run from a compact copy of their slots (OffloadConfig.compact_bytes)
 
     # ------------------------------------------------------------------ setup
     def _verify(self) -> None:
@@ -253,7 +262,7 @@ class OffloadedModel:
     # ------------------------------------------------------------------ the experts forward
     def _make_forward(self, li: int, mod: nn.Module):
         cls_forward = type(mod).forward
-        store, E, B = self.store, self.E, self.cfg.budget
+        store, E, B, ebytes = self.store, self.E, self.cfg.budget, self.layout.expert_bytes
         slot_E = np.full(E, B, np.int64)  # expert -> its slot this round (B: the sentinel, not in this round)
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -271,9 +280,16 @@ class OffloadedModel:
             outs: list[torch.Tensor] = []
 
             def compute(exps: np.ndarray, slots: np.ndarray) -> None:  # slots pinned by the store during the call
-                slot_E[exps] = slots
                 whole = len(exps) == len(uniq)
-                view = _SlotView(mod, store.pools, B, sentinel=not whole)
+                if whole and len(exps) * ebytes <= self.cfg.compact_bytes and len(exps) < B:
+                    # the round's experts copied into a compact scratch: grouped_mm costs per group, empty or not
+                    idx = torch.from_numpy(slots)
+                    view = _SlotView(mod, {p: t.index_select(0, idx) for p, t in store.pools.items()}, len(exps))
+                    slot_E[exps] = np.arange(len(exps))
+                    self.compact_calls += 1
+                else:
+                    view = _SlotView(mod, store.pools, B, sentinel=not whole)
+                    slot_E[exps] = slots
                 outs.append(cls_forward(view, hidden, torch.from_numpy(slot_E[ids]), top_k_weights))
                 slot_E[exps] = B
 
@@ -412,7 +428,7 @@ class OffloadedModel:
                  bytes_read=self.tier.bytes_read, reads=self.tier.reads,
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
                  experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl, policy=self.cfg.policy,
-                 predict_s=self.predict_s, issue_s=self.issue_s)
+                 predict_s=self.predict_s, issue_s=self.issue_s, compact_calls=self.compact_calls)
         if self.fallback is not None:
             s.update(self.fallback.figures())
         return s
