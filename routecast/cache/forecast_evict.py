@@ -5,7 +5,8 @@ Two forecasts, both causal (they use only routing already observed and what the 
 - **within the step**: the predictor's batch sets for the step's layers (e.g. conditional-token), given
   before the step (``begin_step(forecast_LE=...)``);
 - **beyond the step** (ReuseForecast): each active request's exponentially decayed expert profile
-  (decay per token of that request, smoothed towards the trace-wide frequency) gives, for each key, the
+  (decay per token of that request, smoothed towards the trace-wide share of request-steps using each key: a
+  prefill counts once, as it is one access of each of its keys) gives, for each key, the
   probability q_k that the next step's batch uses it: q_k = 1 - prod_r (1 - pi_rk), pi_rk the share of
   request r's recent tokens routed to k. A key's expected next use, in accesses from layer l of this step,
   is then off_k + L·(1/q_k - 1) (geometric over steps; off_k = layers until the key's layer comes round).
@@ -112,8 +113,8 @@ class ReuseForecast:
             c[ks] += cs
             self.mass[r] = self.mass[r] * d + n
             self.seen[r] = self.step
-            self.glob[ks] += cs
-            self.glob_tokens += n
+            self.glob[ks] += 1.0  # trace-wide: the share of request-steps that use each key (a prefill counts once)
+            self.glob_tokens += 1.0
         for r in [r for r, s in self.seen.items() if self.step - s > self.forget]:
             del self.prof[r], self.mass[r], self.seen[r]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from routecast.cache.arc import ARCPolicy
 from routecast.cache.compare import compare_policies
-from routecast.cache.forecast_evict import ForecastEvictPolicy, SelectedForecast, StepUse, admit_prefetch
+from routecast.cache.forecast_evict import ForecastEvictPolicy, ReuseForecast, SelectedForecast, StepUse, admit_prefetch
 from routecast.cache.lirs import LIRSPolicy
 from routecast.cache.objreplay import replay_objects, step_uses
 from routecast.cache.replay import ReplayConfig, build_accesses, compute_seconds, run_policy, true_sets
@@ -270,3 +270,16 @@ def test_selected_forecast_picks_long_memory_for_stationary_routing_and_short_fo
             sel.next_step_probs(np.array([r]))
             sel.observe(_step(r, keys))
     assert sel.chosen == (0 if drift else 1)
+
+
+def test_trace_wide_share_counts_request_steps_not_tokens():
+    """A 100-token prefill of one expert and a 1-token decode step of another weigh the same in the trace-wide share
+    (cache reuse happens per step: a prefill is one access of each of its keys), so a new request forecasts both
+    keys with equal probability."""
+    fc = ReuseForecast(4)
+    fc.observe(StepUse(requests=np.array([0]), off=np.array([0, 1]), keys=np.array([1]), counts=np.array([100.0]),
+                       tokens=np.array([100])))
+    fc.observe(StepUse(requests=np.array([0]), off=np.array([0, 1]), keys=np.array([2]), counts=np.array([1.0]),
+                       tokens=np.array([1])))
+    q = fc.next_step_probs(np.array([7]))  # request 7 has no profile: the trace-wide share alone
+    assert q[1] == pytest.approx(q[2]) == pytest.approx(0.5) and q[0] == q[3] == 0.0
