@@ -23,6 +23,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def _mark_best(values: np.ndarray, taken: np.ndarray, n: int) -> None:
+    """Mark the n largest values not yet taken (the first index wins a tie)."""
+    for _ in range(n):
+        best = -1
+        for i in range(values.shape[0]):
+            if not taken[i] and (best < 0 or values[i] > values[best]):
+                best = i
+        taken[best] = True
+
+
 def _union_topk(logits_TE: np.ndarray, correction_E: np.ndarray, sigmoid: bool, n_group: int, topk_group: int,
                 group_top2: bool, top: int, out_E: np.ndarray) -> None:
     T, E = logits_TE.shape
@@ -47,25 +57,17 @@ def _union_topk(logits_TE: np.ndarray, correction_E: np.ndarray, sigmoid: bool, 
                     elif s > b:
                         b = s
                 gscore[g] = a + b if group_top2 else a
-                keep[g] = False
-            for _ in range(topk_group):
-                best = -1
-                for g in range(n_group):
-                    if not keep[g] and (best < 0 or gscore[g] > gscore[best]):
-                        best = g
-                keep[best] = True
+            keep[:] = False
+            _mark_best(gscore, keep, topk_group)
             for g in range(n_group):
                 if not keep[g]:
                     for e in range(g * size, (g + 1) * size):
                         score[e] = -np.inf
         taken[:] = False
-        for _ in range(top):
-            best = -1
-            for e in range(E):
-                if not taken[e] and (best < 0 or score[e] > score[best]):
-                    best = e
-            taken[best] = True
-            out_E[best] = True
+        _mark_best(score, taken, top)
+        for e in range(E):
+            if taken[e]:
+                out_E[e] = True
 
 
 try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
@@ -73,6 +75,7 @@ try:  # numba is a dependency; the fallback keeps a broken install correct, only
 except ImportError:  # pragma: no cover - depends on the environment
     njit = None
 if njit is not None:
+    _mark_best = njit(cache=True, nogil=True)(_mark_best)
     _union_topk = njit(cache=True, nogil=True)(_union_topk)
 
 
