@@ -204,8 +204,14 @@ class OffloadedModel:
             self._la_Wt = net.prior_W.transpose(1, 2).contiguous()  # (L-1, H, E)
             self._la_mlp = [bool(net.W2[i].any() or net.c2[i].any()) for i in range(self.L - 1)]
             self._la_corr = [c.detach().float().numpy() for c in net.correction]
-            union_topk(np.zeros((1, self.E), np.float32), self._la_corr[0], sigmoid=False, top=1)  # compile now,
-            # not in the first step's predictor time
+            rule = self.lookahead.rule  # the kernel's settings, fixed for the run
+            self._la_kw = dict(sigmoid=rule.scoring != "softmax", n_group=rule.n_group, topk_group=rule.topk_group,
+                               group_top2=rule.group_score == GROUP_TOP2,
+                               top=self.K if cfg.prefetch_top <= 0 else min(cfg.prefetch_top, self.K))
+            # the kernel serves every rule but a confidence gate (it needs probabilities) and group-limited softmax
+            self._la_kernel = cfg.prefetch_min_prob == 0 and not (rule.scoring == "softmax" and rule.n_group > 1)
+            if self._la_kernel:  # checked and compiled now, not in the first step's predictor time
+                union_topk(np.zeros((1, self.E), np.float32), self._la_corr[0], **self._la_kw)
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
@@ -354,23 +360,20 @@ class OffloadedModel:
         (sigmoid + correction and group limit where the router has them; probabilities only when a confidence gate
         needs them), the union prefetched. Runs inside the MoE block: no hook, no numpy copy of the hidden state."""
         t0 = time.perf_counter()
-        net, rule, K = self.lookahead.net, self.lookahead.rule, self.K
-        top = K if self.cfg.prefetch_top <= 0 else min(self.cfg.prefetch_top, K)
+        net = self.lookahead.net
         with torch.no_grad():
             h = hidden.reshape(-1, hidden.shape[-1]).float()
             if self._la_mlp[li]:
                 logits = net.one(li, h)
             else:
                 logits = torch.addmm(net.prior_b[li], h, self._la_Wt[li])
-            if self.cfg.prefetch_min_prob > 0 or (rule.scoring == "softmax" and rule.n_group > 1):
-                score = rule.forecast(logits, net.correction[li])
-                vals, idx = score.topk(top, dim=-1)
+            if not self._la_kernel:
+                score = self.lookahead.rule.forecast(logits, net.correction[li])
+                vals, idx = score.topk(self._la_kw["top"], dim=-1)
                 idx = idx[(vals > 0) & (vals >= self.cfg.prefetch_min_prob)]
                 sets = torch.bincount(idx.reshape(-1), minlength=self.E).numpy()[None, :] > 0
             else:  # the router's top-k without normalising, in one compiled loop (predict/lookahead_kernel.py)
-                sets = union_topk(logits.numpy(), self._la_corr[li], sigmoid=rule.scoring != "softmax",
-                                  n_group=rule.n_group, topk_group=rule.topk_group,
-                                  group_top2=rule.group_score == GROUP_TOP2, top=top)[None, :]
+                sets = union_topk(logits.numpy(), self._la_corr[li], **self._la_kw)[None, :]
         self.predict_s += time.perf_counter() - t0
         self._prefetch(None, [li + 1], li, sets)
         self.issue_s += time.perf_counter() - t0
