@@ -4,7 +4,7 @@
     python benchmarks/offload.py --geometry deepseek-v2-lite     # the I/O-bound regime (main_geometry below)
 
 Geometry mode: MoE layers of a production expert geometry (deepseek-v2-lite, mixtral-8x7b) with random bf16 weights
-written once to --scratch/geometry, driven by the real routing of the standard 'fine' trace (runtime/offload/
+written once to out/geometry/, driven by the real routing of the standard 'fine' trace (runtime/offload/
 geometry.py); --geometry-warmup tokens fill the fast tier untimed, then --geometry-tokens are timed; every demand
 policy, and lookahead prefetch with the --geometry-prefetch policies, at each budget, the loader threads at the
 fastest measured count of reads in flight (1/2/4; --geometry-threads); each run's measured s/token against the

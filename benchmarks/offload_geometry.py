@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from pathlib import Path
 
 from routecast.common.bench import table, write_bench
 from routecast.common.errors import ConfigError
@@ -32,7 +31,9 @@ def main_geometry(a) -> None:
     'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
     with the measured tier and compute)."""
     from routecast.runtime.offload.geometry import (
+        DEFAULT_LAYERS,
         WEIGHT_NOTE,
+        WEIGHTS_DIR,
         GeometryRun,
         eviction_bound,
         first_tokens,
@@ -49,7 +50,9 @@ def main_geometry(a) -> None:
     def given(x, default):  # 0 is a value the checks below refuse, not "use the default"
         return default if x is None else x
 
-    layers = given(a.geometry_layers, 2 if a.geometry == "mixtral-8x7b" else 4)
+    if a.geometry not in DEFAULT_LAYERS:
+        geometry(a.geometry, 1)  # the one-sentence refusal of an unknown name
+    layers = given(a.geometry_layers, DEFAULT_LAYERS[a.geometry])
     tokens = given(a.geometry_tokens, 8 if q else 24)
     warm = given(a.geometry_warmup, 8 if q else 16)
     repeats = given(a.repeats, 1 if q else 3)
@@ -68,7 +71,7 @@ def main_geometry(a) -> None:
                          "1 timed token, 0 or more warm-up tokens and at least 1 round.")
     geom = geometry(a.geometry, layers)
     t_start, loads = time.time(), [os.getloadavg()[0]]
-    path = write_weights(Path(a.scratch) / "geometry", geom)
+    path = write_weights(WEIGHTS_DIR, geom)
     trace = standard_trace("fine")
     long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens))  # one read of the trace for both
     routing = first_tokens(long, warm + tokens)

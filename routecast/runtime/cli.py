@@ -7,6 +7,12 @@ mode (o_direct / fadvise), the prefetcher's counters and its share of the run; -
 JSONL (one line per request), --figures the figures as JSON; --policy picks the slots' replacement policy. --write-profile measures the slow tier's read
 bandwidth and writes a hardware profile (a base profile with h2d_gbps = the measured figure) that
 `routecast cache replay --hardware PROFILE` prices misses with.
+
+    routecast run --offload --geometry mixtral-8x7b --policy fc-evict --budget 50%
+
+--geometry NAME runs the I/O-bound regime instead of the model (runtime/offload/geometry_run.py): MoE layers of that
+production expert geometry with random bf16 weights on disk, driven by the routing of a captured trace (--routing,
+default the standard 'fine' trace), the policy against --baseline (default lru), each beside the replay's prediction.
 """
 
 from __future__ import annotations
@@ -52,13 +58,28 @@ def add_parser(sub: Any) -> None:
                    help="requests generated together, left-padded (default 1); offloaded = the all-resident batch's tokens")
     p.add_argument("--threads", type=N.threads(), default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=N.seed(), default=0, help="seed for fitting a predictor (default 0)")
+    g = p.add_argument_group("I/O-bound geometry (--offload --geometry NAME; --model and --prompts are not used)")
+    g.add_argument("--geometry", default=None, help="deepseek-v2-lite or mixtral-8x7b: MoE layers of that expert geometry, "
+                   "random bf16 weights on disk, the routing of --routing")
+    g.add_argument("--routing", default=None, help="captured trace whose decode routing drives the layers (default the "
+                   "standard 'fine' trace, captured into out/traces on first use)")
+    g.add_argument("--geometry-layers", type=N.positive(1024), default=None,
+                   help="MoE layers written (default 4; mixtral-8x7b 2: 4.4 / 5.6 GB)")
+    g.add_argument("--geometry-tokens", type=N.positive(1 << 20), default=24, help="decode tokens timed (default 24)")
+    g.add_argument("--geometry-warmup", type=N.nonneg(1 << 20), default=16,
+                   help="decode tokens run untimed first, to warm the fast tier (default 16)")
+    g.add_argument("--baseline", default="lru", help="policy run after --policy for the ratio (default lru; none = skip)")
+    g.add_argument("--weights-dir", default="out/geometry", help="where the random weights are written once (default out/geometry)")
     p.set_defaults(fn=cmd_run)
 
 
-@writes("--out", "--figures", "--write-profile", inputs=("--model", "--prompts", "--predictor", "--fit-trace", "--hardware"))
+@writes("--out", "--figures", "--write-profile",
+        inputs=("--model", "--prompts", "--predictor", "--fit-trace", "--hardware", "--routing"))
 def cmd_run(a: argparse.Namespace) -> int:
     from routecast.runtime.offload.engine import PREFETCHERS
 
+    if a.geometry is not None:
+        return cmd_geometry(a)
     if a.prefetch not in PREFETCHERS:
         raise ConfigError(f"--prefetch is {a.prefetch!r}; expected one of {', '.join(PREFETCHERS)}.")
     if a.max_new_tokens < 1:
@@ -92,6 +113,34 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
+
+
+def cmd_geometry(a: argparse.Namespace) -> int:
+    """`routecast run --offload --geometry NAME` (geometry_run.py)."""
+    from routecast.common.outputs import check_out_file, write_atomic
+
+    if not a.offload:
+        raise ConfigError("--geometry runs offloaded expert layers; expected --offload with it.")
+    bad = [f for f, on in (("--out", a.out), ("--fallback", a.fallback), ("--write-profile", a.write_profile),
+                           ("--per-layer", a.per_layer), ("--predictor", a.predictor), ("--fit-trace", a.fit_trace),
+                           ("--batch-size", a.batch_size != 1), ("--prefetch-depth", a.prefetch_depth != 1),
+                           ("--prefetch-top", a.prefetch_top), ("--prefetch-min-prob", a.prefetch_min_prob)) if on]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)} {'acts' if len(bad) == 1 else 'act'} on a model run; a --geometry run takes --budget, --policy, --baseline, "
+                          "--prefetch none|lookahead, --loader-threads, --no-direct, --routing and --figures.")
+    if a.figures:
+        check_out_file(a.figures, "--figures")
+    from routecast.runtime.offload.geometry_run import format_geometry, geometry_main
+
+    res = geometry_main(a.geometry, routing=a.routing, layers=a.geometry_layers, tokens=a.geometry_tokens,
+                        warmup=a.geometry_warmup, budget=a.budget, policy=a.policy, prefetch=a.prefetch,
+                        baseline=a.baseline, loader_threads=a.loader_threads, direct=not a.no_direct,
+                        weights_dir=a.weights_dir)
+    print(format_geometry(res))
+    if a.figures:
+        write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")
+        print(f"wrote {a.figures}")
+    return 0
 
 
 def run_main(a: argparse.Namespace) -> dict[str, Any]:

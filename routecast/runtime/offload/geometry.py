@@ -42,6 +42,8 @@ from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
 
 GEOMETRIES = ("deepseek-v2-lite", "mixtral-8x7b")
+DEFAULT_LAYERS = {"deepseek-v2-lite": 4, "mixtral-8x7b": 2}  # 4.4 GB and 5.6 GB of weights: what this disk holds
+WEIGHTS_DIR = Path("out/geometry")  # where `routecast run --geometry` and the benchmark write (and reuse) the weights
 WEIGHT_NOTE = "weights are random bf16 (no model), routing is real (the captured builtin-fine trace)"
 
 
@@ -120,28 +122,31 @@ def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
 
 
 def map_routing(experts_TLK: np.ndarray, weights_TLK: np.ndarray, geom: Geometry, trace_E: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trace routing (T, Lt, Kt) -> the geometry's (T, geom.layers, geom.top_k) ids and weights (module docstring)."""
+    """Trace routing (T, Lt, Kt) -> the geometry's (T, geom.layers, geom.top_k) ids and weights (module docstring).
+    A dropped trace slot (id -1) routes nothing; a token with fewer distinct groups than top-k gets -1 (weight 0) in
+    the rest, which every user of the ids skips."""
     Lt = experts_TLK.shape[1]
     lay = np.arange(geom.layers) % Lt
     ids, w = experts_TLK[:, lay].astype(np.int64), weights_TLK[:, lay].astype(np.float32)
+    w = np.where(ids >= 0, w, 0.0).astype(np.float32)  # a dropped slot (-1) routes nothing
     if geom.experts == trace_E and geom.top_k <= ids.shape[-1]:
-        return ids[..., :geom.top_k], w[..., :geom.top_k]
+        return np.where(ids >= 0, ids, -1)[..., :geom.top_k], w[..., :geom.top_k]
     if trace_E % geom.experts:
         raise ConfigError(f"--geometry {geom.name}: {geom.experts} experts do not divide the trace's {trace_E}.")
-    g = ids // (trace_E // geom.experts)
+    g = np.where(ids >= 0, ids // (trace_E // geom.experts), -1)
     order = np.argsort(-w, axis=-1, kind="stable")
     g, w = np.take_along_axis(g, order, -1), np.take_along_axis(w, order, -1)
     T, L, K = g.shape
     out_i, out_w = np.zeros((T, L, geom.top_k), np.int64), np.zeros((T, L, geom.top_k), np.float32)
-    first = np.ones_like(g, bool)
+    first = g >= 0
     for k in range(1, K):  # a group seen at an earlier (heavier) slot is not new
-        first[..., k] = ~(g[..., :k] == g[..., k:k + 1]).any(-1)
+        first[..., k] &= ~(g[..., :k] == g[..., k:k + 1]).any(-1)
     rank = np.cumsum(first, -1) - 1
     for j in range(geom.top_k):
         sel = first & (rank == j)
         has = sel.any(-1)
         at = sel.argmax(-1)
-        out_i[..., j] = np.where(has, np.take_along_axis(g, at[..., None], -1)[..., 0], (out_i[..., 0] + 1) % geom.experts)
+        out_i[..., j] = np.where(has, np.take_along_axis(g, at[..., None], -1)[..., 0], -1)  # fewer groups: -1
         out_w[..., j] = np.where(has, (w * (g == out_i[..., j:j + 1])).sum(-1), 0.0)
     out_w /= np.maximum(out_w.sum(-1, keepdims=True), 1e-9)
     return out_i, out_w
@@ -195,9 +200,10 @@ class GeometryRun:
             if pred_LE is not None and g + 1 < self.L:
                 sets[g + 1] = pred_LE[g + 1]
                 self.store.prefetch([g + 1], [(g + 1) * self.E + np.flatnonzero(pred_LE[g + 1])], g)
-            uniq, inv = np.unique(ids_LK[g], return_inverse=True)
+            ok = ids_LK[g] >= 0  # a dropped slot (-1) routes nothing
+            uniq, inv = np.unique(ids_LK[g][ok], return_inverse=True)
             w_E = np.zeros(self.E, np.float32)
-            np.add.at(w_E, ids_LK[g], w_LK[g])
+            np.add.at(w_E, ids_LK[g][ok], w_LK[g][ok])
             self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))
             out = [torch.zeros(1, self.geom.hidden)]
             self.store.access(g, uniq, self._compute(w_E, out))
@@ -220,26 +226,36 @@ class GeometryRun:
         return s
 
 
-def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[str, Any]:
+def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True) -> dict[str, Any]:
     """The first `tokens` decode tokens of a captured trace (request order) -> {'ids', 'w' (T, L, K) the geometry's
     routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
     from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
     mapped as the routing; 'predict_s' seconds of those forecasts per token (the predictor's own time, charged to
-    every prefetching run)}."""
-    from routecast.predict.lookahead import LookaheadPredictor
+    every prefetching run)}. forecast=False: no forecast ('pred' all False, 'predict_s' 0), so a trace without
+    router inputs, or of another model than the built-in ones whose gates PROBE uses, drives demand policies."""
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
 
-    trace = read_trace(trace_path, load_hidden=True)
-    if trace.hidden_TLH is None:
-        raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; expected a capture with --hidden.")
+    trace = read_trace(trace_path, load_hidden=forecast)
     rows = np.flatnonzero(trace.phase == DECODE)[:tokens]
     if len(rows) < tokens:
         raise ConfigError(f"--routing {trace_path}: {len(rows)} decode tokens; expected at least {tokens}.")
     spec = trace.spec
     ids, w = map_routing(np.asarray(trace.experts_TLK[rows]), np.asarray(trace.weights_TLK[rows]), geom,
                          spec.num_experts)
-    la = LookaheadPredictor.from_model(spec.name if spec.name in ("builtin", "builtin-fine") else "builtin-fine", spec)
+    base = {"ids": ids, "w": w, "tokens": len(rows), "request": np.asarray(trace.request[rows], np.int64),
+            "trace": str(trace_path), "trace_layers": spec.num_layers}
+    if not forecast:
+        return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
+    if trace.hidden_TLH is None:
+        raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; lookahead prefetch needs a "
+                          "capture with --hidden (or run without prefetch).")
+    if spec.name not in ("builtin", "builtin-fine"):
+        raise ConfigError(f"--routing {trace_path}: a trace of {spec.name!r}; lookahead prefetch on a geometry uses the "
+                          "gates of builtin or builtin-fine, expected a trace of one of them (or run without prefetch).")
+    from routecast.predict.lookahead import LookaheadPredictor
+
+    la = LookaheadPredictor.from_model(spec.name, spec)
     hid = torch.from_numpy(np.asarray(trace.hidden_TLH[rows], np.float32))  # (T, Lt, H)
     Kt = spec.top_k
     t0 = time.perf_counter()
@@ -253,10 +269,9 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int) -> dict[s
     f_w = np.concatenate([np.full((len(rows), 1, Kt), 1.0 / Kt, np.float32), w_f.numpy()], 1)
     g_ids, _ = map_routing(f_ids, f_w, geom, spec.num_experts)
     pred = np.zeros((len(rows), geom.layers, geom.experts), bool)
-    np.put_along_axis(pred, g_ids, True, -1)
-    return {"ids": ids, "w": w, "pred": pred, "predict_s": predict_s, "tokens": len(rows),
-            "request": np.asarray(trace.request[rows], np.int64),
-            "trace": str(trace_path), "trace_layers": spec.num_layers}
+    t, lay, k = np.nonzero(g_ids >= 0)
+    pred[t, lay, g_ids[t, lay, k]] = True
+    return {**base, "pred": pred, "predict_s": predict_s}
 
 
 def first_tokens(routing: dict[str, Any], n: int) -> dict[str, Any]:
@@ -343,7 +358,7 @@ def eviction_bound(geom: Geometry, routing: dict[str, Any], budget: int) -> dict
     log = []
     for t in range(routing["tokens"]):
         for g in range(geom.layers):
-            u, c = np.unique(ids[t, g], return_counts=True)
+            u, c = np.unique(ids[t, g][ids[t, g] >= 0], return_counts=True)
             log.append((g, u, c))
     acc = accesses_from_log(log, geom.layers, geom.experts, routing["tokens"])
     cfg = ReplayConfig(budget=budget, hardware=load_hardware("h100-sxm"), expert_bytes=geom.expert_bytes)

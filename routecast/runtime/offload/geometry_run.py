@@ -1,0 +1,135 @@
+"""`routecast run --offload --geometry NAME`: one policy, and a baseline, on a production expert geometry.
+
+    routecast run --offload --geometry mixtral-8x7b --policy fc-evict --budget 50%
+    routecast run --offload --geometry deepseek-v2-lite --routing out/traces/fine --prefetch lookahead --policy lfu
+
+The layers of geometry.py (random bf16 weights written once under --weights-dir, real routing of a captured trace,
+the standard 'fine' one by default) run `--geometry-warmup` decode tokens untimed, then `--geometry-tokens` timed,
+through the offload runtime's ExpertStore with the chosen policy (and PROBE's lookahead prefetch with
+--prefetch lookahead); then the same with the baseline policy (default lru). Per run: seconds per token, hit
+ratio, expert reads, read time per expert, and the replay's prediction (geometry.replay_geometry, one link at the
+read time measured right before the runs) beside the measured time; the eviction bound (LRU, LFU, Belady misses
+on the same routing). One round each: `python benchmarks/offload.py --geometry NAME` runs every policy in
+interleaved rounds and gives medians with their spread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from routecast.common.errors import ConfigError
+from routecast.runtime.offload.geometry import (
+    DEFAULT_LAYERS,
+    WEIGHT_NOTE,
+    Geometry,
+    GeometryRun,
+    eviction_bound,
+    geometry,
+    replay_geometry,
+    run_geometry,
+    trace_routing,
+    write_weights,
+)
+from routecast.runtime.offload.store import check_runtime_policy
+from routecast.runtime.offload.tier import measure_concurrency
+
+FIG_KEYS = ("s_per_token", "hit_ratio", "hits", "misses", "reads", "bytes_read", "read_s_per_expert",
+            "compute_s_per_expert", "stall_s", "late", "prefetch_issued", "prefetch_useful", "predict_s", "wall_s")
+
+
+def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, layers: int | None = None, tokens: int = 24,
+                  warmup: int = 16, budget: str = "50%", policy: str = "lru", prefetch: str = "none",
+                  baseline: str = "lru", loader_threads: int = 2, direct: bool = True,
+                  weights_dir: str | Path = "out/geometry") -> dict[str, Any]:
+    """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
+    'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
+    name, or a Geometry (tests: a tiny one; `layers` is then its own). Every flag is checked before the weights are
+    written or the trace is read."""
+    from routecast.cache.replay import parse_budget
+    from routecast.trace.standard import standard_trace
+
+    if isinstance(name, Geometry):
+        geom = name
+    elif name not in DEFAULT_LAYERS:
+        raise ConfigError(f"--geometry is {name!r}; expected one of {', '.join(DEFAULT_LAYERS)}.")
+    else:
+        geom = geometry(name, DEFAULT_LAYERS[name] if layers is None else layers)
+    check_runtime_policy(policy)
+    if baseline != "none":
+        check_runtime_policy(baseline)
+    if prefetch not in ("none", "lookahead"):
+        raise ConfigError(f"--prefetch is {prefetch!r} with --geometry; expected none or lookahead (PROBE's gates on the "
+                          "trace's recorded router inputs: the geometry has no model to fit a predictor on).")
+    if tokens < 1 or warmup < 0:
+        raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
+                          "0 or more warm-up tokens.")
+    if loader_threads < 1:
+        raise ConfigError(f"--loader-threads is {loader_threads}; expected at least 1.")
+    n_keys = geom.layers * geom.experts
+    slots = parse_budget(budget, n_keys, geom.expert_bytes)
+    trace = Path(routing) if routing is not None else standard_trace("fine")
+    if not (trace / "trace.json").is_file():
+        raise ConfigError(f"--routing {trace}: no trace there; expected a folder written by `routecast trace capture`.")
+    pf = prefetch == "lookahead"
+    route = trace_routing(trace, geom, warmup + tokens, forecast=pf)
+    print(f"{geom.name} geometry: {geom.layers} MoE layers (scaled to this disk; --geometry-layers) x {geom.experts} "
+          f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; budget {slots} of {n_keys} experts; "
+          f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace}, geometry layer g <- "
+          f"trace layer g mod {route['trace_layers']}", flush=True)
+    t0 = time.perf_counter()
+    path = write_weights(weights_dir, geom)
+    if time.perf_counter() - t0 > 1.0:
+        print(f"wrote {path} ({path.stat().st_size / 1e9:.1f} GB, once: later runs reuse it)", flush=True)
+    probe = GeometryRun(path, geom, budget=loader_threads, loader_threads=1, direct=direct)
+    try:
+        read_s = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(loader_threads)],
+                                     threads=(loader_threads,), reads=max(8, 2 * loader_threads))[loader_threads]
+    finally:
+        probe.close()
+    print(f"tier: {read_s * 1e3:.1f} ms per expert read with {loader_threads} in flight "
+          f"({'o_direct' if direct else 'fadvise'}; the replay prices each read with it)", flush=True)
+    configs = [(f"{'lookahead+' if pf else ''}{policy}", policy, pf)]
+    if baseline != "none" and (baseline, False) != (policy, pf):
+        configs.append((baseline, baseline, False))
+    runs: dict[str, dict[str, Any]] = {}
+    for label, pol, p in configs:
+        r = run_geometry(path, geom, route, budget=slots, policy=pol, prefetch=p, warmup=warmup,
+                         loader_threads=loader_threads, direct=direct)
+        rep = replay_geometry(r, geom, route, xfer_s=read_s)
+        runs[label] = {**{k: r[k] for k in FIG_KEYS if k in r}, "policy": pol, "prefetch": p,
+                       "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
+                       "measured_vs_replay": r["s_per_token"] / rep["s_per_token"] - 1}
+        print(format_run(label, runs[label]), flush=True)
+    out = {"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "budget": slots, "experts_total": n_keys,
+           "trace": str(trace), "warmup": warmup, "tokens": tokens, "tier_read_s": read_s, "note": WEIGHT_NOTE,
+           "loader_threads": loader_threads, "runs": runs, "bound": eviction_bound(geom, route, slots),
+           "load_average": os.getloadavg()[0]}
+    first, *rest = runs
+    out["x_baseline"] = runs[rest[0]]["s_per_token"] / runs[first]["s_per_token"] if rest else None
+    return out
+
+
+def format_run(label: str, r: dict[str, Any]) -> str:
+    return (f"{label}: {r['s_per_token']:.3f} s/token ({1 / r['s_per_token']:.2f} tokens/s); hit ratio {r['hit_ratio']:.3f} "
+            f"({r['misses']} misses); {r['reads']} reads, {r['bytes_read'] / 1e9:.2f} GB, {r['read_s_per_expert'] * 1e3:.1f} "
+            f"ms per read; stall {r['stall_s']:.2f} s; replay predicts {r['replay_s_per_token']:.3f} s/token "
+            f"(measured {r['measured_vs_replay']:+.1%})")
+
+
+def format_geometry(res: dict[str, Any]) -> str:
+    """The closing lines of a geometry run: the ratio to the baseline and the eviction bound."""
+    g, b = res["geometry"], res["bound"]
+    labels = list(res["runs"])
+    lines = []
+    if res["x_baseline"] is not None:
+        lines.append(f"{labels[0]} {res['x_baseline']:.2f}x {labels[1]} tokens/s at budget {res['budget']} of "
+                     f"{res['experts_total']} experts (one round each; `python benchmarks/offload.py --geometry "
+                     f"{g['name']}` gives medians over interleaved rounds)")
+    lines.append(f"eviction bound on the same {res['warmup'] + res['tokens']} tokens (no I/O): misses LRU {b['lru']:.0f}, "
+                 f"LFU {b['lfu']:.0f}, Belady {b['belady']:.0f}: no eviction rule reads less than "
+                 f"{b['belady'] / max(b['lru'], 1):.2f}x LRU's experts")
+    lines.append(f"{res['note']}; load average {res['load_average']:.1f}; experts computed on the CPU (no GPU)")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""`routecast run --offload --geometry`: one policy and its baseline on a tiny geometry driven by a written trace (with
+dropped slots), the replay beside each run, and every bad flag refused in one sentence before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from routecast.cli import main
+from routecast.common.errors import ConfigError
+from routecast.runtime.offload.geometry import Geometry
+from routecast.runtime.offload.geometry_run import format_geometry, geometry_main
+from routecast.trace import DECODE
+from routecast.trace.io import read_trace, write_trace
+from tests.conftest import build_small_trace
+
+TINY = Geometry(name="tiny", hidden=64, ffn=32, experts=8, top_k=2, layers=3)
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("routing") / "trace"
+    write_trace(build_small_trace(num_requests=4, decode_len=6, num_layers=2, dropped=0.2, seed=5), path)
+    return path
+
+
+def test_policy_and_baseline_run_on_the_traces_routing_beside_the_replay(trace_dir, tmp_path) -> None:
+    res = geometry_main(TINY, routing=trace_dir, tokens=12, warmup=6, budget="50%", policy="fc-evict", baseline="lru",
+                        direct=False, weights_dir=tmp_path / "w")
+    assert list(res["runs"]) == ["fc-evict", "lru"] and res["budget"] == 12
+    tr = read_trace(trace_dir)
+    ids = np.asarray(tr.experts_TLK)[np.flatnonzero(tr.phase == DECODE)[6:18]]
+    lay = np.arange(TINY.layers) % 2
+    asked = sum(len({int(e) for e in ids[t, lay[g]] if e >= 0}) for t in range(12) for g in range(TINY.layers))
+    for r in res["runs"].values():
+        assert r["hits"] + r["misses"] == asked  # the timed tokens' accesses; dropped slots route nothing
+        assert r["s_per_token"] > 0 and r["replay_s_per_token"] > 0
+        assert r["replay_hit_ratio"] == pytest.approx(r["hit_ratio"])  # the replay makes the run's decisions
+    assert res["x_baseline"] == pytest.approx(res["runs"]["lru"]["s_per_token"] / res["runs"]["fc-evict"]["s_per_token"])
+    assert res["bound"]["belady"] <= res["bound"]["lru"]
+    text = format_geometry(res)
+    assert "fc-evict" in text and "random" in text and "Belady" in text
+    json.dumps(res, default=float)  # --figures writes it
+
+
+@pytest.mark.parametrize("hidden, needle", [(0, "no router inputs"), (16, "a trace of 'tiny-moe'")])
+def test_lookahead_needs_router_inputs_of_a_model_whose_gates_it_has(hidden, needle, tmp_path) -> None:
+    path = tmp_path / "trace"
+    write_trace(build_small_trace(num_requests=2, decode_len=4, num_layers=2, hidden=hidden), path)
+    with pytest.raises(ConfigError, match=needle):
+        geometry_main(TINY, routing=path, tokens=4, warmup=2, prefetch="lookahead", direct=False,
+                      weights_dir=tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--geometry", "mixtral-8x7b"], "expected --offload"),
+    (["--offload", "--geometry", "gpt-5"], "--geometry is 'gpt-5'"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--prefetch", "ffn"], "expected none or lookahead"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--fallback"], "--fallback acts on a model run"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--policy", "mru"], "--policy is 'mru'"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--baseline", "fifo"], "--policy is 'fifo'"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--budget", "0%"], "--budget is '0%'"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--geometry-layers", "0"], "--geometry-layers"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--routing", "/nonexistent/trace"], "no trace there"),
+])
+def test_bad_flags_are_one_sentence_before_anything_is_written(args, needle, tmp_path, capsys) -> None:
+    weights = tmp_path / "w"
+    assert main(["run", *args, "--weights-dir", str(weights)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not weights.exists()
