@@ -107,6 +107,8 @@ def main() -> None:
                     help="decode tokens run untimed first to warm the fast tier (default 16, --quick 8)")
     ap.add_argument("--geometry-prefetch", default=None,
                     help="demand policies combined with lookahead prefetch (default lru,fc-evict,lfu)")
+    ap.add_argument("--geometry-order", default="step", help="decode tokens in the trace's serving order (step) or "
+                    "one request after the other (request); geometry.trace_routing")
     ap.add_argument("--geometry-threads", type=int, default=None,
                     help="loader threads (reads in flight) in geometry mode (default: the fastest of 1/2/4, measured)")
     ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")

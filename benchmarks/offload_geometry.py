@@ -32,6 +32,7 @@ def main_geometry(a) -> None:
     with the measured tier and compute)."""
     from routecast.runtime.offload.geometry import (
         DEFAULT_LAYERS,
+        ORDERS,
         WEIGHT_NOTE,
         WEIGHTS_DIR,
         GeometryRun,
@@ -64,6 +65,8 @@ def main_geometry(a) -> None:
     combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
+    if a.geometry_order not in ORDERS:
+        raise ConfigError(f"--geometry-order is {a.geometry_order!r}; expected one of {', '.join(ORDERS)}.")
     if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
     if tokens < 1 or warm < 0 or repeats < 1:
@@ -73,7 +76,7 @@ def main_geometry(a) -> None:
     t_start, loads = time.time(), [os.getloadavg()[0]]
     path = write_weights(WEIGHTS_DIR, geom)
     trace = standard_trace("fine")
-    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens))  # one read of the trace for both
+    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens), order=a.geometry_order)  # one read for both
     routing = first_tokens(long, warm + tokens)
     flight = (1, 2, 4)
     probe = GeometryRun(path, geom, budget=max(geom.top_k, *flight, a.geometry_threads or 1))
@@ -89,7 +92,8 @@ def main_geometry(a) -> None:
     n = geom.layers * geom.experts
     print(f"{geom.name} geometry: {geom.layers} MoE layers (of the model's; scaled to this disk and time) x {geom.experts} "
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {warm} warm-up + "
-          f"{tokens} timed decode tokens of {trace}, geometry layer g <- trace layer g mod {routing['trace_layers']}; "
+          f"{tokens} timed decode tokens of {trace} in {a.geometry_order} order, geometry layer g <- trace layer g mod "
+          f"{routing['trace_layers']}; "
           f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
           flush=True)
     slots = {pct: max(geom.top_k, int(round(pct / 100 * n))) for pct in budgets}
@@ -147,7 +151,8 @@ def main_geometry(a) -> None:
                           f"{r['replay_s_per_token']:.3f}", f"{r['replay_hit_ratio']:.3f}", f"{r['measured_vs_replay']:+.1%}",
                           f"{r['predictor_share']:.2%}")))
     lo, hi = min(loads), max(loads)
-    head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens; {WEIGHT_NOTE}"]
+    head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens in {a.geometry_order} "
+            f"order; {WEIGHT_NOTE}"]
     for pct in budgets:
         at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
         best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
@@ -162,10 +167,11 @@ def main_geometry(a) -> None:
                 "(the GPU table of issue 21 item 6 was not run)")
     for line in head:
         print(line)
-    write_bench(f"offload_geometry_{geom.name}", title=f"Offloading in the I/O-bound regime: {geom.name} geometry",
+    name = f"offload_geometry_{geom.name}" + ("" if a.geometry_order == "step" else f"-{a.geometry_order}")
+    write_bench(name, title=f"Offloading in the I/O-bound regime: {geom.name} geometry, {a.geometry_order} order",
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
-                      "warmup": warm, "eviction_bound": {str(k): v for k, v in bounds.items()},
+                      "warmup": warm, "order": a.geometry_order, "eviction_bound": {str(k): v for k, v in bounds.items()},
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s")},
                       "rows": rows, "wall_s": time.time() - t_start})
-    print(f"wrote out/bench/offload_geometry_{geom.name}.json")
+    print(f"wrote out/bench/{name}.json")

@@ -68,6 +68,8 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--geometry-tokens", type=N.positive(1 << 20), default=24, help="decode tokens timed (default 24)")
     g.add_argument("--geometry-warmup", type=N.nonneg(1 << 20), default=16,
                    help="decode tokens run untimed first, to warm the fast tier (default 16)")
+    g.add_argument("--geometry-order", default="step", help="decode tokens in the trace's serving order (step: one token "
+                   "of each request in flight in turn) or one request after the other (request)")
     g.add_argument("--baseline", default="lru", help="policy run after --policy for the ratio (default lru; none = skip)")
     g.add_argument("--weights-dir", default="out/geometry", help="where the random weights are written once (default out/geometry)")
     p.set_defaults(fn=cmd_run)
@@ -135,7 +137,7 @@ def cmd_geometry(a: argparse.Namespace) -> int:
     res = geometry_main(a.geometry, routing=a.routing, layers=a.geometry_layers, tokens=a.geometry_tokens,
                         warmup=a.geometry_warmup, budget=a.budget, policy=a.policy, prefetch=a.prefetch,
                         baseline=a.baseline, loader_threads=a.loader_threads, direct=not a.no_direct,
-                        weights_dir=a.weights_dir)
+                        weights_dir=a.weights_dir, order=a.geometry_order)
     print(format_geometry(res))
     if a.figures:
         write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")

@@ -45,6 +45,24 @@ def test_policy_and_baseline_run_on_the_traces_routing_beside_the_replay(trace_d
     json.dumps(res, default=float)  # --figures writes it
 
 
+def test_request_order_runs_each_requests_decode_tokens_in_a_row(trace_dir) -> None:
+    from routecast.runtime.offload.geometry import trace_routing
+
+    tr = read_trace(trace_dir)
+    dec = np.flatnonzero(tr.phase == DECODE)
+    step = trace_routing(trace_dir, TINY, len(dec), forecast=False)
+    by_req = trace_routing(trace_dir, TINY, len(dec), forecast=False, order="request")
+    assert np.array_equal(step["request"], np.asarray(tr.request)[dec])  # the trace's own (serving) order
+    assert np.all(np.diff(by_req["request"]) >= 0)  # one request after the other
+    pos = np.asarray(tr.position)[dec]
+    for r in np.unique(by_req["request"]):  # each request's tokens in position order, the same routing as in step order
+        a = np.flatnonzero(by_req["request"] == r)
+        b = np.flatnonzero(step["request"] == r)
+        assert np.array_equal(by_req["ids"][a], step["ids"][b[np.argsort(pos[b], kind="stable")]])
+    with pytest.raises(ConfigError, match="--geometry-order is 'random'"):
+        trace_routing(trace_dir, TINY, 4, forecast=False, order="random")
+
+
 @pytest.mark.parametrize("hidden, needle", [(0, "no router inputs"), (16, "a trace of 'tiny-moe'")])
 def test_lookahead_needs_router_inputs_of_a_model_whose_gates_it_has(hidden, needle, tmp_path) -> None:
     path = tmp_path / "trace"
@@ -65,6 +83,7 @@ def test_lookahead_needs_router_inputs_of_a_model_whose_gates_it_has(hidden, nee
     (["--offload", "--geometry", "mixtral-8x7b", "--budget", "0%"], "--budget is '0%'"),
     (["--offload", "--geometry", "mixtral-8x7b", "--geometry-layers", "0"], "--geometry-layers"),
     (["--offload", "--geometry", "mixtral-8x7b", "--routing", "/nonexistent/trace"], "no trace there"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--geometry-order", "random"], "--geometry-order is 'random'"),
 ])
 def test_bad_flags_are_one_sentence_before_anything_is_written(args, needle, tmp_path, capsys) -> None:
     weights = tmp_path / "w"

@@ -8,7 +8,8 @@ layer count is scaled down to fit the disk and the time (stated in every output)
 expert, written to a temporary name, fsynced and renamed; a sidecar JSON says what it holds, so a second run reuses it.
 
 ``GeometryRun`` drives those layers with **real routing**: the decode tokens of a captured trace (builtin-fine's,
-DeepSeek-V3 architecture, 64 experts top-6), geometry layer g taking trace layer g mod L_trace. Expert ids: a
+DeepSeek-V3 architecture, 64 experts top-6), in the trace's serving order (one token of each request in flight in
+turn) or one request after the other (``order``), geometry layer g taking trace layer g mod L_trace. Expert ids: a
 64-expert geometry (DeepSeek-V2-Lite) uses the trace's ids as they are; an 8-expert one (Mixtral-8x7B) maps trace
 expert e to e // 8 and keeps the first two distinct groups in the router's weight order (top-2, weights
 renormalised). Each step (one decode token) accesses every layer's experts through the offload runtime's own
@@ -226,25 +227,37 @@ class GeometryRun:
         return s
 
 
-def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True) -> dict[str, Any]:
-    """The first `tokens` decode tokens of a captured trace (request order) -> {'ids', 'w' (T, L, K) the geometry's
+ORDERS = ("step", "request")
+
+
+def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True,
+                  order: str = "step") -> dict[str, Any]:
+    """The first `tokens` decode tokens of a captured trace -> {'ids', 'w' (T, L, K) the geometry's
     routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
     from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
     mapped as the routing; 'predict_s' seconds of those forecasts per token (the predictor's own time, charged to
     every prefetching run)}. forecast=False: no forecast ('pred' all False, 'predict_s' 0), so a trace without
-    router inputs, or of another model than the built-in ones whose gates PROBE uses, drives demand policies."""
+    router inputs, or of another model than the built-in ones whose gates PROBE uses, drives demand policies.
+    order: 'step' = the trace's own order (its serving schedule: one decode token of each request in flight in
+    turn), 'request' = each request's decode tokens in a row, one request after the other (one user at a time,
+    as an offloading runtime on one machine serves them and as benchmarks/offload.py's builtin-fine runs do)."""
+    if order not in ORDERS:
+        raise ConfigError(f"--geometry-order is {order!r}; expected one of {', '.join(ORDERS)}.")
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
 
     trace = read_trace(trace_path, load_hidden=forecast)
-    rows = np.flatnonzero(trace.phase == DECODE)[:tokens]
+    rows = np.flatnonzero(trace.phase == DECODE)
+    if order == "request":
+        rows = rows[np.lexsort((np.asarray(trace.position)[rows], np.asarray(trace.request)[rows]))]
+    rows = rows[:tokens]
     if len(rows) < tokens:
         raise ConfigError(f"--routing {trace_path}: {len(rows)} decode tokens; expected at least {tokens}.")
     spec = trace.spec
     ids, w = map_routing(np.asarray(trace.experts_TLK[rows]), np.asarray(trace.weights_TLK[rows]), geom,
                          spec.num_experts)
     base = {"ids": ids, "w": w, "tokens": len(rows), "request": np.asarray(trace.request[rows], np.int64),
-            "trace": str(trace_path), "trace_layers": spec.num_layers}
+            "trace": str(trace_path), "trace_layers": spec.num_layers, "order": order}
     if not forecast:
         return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
     if trace.hidden_TLH is None:

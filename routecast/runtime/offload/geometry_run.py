@@ -23,6 +23,7 @@ from typing import Any
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.geometry import (
     DEFAULT_LAYERS,
+    ORDERS,
     WEIGHT_NOTE,
     Geometry,
     GeometryRun,
@@ -43,11 +44,12 @@ FIG_KEYS = ("s_per_token", "hit_ratio", "hits", "misses", "reads", "bytes_read",
 def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, layers: int | None = None, tokens: int = 24,
                   warmup: int = 16, budget: str = "50%", policy: str = "lru", prefetch: str = "none",
                   baseline: str = "lru", loader_threads: int = 2, direct: bool = True,
-                  weights_dir: str | Path = "out/geometry") -> dict[str, Any]:
+                  weights_dir: str | Path = "out/geometry", order: str = "step") -> dict[str, Any]:
     """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
     'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
-    name, or a Geometry (tests: a tiny one; `layers` is then its own). Every flag is checked before the weights are
-    written or the trace is read."""
+    name, or a Geometry (tests: a tiny one; `layers` is then its own). order: the decode tokens' order
+    (geometry.trace_routing: 'step' or 'request'). Every flag is checked before the weights are written or the
+    trace is read."""
     from routecast.cache.replay import parse_budget
     from routecast.trace.standard import standard_trace
 
@@ -66,6 +68,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     if tokens < 1 or warmup < 0:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
+    if order not in ORDERS:
+        raise ConfigError(f"--geometry-order is {order!r}; expected one of {', '.join(ORDERS)}.")
     if loader_threads < 1:
         raise ConfigError(f"--loader-threads is {loader_threads}; expected at least 1.")
     n_keys = geom.layers * geom.experts
@@ -74,10 +78,11 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     if not (trace / "trace.json").is_file():
         raise ConfigError(f"--routing {trace}: no trace there; expected a folder written by `routecast trace capture`.")
     pf = prefetch == "lookahead"
-    route = trace_routing(trace, geom, warmup + tokens, forecast=pf)
+    route = trace_routing(trace, geom, warmup + tokens, forecast=pf, order=order)
     print(f"{geom.name} geometry: {geom.layers} MoE layers (scaled to this disk; --geometry-layers) x {geom.experts} "
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; budget {slots} of {n_keys} experts; "
-          f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace}, geometry layer g <- "
+          f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace} in {order} order, "
+          f"geometry layer g <- "
           f"trace layer g mod {route['trace_layers']}", flush=True)
     t0 = time.perf_counter()
     path = write_weights(weights_dir, geom)
@@ -104,7 +109,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
                        "measured_vs_replay": r["s_per_token"] / rep["s_per_token"] - 1}
         print(format_run(label, runs[label]), flush=True)
     out = {"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "budget": slots, "experts_total": n_keys,
-           "trace": str(trace), "warmup": warmup, "tokens": tokens, "tier_read_s": read_s, "note": WEIGHT_NOTE,
+           "trace": str(trace), "order": order, "warmup": warmup, "tokens": tokens, "tier_read_s": read_s, "note": WEIGHT_NOTE,
            "loader_threads": loader_threads, "runs": runs, "bound": eviction_bound(geom, route, slots),
            "load_average": os.getloadavg()[0]}
     first, *rest = runs
