@@ -65,13 +65,13 @@ def add_parser(sub: Any) -> None:
                    "standard 'fine' trace, captured into out/traces on first use)")
     g.add_argument("--geometry-layers", type=N.positive(1024), default=None,
                    help="MoE layers written (default 4; mixtral-8x7b 2: 4.4 / 5.6 GB)")
-    g.add_argument("--geometry-tokens", type=N.positive(1 << 20), default=24, help="decode tokens timed (default 24)")
-    g.add_argument("--geometry-warmup", type=N.nonneg(1 << 20), default=16,
+    g.add_argument("--geometry-tokens", type=N.positive(1 << 20), default=None, help="decode tokens timed (default 24)")
+    g.add_argument("--geometry-warmup", type=N.nonneg(1 << 20), default=None,
                    help="decode tokens run untimed first, to warm the fast tier (default 16)")
-    g.add_argument("--geometry-order", default="step", help="decode tokens in the trace's serving order (step: one token "
+    g.add_argument("--geometry-order", default=None, help="decode tokens in the trace's serving order (step: one token "
                    "of each request in flight in turn) or one request after the other (request)")
-    g.add_argument("--baseline", default="lru", help="policy run after --policy for the ratio (default lru; none = skip)")
-    g.add_argument("--weights-dir", default="out/geometry", help="where the random weights are written once (default out/geometry)")
+    g.add_argument("--baseline", default=None, help="policy run after --policy for the ratio (default lru; none = skip)")
+    g.add_argument("--weights-dir", default=None, help="where the random weights are written once (default out/geometry)")
     p.set_defaults(fn=cmd_run)
 
 
@@ -82,6 +82,10 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     if a.geometry is not None:
         return cmd_geometry(a)
+    given = [f"--{k.replace('_', '-')}" for k in GEOMETRY_ONLY if getattr(a, k) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} {'acts' if len(given) == 1 else 'act'} on a --geometry run; expected "
+                          "--offload --geometry NAME with it.")
     if a.prefetch not in PREFETCHERS:
         raise ConfigError(f"--prefetch is {a.prefetch!r}; expected one of {', '.join(PREFETCHERS)}.")
     if a.max_new_tokens < 1:
@@ -115,6 +119,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
+GEOMETRY_ONLY = ("routing", "geometry_layers", "geometry_tokens", "geometry_warmup", "geometry_order", "baseline",
+                 "weights_dir")
 
 
 def cmd_geometry(a: argparse.Namespace) -> int:
@@ -134,10 +140,13 @@ def cmd_geometry(a: argparse.Namespace) -> int:
         check_out_file(a.figures, "--figures")
     from routecast.runtime.offload.geometry_run import format_geometry, geometry_main
 
-    res = geometry_main(a.geometry, routing=a.routing, layers=a.geometry_layers, tokens=a.geometry_tokens,
-                        warmup=a.geometry_warmup, budget=a.budget, policy=a.policy, prefetch=a.prefetch,
-                        baseline=a.baseline, loader_threads=a.loader_threads, direct=not a.no_direct,
-                        weights_dir=a.weights_dir, order=a.geometry_order)
+    def given(x, default):
+        return default if x is None else x
+
+    res = geometry_main(a.geometry, routing=a.routing, layers=a.geometry_layers, tokens=given(a.geometry_tokens, 24),
+                        warmup=given(a.geometry_warmup, 16), budget=a.budget, policy=a.policy, prefetch=a.prefetch,
+                        baseline=given(a.baseline, "lru"), loader_threads=a.loader_threads, direct=not a.no_direct,
+                        weights_dir=given(a.weights_dir, "out/geometry"), order=given(a.geometry_order, "step"))
     print(format_geometry(res))
     if a.figures:
         write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")

@@ -91,3 +91,11 @@ def test_bad_flags_are_one_sentence_before_anything_is_written(args, needle, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not weights.exists()
+
+
+@pytest.mark.parametrize("flag", [["--routing", "out/traces/fine"], ["--geometry-order", "request"], ["--baseline", "lfu"],
+                                  ["--geometry-tokens", "8"], ["--weights-dir", "w"]])
+def test_geometry_flags_without_geometry_are_refused(flag, capsys) -> None:
+    assert main(["run", "--offload", "--prompts", "corpus:val:1", *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[0]} acts on a --geometry run" in err[0], err
