@@ -286,7 +286,19 @@ class WorkBudget(BaseException):
 _FIRED: list[bool] = []  # set in the child when its budget alarm fired
 
 
+def _numba_compiling() -> bool:
+    """Whether this thread holds numba's compiler lock (compiling, or loading a kernel from numba's disk cache)."""
+    lock = sys.modules.get("numba.core.compiler_lock")
+    return bool(lock is not None and lock.global_compiler_lock.is_locked())
+
+
 def _budget_spent(signum, frame):
+    # Never inside numba: an exception raised while LLVM objects are half built leaves them to be freed by a later
+    # garbage collection, which then crashes the process (SIGSEGV in llvmlite's dispose; seen in CI on a cold numba
+    # cache). The alarm is re-armed until the compile ends: the work budget runs a little over, inside LIMIT_S.
+    if _numba_compiling():
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return
     # The alarm can land inside a ctypes callback (numba's object-cache hook while it compiles), where Python
     # prints the exception and drops it; the command then fails later for that reason (numba: "no compiled
     # object yet"). _FIRED records the alarm so whatever follows it counts as past the budget, not as a bug.
