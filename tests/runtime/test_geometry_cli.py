@@ -79,7 +79,7 @@ def test_lookahead_needs_router_inputs_of_a_model_whose_gates_it_has(hidden, nee
     (["--offload", "--geometry", "mixtral-8x7b", "--prefetch", "ffn"], "expected none or lookahead"),
     (["--offload", "--geometry", "mixtral-8x7b", "--fallback"], "--fallback acts on a model run"),
     (["--offload", "--geometry", "mixtral-8x7b", "--policy", "mru"], "--policy is 'mru'"),
-    (["--offload", "--geometry", "mixtral-8x7b", "--baseline", "fifo"], "--policy is 'fifo'"),
+    (["--offload", "--geometry", "mixtral-8x7b", "--baseline", "fifo"], "--baseline is 'fifo'; expected none or one of"),
     (["--offload", "--geometry", "mixtral-8x7b", "--budget", "0%"], "--budget is '0%'"),
     (["--offload", "--geometry", "mixtral-8x7b", "--geometry-layers", "0"], "--geometry-layers"),
     (["--offload", "--geometry", "mixtral-8x7b", "--routing", "/nonexistent/trace"], "no trace there"),

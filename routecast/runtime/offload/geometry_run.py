@@ -34,7 +34,7 @@ from routecast.runtime.offload.geometry import (
     trace_routing,
     write_weights,
 )
-from routecast.runtime.offload.store import check_runtime_policy
+from routecast.runtime.offload.store import RUNTIME_POLICIES, check_runtime_policy
 from routecast.runtime.offload.tier import measure_concurrency
 
 FIG_KEYS = ("s_per_token", "hit_ratio", "hits", "misses", "reads", "bytes_read", "read_s_per_expert",
@@ -60,8 +60,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     else:
         geom = geometry(name, DEFAULT_LAYERS[name] if layers is None else layers)
     check_runtime_policy(policy)
-    if baseline != "none":
-        check_runtime_policy(baseline)
+    if baseline != "none" and baseline not in RUNTIME_POLICIES:
+        raise ConfigError(f"--baseline is {baseline!r}; expected none or one of {', '.join(RUNTIME_POLICIES)}.")
     if prefetch not in ("none", "lookahead"):
         raise ConfigError(f"--prefetch is {prefetch!r} with --geometry; expected none or lookahead (PROBE's gates on the "
                           "trace's recorded router inputs: the geometry has no model to fit a predictor on).")
