@@ -31,11 +31,10 @@ def main_geometry(a) -> None:
     'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
     with the measured tier and compute)."""
     from routecast.runtime.offload.geometry import (
-        DEFAULT_LAYERS,
-        ORDERS,
         WEIGHT_NOTE,
         WEIGHTS_DIR,
         GeometryRun,
+        check_order,
         eviction_bound,
         first_tokens,
         geometry,
@@ -51,9 +50,7 @@ def main_geometry(a) -> None:
     def given(x, default):  # 0 is a value the checks below refuse, not "use the default"
         return default if x is None else x
 
-    if a.geometry not in DEFAULT_LAYERS:
-        geometry(a.geometry, 1)  # the one-sentence refusal of an unknown name
-    layers = given(a.geometry_layers, DEFAULT_LAYERS[a.geometry])
+    geom = geometry(a.geometry, a.geometry_layers)
     tokens = given(a.geometry_tokens, 8 if q else 24)
     warm = given(a.geometry_warmup, 8 if q else 16)
     repeats = given(a.repeats, 1 if q else 3)
@@ -65,14 +62,12 @@ def main_geometry(a) -> None:
     combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
-    if a.geometry_order not in ORDERS:
-        raise ConfigError(f"--geometry-order is {a.geometry_order!r}; expected one of {', '.join(ORDERS)}.")
+    check_order(a.geometry_order)
     if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
     if tokens < 1 or warm < 0 or repeats < 1:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warm} / --repeats {repeats}: expected at least "
                          "1 timed token, 0 or more warm-up tokens and at least 1 round.")
-    geom = geometry(a.geometry, layers)
     t_start, loads = time.time(), [os.getloadavg()[0]]
     path = write_weights(WEIGHTS_DIR, geom)
     trace = standard_trace("fine")

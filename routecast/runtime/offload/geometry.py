@@ -64,12 +64,13 @@ class Geometry:
         return 3 * self.hidden * self.ffn * 2
 
 
-def geometry(name: str, layers: int) -> Geometry:
-    """The routed-expert geometry of sim/models/NAME.toml with `layers` MoE layers."""
+def geometry(name: str, layers: int | None = None) -> Geometry:
+    """The routed-expert geometry of sim/models/NAME.toml with `layers` MoE layers (None: DEFAULT_LAYERS)."""
     from routecast.sim.models import load_model
 
     if name not in GEOMETRIES:
         raise ConfigError(f"--geometry is {name!r}; expected one of {', '.join(GEOMETRIES)}.")
+    layers = DEFAULT_LAYERS[name] if layers is None else layers
     if layers < 1:
         raise ConfigError(f"--geometry-layers is {layers}; expected at least 1.")
     m = load_model(name)
@@ -230,6 +231,12 @@ class GeometryRun:
 ORDERS = ("step", "request")
 
 
+def check_order(order: str) -> None:
+    """--geometry-order: one of ORDERS (trace_routing's docstring)."""
+    if order not in ORDERS:
+        raise ConfigError(f"--geometry-order is {order!r}; expected one of {', '.join(ORDERS)}.")
+
+
 def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True,
                   order: str = "step") -> dict[str, Any]:
     """The first `tokens` decode tokens of a captured trace -> {'ids', 'w' (T, L, K) the geometry's
@@ -241,8 +248,7 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     order: 'step' = the trace's own order (its serving schedule: one decode token of each request in flight in
     turn), 'request' = each request's decode tokens in a row, one request after the other (one user at a time,
     as an offloading runtime on one machine serves them and as benchmarks/offload.py's builtin-fine runs do)."""
-    if order not in ORDERS:
-        raise ConfigError(f"--geometry-order is {order!r}; expected one of {', '.join(ORDERS)}.")
+    check_order(order)
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
 

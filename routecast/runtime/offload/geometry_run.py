@@ -22,11 +22,10 @@ from typing import Any
 
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.geometry import (
-    DEFAULT_LAYERS,
-    ORDERS,
     WEIGHT_NOTE,
     Geometry,
     GeometryRun,
+    check_order,
     eviction_bound,
     geometry,
     replay_geometry,
@@ -53,12 +52,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     from routecast.cache.replay import parse_budget
     from routecast.trace.standard import standard_trace
 
-    if isinstance(name, Geometry):
-        geom = name
-    elif name not in DEFAULT_LAYERS:
-        raise ConfigError(f"--geometry is {name!r}; expected one of {', '.join(DEFAULT_LAYERS)}.")
-    else:
-        geom = geometry(name, DEFAULT_LAYERS[name] if layers is None else layers)
+    geom = name if isinstance(name, Geometry) else geometry(name, layers)
     check_runtime_policy(policy)
     if baseline != "none" and baseline not in RUNTIME_POLICIES:
         raise ConfigError(f"--baseline is {baseline!r}; expected none or one of {', '.join(RUNTIME_POLICIES)}.")
@@ -68,8 +62,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     if tokens < 1 or warmup < 0:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
-    if order not in ORDERS:
-        raise ConfigError(f"--geometry-order is {order!r}; expected one of {', '.join(ORDERS)}.")
+    check_order(order)
     if loader_threads < 1:
         raise ConfigError(f"--loader-threads is {loader_threads}; expected at least 1.")
     n_keys = geom.layers * geom.experts
@@ -82,8 +75,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     print(f"{geom.name} geometry: {geom.layers} MoE layers (scaled to this disk; --geometry-layers) x {geom.experts} "
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; budget {slots} of {n_keys} experts; "
           f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace} in {order} order, "
-          f"geometry layer g <- "
-          f"trace layer g mod {route['trace_layers']}", flush=True)
+          f"geometry layer g <- trace layer g mod {route['trace_layers']}", flush=True)
     t0 = time.perf_counter()
     path = write_weights(weights_dir, geom)
     if time.perf_counter() - t0 > 1.0:
