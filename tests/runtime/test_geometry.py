@@ -159,3 +159,26 @@ def test_concurrency_is_measured_per_reads_in_flight_into_the_stores_slots(weigh
             measure_concurrency(run.tier, [run.store.slot_dests(i) for i in range(2)], threads=(1, 4))
     finally:
         run.close()
+
+
+def test_weights_are_a_claimed_output_and_a_foreign_file_is_never_replaced(tmp_path) -> None:
+    from routecast.common.outputs import writes
+
+    @writes("--figures")
+    def command(a) -> int:  # a command that writes the weights, as `routecast run --geometry` does
+        write_weights(tmp_path / "w", TINY)
+        return 0
+
+    class Args:
+        figures = None
+
+    assert command(Args()) == 0  # no "wrote ... without claiming it"
+    foreign = tmp_path / "other"
+    foreign.mkdir()
+    (foreign / "tiny-3layers.safetensors").write_bytes(b"the user's")
+    with pytest.raises(ConfigError, match="was not written by routecast"):
+        write_weights(foreign, TINY)
+    assert (foreign / "tiny-3layers.safetensors").read_bytes() == b"the user's"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="--weights-dir"):
+        write_weights(tmp_path / "file" / "w", TINY)

@@ -85,14 +85,24 @@ def _random_bf16(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
-    """folder/NAME-Llayers.safetensors with geom's random expert weights (written once, reused) -> its path."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    """folder/NAME-Llayers.safetensors with geom's random expert weights (written once, reused) -> its path.
+    folder is claimed as the running command's output (--weights-dir); a file of that name not written here (no
+    sidecar) is refused, never replaced."""
+    from routecast.common.outputs import claim, os_error
+
+    folder = claim(folder, "--weights-dir", "dir")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error(e, "--weights-dir", folder) from None
     path = folder / f"{geom.name}-{geom.layers}layers.safetensors"
     meta = {**asdict(geom), "seed": seed, "note": WEIGHT_NOTE, "aligned": 4096}
     side = path.with_suffix(".json")
     if path.is_file() and side.is_file() and json.loads(side.read_text()) == meta:
         return path
+    if path.exists() and not side.is_file():  # not ours (ours always has its sidecar): never replaced
+        raise ConfigError(f"--weights-dir: {path} exists and was not written by routecast; expected another "
+                          "--weights-dir or that file removed.")
     E, H, I = geom.experts, geom.hidden, geom.ffn
     need = geom.layers * E * geom.expert_bytes
     free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
