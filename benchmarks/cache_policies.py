@@ -14,7 +14,9 @@ on all tasks but one, replayed on that one, 5 (or as many as there are tasks) pa
 non-expert time (dense 0 µs: the link is the bottleneck, as measured). Traces: standard_trace("fine") and
 standard_trace("mixtral-8x7b") (made on first use). Policies: kernel lru, lfu, lfuda, semoe, plec-correct,
 belady; objects arc, s3fifo, lirs (no prediction), fc-evict (forecast-guided eviction, zero extra bytes),
-fc-evict+admit and lirs+admit (cost-aware prefetch admission on top).
+fc-evict+admit and lirs+admit (cost-aware prefetch admission on top). On a trace with router inputs
+(builtin-fine) fc-evict also reads the reuse probe (predict/reuse_probe.py), fitted on the same training rows as
+the predictor; the row 'fc-evict [profiles only]' is fc-evict without it (the request profiles alone).
 
 Run: python benchmarks/cache_policies.py [--quick]   (quick: 2 folds, builtin-fine, h100-sxm only)
 Prints per trace / profile / mode a table (median and min-max), then per policy and budget
@@ -38,6 +40,7 @@ from routecast.cache.compare import compare_policies, is_predictive  # noqa: E40
 from routecast.cache.forecasts import forecast_sets  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
+from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps  # noqa: E402
 
 POLICIES = ["lru", "lfu", "lfuda", "arc", "s3fifo", "lirs", "semoe", "plec-correct", "fc-evict", "fc-evict+admit",
             "lirs+admit", "belady"]
@@ -45,6 +48,8 @@ BUDGETS = ["25%", "50%", "75%"]
 PROFILES = ["h100-sxm", "a100-sxm-80gb"]
 PREDICTOR = "conditional-token"
 ORACLE_ROW = "fc-evict [oracle sets]"  # an upper bound for the step's forecast, not a policy: never ranked
+PROFILES_ROW = "fc-evict [profiles only]"  # fc-evict without the reuse probe (an ablation; ranked as predictive)
+EXTRA_ROWS = [PROFILES_ROW, ORACLE_ROW]
 
 
 def parts(trace, mode: str, n: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -61,14 +66,22 @@ def parts(trace, mode: str, n: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
 def run_part(trace, train: np.ndarray, test: np.ndarray, budgets, profiles) -> dict[tuple[str, str], list[dict]]:
     pred = fit_or_load(PREDICTOR, trace, model=None, seed=0, threads=1, quiet=True, rows=train)
     sets, layer_ahead = forecast_sets(pred, trace, rows=test)
+    reuse = None
+    if trace.hidden_TLH is not None:  # fc-evict's forecast from the router inputs, fitted on the training rows only
+        reuse = probe_steps(fit_reuse_probe(trace, train), trace, test)
     out = {}
     for hw in profiles:
         for b in budgets:
             rows = compare_policies(trace, budget=b, hardware=hw, policies=POLICIES, mask=test, forecast=sets,
-                                    layer_ahead=layer_ahead)
+                                    layer_ahead=layer_ahead, reuse=reuse)
             # the ceiling of a within-step forecast: fc-evict on each step's true routing (not a predictor)
-            orc = compare_policies(trace, budget=b, hardware=hw, policies=["fc-evict"], mask=test, forecast="oracle")
+            orc = compare_policies(trace, budget=b, hardware=hw, policies=["fc-evict"], mask=test, forecast="oracle",
+                                   reuse=reuse)
             rows.append(dict(next(r for r in orc if r["policy"] == "fc-evict"), policy=ORACLE_ROW, predictive=False))
+            if reuse is not None:
+                pro = compare_policies(trace, budget=b, hardware=hw, policies=["fc-evict"], mask=test, forecast=sets,
+                                       layer_ahead=layer_ahead)
+                rows.append(dict(next(r for r in pro if r["policy"] == "fc-evict"), policy=PROFILES_ROW))
             out[(hw, b)] = rows
     return out
 
@@ -76,15 +89,17 @@ def run_part(trace, train: np.ndarray, test: np.ndarray, budgets, profiles) -> d
 def summarise(per_part: list[dict], key: tuple[str, str]) -> list[dict[str, Any]]:
     """Median and min-max over parts for each policy of one (profile, budget)."""
     rows = []
-    for name in [*POLICIES, ORACLE_ROW]:
-        got = [next(r for r in p[key] if r["policy"] == name) for p in per_part]
+    for name in [*POLICIES, *EXTRA_ROWS]:
+        got = [next((r for r in p[key] if r["policy"] == name), None) for p in per_part]
+        if any(g is None for g in got):  # PROFILES_ROW exists only with a reuse probe
+            continue
 
         def stat(k: str, got=got) -> tuple[float, float, float]:
             v = np.array([np.nan if g[k] is None else g[k] for g in got], float)
             return float(np.median(v)), float(np.min(v)), float(np.max(v))
 
         us, gap, hit, bpt = stat("us_per_token"), stat("time_gap_closed"), stat("hit_ratio"), stat("bytes_per_token")
-        rows.append({"policy": name, "budget": key[1], "predictive": name != ORACLE_ROW and is_predictive(name),
+        rows.append({"policy": name, "budget": key[1], "predictive": name != ORACLE_ROW and is_predictive(name.split(" [")[0]),
                      "us_per_token": us[0], "us_min": us[1], "us_max": us[2],
                      "time_gap_closed": gap[0], "gap_min": gap[1], "gap_max": gap[2], "hit": hit[0],
                      "bytes_per_token": bpt[0], "prefetch_bytes_unused": stat("prefetch_bytes_unused")[0],
@@ -96,11 +111,11 @@ def summarise(per_part: list[dict], key: tuple[str, str]) -> list[dict[str, Any]
 
 
 def fmt_table(rows: list[dict]) -> str:
-    head = f"{'policy':16} {'µs/token':>9} {'min-max':>15} {'time gap':>9} {'min-max':>15} {'hit':>6} {'B/token':>10} " \
+    head = f"{'policy':24} {'µs/token':>9} {'min-max':>15} {'time gap':>9} {'min-max':>15} {'hit':>6} {'B/token':>10} " \
            f"{'pf unused B/tok':>15} {'stall':>6}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['policy']:16} {r['us_per_token']:9.2f} {r['us_min']:7.2f}-{r['us_max']:<7.2f} "
+        lines.append(f"{r['policy']:24} {r['us_per_token']:9.2f} {r['us_min']:7.2f}-{r['us_max']:<7.2f} "
                      f"{100 * r['time_gap_closed']:8.1f}% {100 * r['gap_min']:6.1f}-{100 * r['gap_max']:<6.1f}% "
                      f"{r['hit']:6.3f} {r['bytes_per_token']:10.0f} {r['prefetch_bytes_unused'] / 1:15.0f} "
                      f"{r['stall_share']:6.2f}")
@@ -110,7 +125,7 @@ def fmt_table(rows: list[dict]) -> str:
 def claim_lines(block: str, rows_by_budget: dict[str, list[dict]], us_unit: float) -> list[str]:
     out = []
     for b in BUDGETS:
-        for r in sorted(rows_by_budget.get(b, []), key=lambda r: [*POLICIES, ORACLE_ROW].index(r["policy"])):
+        for r in sorted(rows_by_budget.get(b, []), key=lambda r: [*POLICIES, *EXTRA_ROWS].index(r["policy"])):
             out.append(f"{r['policy']} budget {b}: us_per_token {r['us_per_token']:.2f}, time_gap_closed "
                        f"{100 * r['time_gap_closed']:.1f}%, hit {r['hit']:.3f}, bytes_per_token {r['bytes_per_token']:.0f}")
     mid = rows_by_budget.get("50%")
@@ -154,6 +169,12 @@ def targets(block: str, rows_by_budget: dict[str, list[dict]], fine: bool) -> li
                    f"{100 * lru['stall_share']:.0f}% of LRU's time, so admission lets "
                    f"{adm['bytes_per_token'] - next(r for r in mid if r['policy'] == 'fc-evict')['bytes_per_token']:.0f}"
                    " extra bytes per token through")
+        pro = next((r for r in mid if r["policy"] == PROFILES_ROW), None)
+        if pro is not None:
+            fce = next(r for r in mid if r["policy"] == "fc-evict")
+            out.append(f"why [{block}] 50%: fc-evict with the reuse probe {fce['us_per_token']:.2f} µs/token, "
+                       f"{100 * fce['time_gap_closed']:.1f}% of the gap; with request profiles only "
+                       f"{pro['us_per_token']:.2f} µs/token, {100 * pro['time_gap_closed']:.1f}%")
     for b, rows in rows_by_budget.items():
         for r in rows:
             if r["policy"] in ("fc-evict", "fc-evict+admit") and r["slower_than_lru_parts"]:
@@ -177,7 +198,7 @@ def main() -> None:
     n_parts = 2 if a.quick else 5
     headline, tables, data = [], [], {}
     for label, std, mode in plan:
-        trace = read_trace(standard_trace(std), mmap=False, load_hidden=False, load_logits=False)
+        trace = read_trace(standard_trace(std), mmap=False, load_hidden=True, load_logits=False)
         per_part, names = [], []
         for name, train, test in parts(trace, mode, n_parts):
             print(f"{label}: {mode} part {name} ({int(test.sum())} tokens replayed)", flush=True)

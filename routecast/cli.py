@@ -217,7 +217,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
         a.trace, out=a.out, as_json=a.json, budget=a.budget, policies=a.policies, predictor=a.predictor,
         hardware=a.hardware, dense_us=a.dense_us, plec_fallback=a.plec_fallback, plec_depth=a.plec_depth,
         expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed, split=a.split,
-        threads=a.threads, quiet=a.quiet, score_all=a.score_all,
+        threads=a.threads, quiet=a.quiet, score_all=a.score_all, reuse_probe=a.reuse_probe,
     )
 
 
@@ -433,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how PLEC ranks experts with no predicted use left in the step (default lfu)")
     p.add_argument("--plec-depth", type=N.positive(1024), default=1, help="layers ahead PLEC prefetches (default 1)")
     p.add_argument("--train-fraction", type=N.fraction(hi_open=True), default=0.8, help="share of requests the predictor is fitted on")
+    p.add_argument("--reuse-probe", action="store_true",
+                   help="fc-evict also reads a probe of the router inputs fitted on the same rows (a trace with hidden states)")
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 

@@ -50,7 +50,7 @@ def cache_replay_main(trace_path: str | Path, *, out: str | Path | None = None, 
     if out:  # before any work: a directory or an unwritable place is refused, nothing left behind
         check_out_file(out, "--out")
     routers = kw.get("predictor") in NEEDS_ROUTER_INPUTS
-    trace = read_trace(trace_path, load_hidden=routers, load_logits=routers)
+    trace = read_trace(trace_path, load_hidden=routers or bool(kw.get("reuse_probe")), load_logits=routers)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)  # the temporary files go next to the output
     res = run_replay(trace, tmp_dir=Path(out).parent if out else None, **kw)

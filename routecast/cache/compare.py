@@ -60,15 +60,17 @@ def check_names(names: Sequence[str]) -> list[str]:
 def compare_policies(trace: Trace, *, budget: str | int, hardware: str | Hardware = "h100-sxm",
                      policies: Sequence[str] = ("lru", "lfu", "arc", "s3fifo", "lirs", "belady"),
                      mask: np.ndarray | None = None, forecast: Any = None, layer_ahead: bool = False,
-                     dense_us: float = 0.0, expert_bytes: int = 0) -> list[dict[str, Any]]:
+                     dense_us: float = 0.0, expert_bytes: int = 0,
+                     reuse: Sequence[np.ndarray] | None = None) -> list[dict[str, Any]]:
     """Replay `policies` (plus lru and belady) on `trace` -> rows ranked by us_per_token (module docstring).
 
     trace: a Trace (its rows `mask`, bool (T,), when given: e.g. held-out documents). budget: '50%', an expert
     count or bytes (replay.parse_budget). hardware: a profile name or Hardware (its h2d link moves experts).
     forecast: bool (S, L, E) predicted sets, one per replayed step (needed by predictive policies), or
     'oracle' (each step's true routing). layer_ahead: the forecast is layer-horizon. dense_us: non-expert µs
-    per layer. expert_bytes: 0 = the trace's. Every row also carries 'rank' (1 = fastest) and the budget in
-    slots. This signature is what advise/ calls: keep it stable.
+    per layer. expert_bytes: 0 = the trace's. reuse: predict.reuse_probe.probe_steps of the replayed rows
+    (fc-evict's forecast from the router inputs; None = request profiles only). Every row also carries 'rank'
+    (1 = fastest) and the budget in slots. This signature is what advise/ calls: keep it stable.
     """
     names = check_names(["lru", *policies, "belady"])
     sub = trace if mask is None else trace.select(np.asarray(mask, bool))
@@ -103,7 +105,7 @@ def compare_policies(trace: Trace, *, budget: str | int, hardware: str | Hardwar
             r = objreplay.replay_objects(n, acc.req_off, acc.req_key, comp, L, E, slots, xfer_s=cfg_xfer(cfg, eb),
                                          dense_s=dense_us * 1e-6, pred_SLE=None if forecast is None else
                                          np.asarray(forecast, bool), uses=uses, num_tokens=acc.num_tokens,
-                                         expert_bytes=eb)
+                                         expert_bytes=eb, reuse=reuse)
         r["predictive"] = is_predictive(n)
         rows.append(r)
     add_gap_closed(rows)

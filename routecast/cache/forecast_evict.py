@@ -13,6 +13,13 @@ Two forecasts, both causal (they use only routing already observed and what the 
   SelectedForecast keeps a short and a long memory of these profiles and uses, each step, the one whose
   forecasts so far had the lower log-loss on the steps observed.
 
+- **from the router inputs** (optional, ReuseMix): a reuse probe (predict/reuse_probe.py) reads each request's
+  token at layer l of this step and gives d̂_rk, the tokens until request r next uses key k; 1/d̂_rk is a
+  per-token hazard of reuse, mixed with the profile: pi'_rk = a/d̂_rk + (1 - a)·pi_rk, q_k as above, one q per
+  layer (row l only once layer l has run). a is chosen each step among 0, 1/2 and 1 by the log-loss of the
+  forecasts each made one step earlier for the step that followed, so a probe that does not transfer (text of
+  another task) falls back to the profiles by itself.
+
 ForecastEvictPolicy (a, "fc-evict") evicts the resident key whose predicted next use is farthest: keys
 forecast for a later layer of this step are needed at that layer (nearest kept); every other key at its
 expected next use above. Keys of the access being served go last (only when the pool is smaller than the
@@ -88,15 +95,21 @@ class ReuseForecast:
 
     def next_step_probs(self, requests: np.ndarray | None) -> np.ndarray:
         """(K,) probability that a step batching `requests` uses each key (trace-wide share for unknown ones)."""
-        gp = self.glob / self.glob_tokens if self.glob_tokens > 0 else np.zeros(self.K)
         if requests is None or len(requests) == 0:
-            return np.clip(gp, 0.0, 1.0)
-        log_miss = np.zeros(self.K)
-        for r in np.asarray(requests).tolist():
+            return np.clip(self._glob(), 0.0, 1.0)
+        return -np.expm1(np.log1p(-np.minimum(self.request_probs(requests), 0.999)).sum(0))
+
+    def _glob(self) -> np.ndarray:
+        return self.glob / self.glob_tokens if self.glob_tokens > 0 else np.zeros(self.K)
+
+    def request_probs(self, requests: np.ndarray) -> np.ndarray:
+        """(R, K) pi_rk: each request's share of recent tokens routed to each key (the trace-wide share mixed in)."""
+        gp = self._glob()
+        out = np.empty((len(requests), self.K))
+        for i, r in enumerate(np.asarray(requests).tolist()):
             c = self.prof.get(r)
-            pi = gp if c is None else (c + self.prior * gp) / (self.mass[r] + self.prior)
-            log_miss += np.log1p(-np.minimum(pi, 0.999))
-        return -np.expm1(log_miss)
+            out[i] = gp if c is None else (c + self.prior * gp) / (self.mass[r] + self.prior)
+        return out
 
     def observe(self, use: StepUse) -> None:
         """Fold one step's routing into the profiles (decay by the request's tokens in the step first)."""
@@ -140,6 +153,10 @@ class SelectedForecast:
         self._q = [f.next_step_probs(requests) for f in self.subs]
         return self._q[self.chosen]
 
+    def request_probs(self, requests: np.ndarray) -> np.ndarray:
+        """(R, K) per-request shares of the memory chosen now (ReuseForecast.request_probs)."""
+        return self.subs[self.chosen].request_probs(requests)
+
     def observe(self, use: StepUse) -> None:
         if self._q is not None:  # score the forecasts made for this step, then learn from it
             used = np.zeros(self.K, bool)
@@ -150,6 +167,38 @@ class SelectedForecast:
             self._q = None
         for f in self.subs:
             f.observe(use)
+
+
+class ReuseMix:
+    """Per-layer next-step use probabilities from a reuse probe's log d̂ mixed with request profiles (module
+    docstring): probs(pi (R, K), logd (R, L, K)) -> q (L, K) of the mix chosen now; observe(StepUse) scores the
+    forecasts made a step earlier against the keys that step used, as SelectedForecast does."""
+
+    ALPHAS = (0.0, 0.5, 1.0)
+
+    def __init__(self) -> None:
+        self.loss = np.zeros(len(self.ALPHAS))
+        self._made: np.ndarray | None = None  # (3, L, K) made this step, for the next one
+        self._due: np.ndarray | None = None  # made a step earlier, for this one
+
+    @property
+    def chosen(self) -> int:
+        return int(np.argmin(self.loss))
+
+    def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray) -> np.ndarray:
+        hz = np.exp(-np.asarray(logd_RLK, np.float64))
+        a = np.asarray(self.ALPHAS)[:, None, None, None]
+        mix = a * hz[None] + (1.0 - a) * pi_RK[None, :, None, :]
+        self._made = -np.expm1(np.log1p(-np.minimum(mix, 0.999)).sum(1))
+        return self._made[self.chosen]
+
+    def observe(self, use: StepUse | None) -> None:
+        if use is not None and self._due is not None:
+            used = np.zeros(self._due.shape[2], bool)
+            used[use.keys] = True
+            q = np.clip(self._due.mean(1), 1e-4, 1 - 1e-4)
+            self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+        self._due, self._made = self._made, None
 
 
 class ForecastEvictPolicy(BasePolicy):
@@ -172,6 +221,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.tick = 0.0
         self.q = np.zeros(L * E)
         self.fset = np.zeros(L * E, bool)
+        self.mix = ReuseMix()
+        self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self.layer = 0
         self.cur: set[int] = set()
         self.n = 0
@@ -206,21 +257,32 @@ class ForecastEvictPolicy(BasePolicy):
             self.res[key] = False
             self.n -= 1
 
-    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
+                   reuse_RLK: np.ndarray | None = None) -> None:
+        """reuse_RLK: a reuse probe's log d̂ for the step's `requests` (same order); row l is read only from
+        layer l on (module docstring)."""
         self.q = self.fc.next_step_probs(requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
+        self.qL = None
+        if reuse_RLK is not None and requests is not None and len(requests):
+            if reuse_RLK.shape != (len(requests), self.L, self.L * self.E):
+                raise ValueError(f"fc-evict: reuse forecast has shape {reuse_RLK.shape}; expected "
+                                 f"({len(requests)}, {self.L}, {self.L * self.E}), one row per request of the step.")
+            self.qL = self.mix.probs(self.fc.request_probs(requests), reuse_RLK)
         self.layer, self.cur = 0, set()
         self.ver += 1
 
     def end_step(self, observed: StepUse | None = None) -> None:
         if observed is not None and self.owns_fc:
             self.fc.observe(observed)
+        self.mix.observe(observed if self.qL is not None else None)
 
     def next_use(self, keys: np.ndarray, layer: int) -> np.ndarray:
         """(n,) predicted next use of `keys`, in accesses from layer `layer` of this step."""
         lk = keys // self.E
         off = np.where(lk > layer, lk - layer, self.L - layer + lk).astype(np.float64)
-        far = off + self.L * (1.0 / np.maximum(self.q[keys], 1e-9) - 1.0)
+        q = self.q if self.qL is None else self.qL[layer]
+        far = off + self.L * (1.0 / np.maximum(q[keys], 1e-9) - 1.0)
         return np.where(self.fset[keys] & (lk > layer), off, far)
 
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:

@@ -2,7 +2,7 @@
 
     forecast_sets(predictor, trace, rows=) -> (per-step predicted batch sets (S, L, E), layer_ahead)
     make_forecast(trace, predictor, ...) -> (held-out row mask, sets, layer_ahead, what it was fitted on)
-    run_replay(trace, budget=, policies=, predictor=, ...) -> {"settings", "rows"} (fastest first)
+    run_replay(trace, budget=, policies=, predictor=, reuse_probe=, ...) -> {"settings", "rows"} (fastest first)
 
 With a forecast policy (plec, plec-correct, fc-evict) and a predictor, the predictor is fitted on train_fraction
 of the documents (Trace.heldout_split: by request when the trace records no documents) and every policy is
@@ -33,6 +33,7 @@ from routecast.predict.evaluate import (
     trace_fingerprint,
 )
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
+from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps
 from routecast.trace import Trace
 
 
@@ -157,14 +158,16 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
                expert_bytes: int = 0, model: str | None = None, train_fraction: float = 0.8, seed: int = 0,
                split: str = "document", threads: int = 1, quiet: bool = True,
                tmp_dir: str | Path | None = None, score_all: bool = False,
-               forecast: tuple[np.ndarray | None, Any, bool, str] | None = None) -> dict[str, Any]:
+               forecast: tuple[np.ndarray | None, Any, bool, str] | None = None,
+               reuse_probe: bool = False) -> dict[str, Any]:
     """The whole replay as a dict: settings and one row per policy (LRU and Belady always included), fastest
     first. Kernel policies stream the trace; with a policy object (arc, s3fifo, lirs, fc-evict, +admit) every
     policy replays the replayed rows in memory (cache.compare.compare_policies), with the same time model.
 
     tmp_dir: where the temporary files go (the bit-packed forecast, Belady's next use; None = the system's
     temporary directory); they are removed at the end. forecast: make_forecast's result (made in memory),
-    reused across budgets; else made here from `predictor`, bit-packed in tmp_dir."""
+    reused across budgets; else made here from `predictor`, bit-packed in tmp_dir. reuse_probe: fc-evict also
+    reads a reuse probe of the router inputs (predict/reuse_probe.py), fitted on the predictor's training rows."""
     from routecast.sim.hardware import load_hardware
 
     names = parse_policies(policies)
@@ -174,6 +177,8 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
         raise ConfigError(f"--expert-bytes is {expert_bytes}; expected a positive byte count (0 = the trace's spec).")
     eb = expert_bytes or trace.spec.expert_bytes
     s = trace.spec
+    if reuse_probe:
+        _check_reuse_probe(trace, names, predictor, score_all)
     slots = parse_budget(budget, s.num_layers * s.num_experts, eb)
     cfg = ReplayConfig(budget=slots, hardware=load_hardware(hardware), dense_us=dense_us, plec_fallback=plec_fallback,
                        plec_depth=plec_depth, expert_bytes=eb)
@@ -196,8 +201,13 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
             rows.sort(key=lambda r: r["us_per_token"])
         else:
             sets = pred_SLE[0:pred_SLE.shape[0]] if isinstance(pred_SLE, PackedSets) else pred_SLE
+            reuse = None
+            if reuse_probe:  # fitted on the rows the predictor was fitted on, never on the replayed ones
+                reuse = probe_steps(fit_reuse_probe(trace, ~test), trace, test)
+                fitted += "; reuse probe fitted on the same rows"
             rows = compare_policies(trace, budget=slots, hardware=cfg.hardware, policies=names, mask=test,
-                                    forecast=sets, layer_ahead=layer_ahead, dense_us=dense_us, expert_bytes=eb)
+                                    forecast=sets, layer_ahead=layer_ahead, dense_us=dense_us, expert_bytes=eb,
+                                    reuse=reuse)
             for r in rows:
                 r["shown"] = r["policy"] in names
         if made_here and isinstance(pred_SLE, PackedSets):
@@ -206,6 +216,21 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
         "settings": {"budget_slots": slots, "budget_fraction": slots / (s.num_layers * s.num_experts),
                      "hardware": cfg.hardware.name, "expert_bytes": eb, "dense_us": dense_us,
                      "plec_fallback": plec_fallback, "plec_depth": plec_depth, "predictor": fitted,
-                     "replayed_tokens": replayed, "layers": s.num_layers, "experts": s.num_experts},
+                     "replayed_tokens": replayed, "layers": s.num_layers, "experts": s.num_experts,
+                     "reuse_probe": reuse_probe},
         "rows": rows,
     }
+
+
+def _check_reuse_probe(trace: Trace, names: Sequence[str], predictor: str | None, score_all: bool) -> None:
+    """--reuse-probe's refusals, before any work: it is read by fc-evict, fitted on a held-out split, from router
+    inputs."""
+    if not any(n.split("+")[0] == "fc-evict" for n in names):
+        raise ConfigError("--reuse-probe is read by fc-evict only; expected fc-evict or fc-evict+admit in --policies.")
+    if predictor == "oracle" or score_all:
+        raise ConfigError("--reuse-probe is fitted on the predictor's training rows; with "
+                          f"{'--score-all' if score_all else '--predictor oracle'} there are none: expected a predictor "
+                          "name or a folder fitted on this trace.")
+    if trace.hidden_TLH is None:
+        raise ConfigError("--reuse-probe reads router inputs; the trace has none (hidden_TLH): expected a trace captured "
+                          "with hidden states.")

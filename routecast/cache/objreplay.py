@@ -13,7 +13,7 @@ Per access (step s, layer l), as kernel.replay_window with demand loads queued F
    router) - (when the link frees), the victim the policy would evict and its reuse probability; admitted
    ones are queued behind the demand loads and W shrinks by a transfer each.
 
-Before each step the policies get begin_step(requests, the step's forecast sets); after it end_step(the step's
+Before each step the policies get begin_step(requests, the step's forecast sets, reuse forecasts); after it end_step(the step's
 routing per request, a forecast_evict.StepUse). Without prefetches the decisions and the time are the kernel's
 for lru and lfu, exactly (tests/cache/test_zoo.py).
 """
@@ -64,11 +64,13 @@ def step_uses(trace: Trace) -> tuple[np.ndarray, list[StepUse]]:
 def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: np.ndarray, L: int, E: int,
                    budget: int, *, xfer_s: float, dense_s: float = 0.0, per_layer: bool = False,
                    pred_SLE: np.ndarray | None = None, uses: Sequence[StepUse] | None = None,
-                   num_tokens: int = 0, expert_bytes: int = 0) -> dict[str, Any]:
+                   num_tokens: int = 0, expert_bytes: int = 0,
+                   reuse: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,), comp_s (N,) compute seconds) under policy object `name`
     (zoo.py; NAME+admit adds prefetch admission) -> the metrics dict of replay.PolicyRun.result plus
     prefetch_bytes_unused and demand_stall_s. pred_SLE: bool (S, L, E) forecast sets (fc-evict, +admit); uses:
-    one StepUse per step (request profiles; None = none known)."""
+    one StepUse per step (request profiles; None = none known); reuse: per step a reuse probe's log d̂ (R, L, L·E)
+    for that step's requests (uses[s].requests order; fc-evict's forecast from the router inputs)."""
     base, admit = split_name(name)
     A = len(req_off) - 1
     if A % L:
@@ -78,6 +80,9 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
         raise ConfigError(f"forecast sets have shape {tuple(pred_SLE.shape)}; expected ({S}, {L}, {E}).")
     if uses is not None and len(uses) != S:
         raise ConfigError(f"{len(uses)} steps of request routing for {S} replayed steps; expected one per step.")
+    if reuse is not None and (uses is None or len(reuse) != S):
+        raise ConfigError(f"reuse forecasts for {len(reuse)} steps of {S} replayed ones; expected one per step, "
+                          "with the steps' request routing.")
     n_pools = L if per_layer else 1
     cap = [budget // n_pools + (1 if i < budget % n_pools else 0) for i in range(n_pools)]
     if min(cap) < 1:
@@ -98,8 +103,9 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
     for s in range(S):
         rq = uses[s].requests if uses is not None else None
         fc = pred_SLE[s] if pred_SLE is not None else None
+        ru = reuse[s] if reuse is not None else None
         for p in pols:
-            p.begin_step(rq, fc)
+            p.begin_step(rq, fc, ru)
         if adm is not None:
             adm.begin_step(rq, fc)
         for lay in range(L):

@@ -35,7 +35,7 @@ class BasePolicy:
     below, incoming)`` (the resident key to evict, -1 if none may go; ``incoming`` is the key that needs the slot,
     -1 for none known). The driver calls, on a miss in a full pool: ``v = victim(...)``, ``remove(v)``,
     ``admit(key)``. Forecast hooks (no-ops unless a policy uses them): ``mark_predicted`` / ``mark_spent`` (PLEC
-    marks within a step), ``begin_step(requests, forecast_LE)`` before a forward step, ``end_step(observed)``
+    marks within a step), ``begin_step(requests, forecast_LE, reuse_RLK)`` before a forward step, ``end_step(observed)``
     after it (observed: a StepUse of the step's routing per request, or None where the driver has none).
     """
 
@@ -68,7 +68,8 @@ class BasePolicy:
     def mark_spent(self, keys: Iterable[int], used: set[int]) -> list[int]:
         return []
 
-    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
+                   reuse_RLK: np.ndarray | None = None) -> None:
         return None
 
     def end_step(self, observed: Any = None) -> None:

@@ -117,3 +117,25 @@ def test_score_all_scores_a_predictor_from_another_trace_on_every_row(small, tmp
     assert main(["cache", "replay", str(d), "--predictor", "conditional-token", "--score-all", "--quiet",
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "--score-all" in capsys.readouterr().err
+
+
+def test_reuse_probe_flag_fits_on_the_training_rows_and_refuses_what_it_cannot_read(tmp_path, capsys):
+    tr = build_small_trace(num_requests=10, num_experts=8, hidden=6)
+    d = write_trace(dataclasses.replace(tr, spec=dataclasses.replace(tr.spec, expert_bytes=1 << 20)), tmp_path / "t")
+    out = tmp_path / "r.json"
+    assert main(["cache", "replay", str(d), "--policies", "lru,fc-evict", "--reuse-probe", "--out", str(out),
+                 "--quiet"]) == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["reuse_probe"] and "reuse probe fitted on the same rows" in res["settings"]["predictor"]
+    rows = {r["policy"]: r for r in res["rows"]}
+    assert rows["fc-evict"]["demand_loads"] >= rows["belady"]["demand_loads"]
+    no_hidden = write_trace(build_small_trace(num_requests=10, num_experts=8), tmp_path / "n")
+    for trace, args, want in ((d, ["--policies", "lru"], "fc-evict only"),
+                              (d, ["--policies", "fc-evict", "--predictor", "oracle"], "--predictor oracle"),
+                              (no_hidden, ["--policies", "fc-evict"], "router inputs")):
+        capsys.readouterr()
+        assert main(["cache", "replay", str(trace), "--reuse-probe", "--quiet", "--out", str(tmp_path / "x.json"),
+                     *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert want in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "x.json").exists()

@@ -13,6 +13,7 @@ from routecast.cache.compare import compare_policies
 from routecast.cache.forecast_evict import (
     ForecastEvictPolicy,
     ReuseForecast,
+    ReuseMix,
     SelectedForecast,
     StepUse,
     admit_prefetch,
@@ -289,3 +290,57 @@ def test_trace_wide_share_counts_request_steps_not_tokens():
                        tokens=np.array([1])))
     q = fc.next_step_probs(np.array([7]))  # request 7 has no profile: the trace-wide share alone
     assert q[1] == pytest.approx(q[2]) == pytest.approx(0.5) and q[0] == q[3] == 0.0
+
+
+@pytest.mark.parametrize("informative", [True, False])
+def test_reuse_mix_scores_each_mix_on_the_step_after_its_forecast(informative):
+    """A probe that names the next step's keys (1 token away) wins over the profile (a = 1 chosen); one that names
+    the wrong keys loses (a = 0, the profiles alone). Each forecast is scored on the step after the one it was made in."""
+    rng = np.random.default_rng(0)
+    L, E = 2, 8
+    K = L * E
+    sel, mix = SelectedForecast(K), ReuseMix()
+    keys = [np.unique(rng.choice(K, 4, replace=False)) for _ in range(60)]
+    for s in range(59):
+        nxt = keys[s + 1] if informative else np.setdiff1d(np.arange(K), keys[s + 1])[:4]
+        logd = np.full((1, L, K), np.log(32.0))
+        logd[0, :, nxt] = 0.0
+        sel.next_step_probs(np.array([0]))
+        mix.probs(sel.request_probs(np.array([0])), logd)
+        mix.observe(_step(0, keys[s]))
+        sel.observe(_step(0, keys[s]))
+    assert mix.chosen == (2 if informative else 0)
+
+
+def test_fc_evict_reads_the_reuse_row_of_the_running_layer_only():
+    """Evicting at layer l reads row l of the step's reuse forecast: changing later rows changes nothing there."""
+    L, E = 3, 4
+    pol = ForecastEvictPolicy(6, L=L, E=E)
+    logd = np.random.default_rng(1).uniform(0, 3, (2, L, L * E))
+    keys = np.arange(L * E)
+    pol.begin_step(np.array([0, 1]), None, logd)
+    base = [pol.next_use(keys, lay) for lay in range(L)]
+    for lay in range(L):
+        other = logd.copy()
+        other[:, lay + 1:] = 0.0
+        pol.begin_step(np.array([0, 1]), None, other)
+        np.testing.assert_array_equal(pol.next_use(keys, lay), base[lay])
+    with pytest.raises(ValueError, match="one row per request of the step"):
+        pol.begin_step(np.array([0]), None, logd)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=trace_args, frac=st.floats(0.05, 1.0))
+def test_fc_evict_with_reuse_forecasts_keeps_the_budget_and_never_beats_belady(args, frac):
+    seed, L, E, k, steps, per_step = args
+    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
+    budget = max(1, int(round(frac * L * E)))
+    _, uses = step_uses(tr)
+    rng = np.random.default_rng(seed)
+    reuse = [rng.uniform(0, 4, (len(u.requests), L, L * E)) for u in uses]
+    rows = {r["policy"]: r for r in compare_policies(tr, budget=budget, hardware=HW, policies=["fc-evict"],
+                                                       forecast="oracle", reuse=reuse)}
+    assert rows["fc-evict"]["demand_loads"] >= rows["belady"]["demand_loads"]
+    assert rows["fc-evict"]["stall_s"] >= -1e-12
+    with pytest.raises(ConfigError, match="expected one per step"):
+        compare_policies(tr, budget=budget, hardware=HW, policies=["fc-evict"], forecast="oracle", reuse=reuse[1:])

@@ -1,0 +1,127 @@
+"""Reuse probe: from a token's router inputs, how many tokens until its request next uses each expert.
+
+Legend: T tokens, L MoE layers, E experts per layer, K = L·E keys (layer·E + expert), H hidden size, n rows,
+R requests of one step.
+
+The cache's beyond-step forecast (cache/forecast_evict.py) knows a request's recent experts; it does not know
+where the text goes next. The router inputs of the token a request is decoding carry that: the next token is
+sampled from them. For each layer l, a ridge regression maps the router inputs of layers 0..l of a request's
+token t (concatenated, with a bias) to log d_k, d_k = positions from t to the request's next token routed to
+key k, capped at `cap` (also when the request ends first):
+
+    log d̂_Lk(t) = [h_0(t), ..., h_l(t), 1] · W_l[:, k]        W_l = (XᵀX + λI)⁻¹ Xᵀ log D
+
+Row l needs only the router inputs up to layer l, so a cache evicting at layer l of a step reads row l of the
+step's forecast and nothing it could not know yet (DESIGN's causality rule). Fitted on training documents
+only; the replay reads the held-out ones. 1/d̂ is then a per-token hazard of reuse, which the cache mixes with
+the request's profile (forecast_evict.ReuseMix).
+
+    fit_reuse_probe(trace, rows=None, cap=32, lam=1.0) -> ReuseProbe
+    ReuseProbe.predict(hidden_nLH) -> log d̂ (n, L, K)
+    probe_steps(probe, trace, rows=None) -> one (R, L, K) float32 array per step (requests in ascending order)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from routecast.common.errors import ConfigError
+from routecast.trace import Trace
+
+
+@dataclass(frozen=True)
+class ReuseProbe:
+    """W_l (one per layer, ((l+1)·H + 1, K) float64): ridge weights from router inputs to log tokens-to-reuse."""
+
+    weights: tuple[np.ndarray, ...]
+    cap: int
+    num_layers: int
+    num_experts: int
+    hidden_size: int
+
+    def predict(self, hidden_nLH: np.ndarray) -> np.ndarray:
+        """Router inputs (n, L, H) -> log d̂ (n, L, K) float32, clipped to [0, log cap] (row l reads layers <= l)."""
+        h = np.asarray(hidden_nLH, np.float64)
+        n, L, H = h.shape
+        if (L, H) != (self.num_layers, self.hidden_size):
+            raise ConfigError(f"reuse probe: router inputs have shape (n, {L}, {H}); expected (n, {self.num_layers}, "
+                              f"{self.hidden_size}), the shape it was fitted on.")
+        out = np.empty((n, L, self.num_layers * self.num_experts), np.float32)
+        for lay, w in enumerate(self.weights):
+            out[:, lay] = np.clip(_features(h, lay) @ w, 0.0, np.log(self.cap))
+        return out
+
+
+def _features(h_nLH: np.ndarray, layer: int) -> np.ndarray:
+    n = h_nLH.shape[0]
+    return np.hstack([h_nLH[:, :layer + 1].reshape(n, -1), np.ones((n, 1))])
+
+
+def _router_inputs(trace: Trace, where: str) -> np.ndarray:
+    if trace.hidden_TLH is None:
+        raise ConfigError(f"{where}: the trace has no router inputs (hidden_TLH); expected a trace captured with "
+                          "hidden states (routecast capture --hidden) or read with load_hidden=True.")
+    return trace.hidden_TLH
+
+
+def reuse_distances(request_n: np.ndarray, position_n: np.ndarray, keys_nLK: np.ndarray, E: int,
+                    cap: int) -> np.ndarray:
+    """Rows sorted by (request, position); experts (n, L, k) (-1 = dropped) -> d (n, L·E) float64: positions to
+    the same request's next row routed to each key, capped at cap (cap where it never is)."""
+    n, L, _ = keys_nLK.shape
+    used = np.zeros((n, L * E), bool)
+    ok = keys_nLK >= 0
+    rows = np.broadcast_to(np.arange(n)[:, None, None], keys_nLK.shape)[ok]
+    used[rows, (np.arange(L)[None, :, None] * E + keys_nLK)[ok]] = True
+    # next row (strictly after) using each key: a reversed running minimum of the row index where used; a hit in
+    # a later request is no reuse (its rows come after all of this request's)
+    idx = np.where(used, np.arange(n)[:, None], n)
+    nxt = np.minimum.accumulate(idx[::-1], axis=0)[::-1]
+    nxt = np.vstack([nxt[1:], np.full((1, L * E), n)])
+    req = np.append(np.asarray(request_n), -1)
+    pos = np.append(np.asarray(position_n, np.float64), np.inf)
+    same = req[nxt] == req[:n, None]
+    return np.where(same, np.minimum(pos[nxt] - pos[:n, None], cap), float(cap))
+
+
+def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 32, lam: float = 1.0) -> ReuseProbe:
+    """Fit the probe on `rows` (bool (T,); None = all) of a trace with router inputs (module docstring)."""
+    if cap < 2 or not np.isfinite(lam) or lam <= 0:
+        raise ConfigError(f"reuse probe: cap {cap} and lam {lam}; expected cap >= 2 tokens and lam > 0.")
+    hid = _router_inputs(trace, "reuse probe")
+    s = trace.spec
+    idx = np.arange(trace.num_tokens) if rows is None else np.flatnonzero(np.asarray(rows, bool))
+    if len(idx) < 2:
+        raise ConfigError(f"reuse probe: {len(idx)} training tokens; expected at least 2.")
+    req = np.asarray(trace.tokens["request"])[idx]
+    pos = np.asarray(trace.tokens["position"])[idx]
+    o = np.lexsort((pos, req))
+    idx = idx[o]
+    logd = np.log(reuse_distances(req[o], pos[o], np.asarray(trace.experts_TLK[idx], np.int64), s.num_experts, cap))
+    h = np.asarray(hid[idx], np.float64)
+    weights = []
+    for lay in range(s.num_layers):
+        x = _features(h, lay)
+        weights.append(np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ logd))
+    return ReuseProbe(weights=tuple(weights), cap=cap, num_layers=s.num_layers, num_experts=s.num_experts,
+                      hidden_size=h.shape[2])
+
+
+def probe_steps(probe: ReuseProbe, trace: Trace, rows: np.ndarray | None = None) -> list[np.ndarray]:
+    """One (R, L, K) float32 log d̂ per step of `rows` (steps ascending, as objreplay.step_uses): row r is the
+    step's request r (ascending ids), forecast from its last token in the step."""
+    hid = _router_inputs(trace, "reuse probe")
+    idx = np.arange(trace.num_tokens) if rows is None else np.flatnonzero(np.asarray(rows, bool))
+    if len(idx) == 0:
+        return []
+    step = np.asarray(trace.step)[idx]
+    req = np.asarray(trace.tokens["request"])[idx]
+    pos = np.asarray(trace.tokens["position"])[idx]
+    o = np.lexsort((pos, req, step))
+    idx, step, req = idx[o], step[o], req[o]
+    last = np.append((step[1:] != step[:-1]) | (req[1:] != req[:-1]), True)
+    pred = probe.predict(hid[idx[last]])
+    cut = np.flatnonzero(np.append(True, step[last][1:] != step[last][:-1]))
+    return np.split(pred, cut[1:])

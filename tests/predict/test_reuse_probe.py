@@ -1,0 +1,113 @@
+"""The reuse probe: distances against brute force, a planted signal found, causality per layer, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from routecast.cache.objreplay import step_uses
+from routecast.common.errors import ConfigError
+from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps, reuse_distances
+from routecast.trace import MoESpec, Trace, make_columns
+
+
+def brute_distances(req, pos, ex, E, cap):
+    n, L, _ = ex.shape
+    out = np.full((n, L * E), float(cap))
+    for i in range(n):
+        for j in range(i + 1, n):
+            if req[j] != req[i]:
+                continue
+            for lay in range(L):
+                for e in ex[j, lay]:
+                    if e >= 0:
+                        k = lay * E + e
+                        out[i, k] = min(out[i, k], min(pos[j] - pos[i], cap))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 30), L=st.integers(1, 3), E=st.integers(2, 6),
+       cap=st.integers(2, 12), drop=st.floats(0.0, 0.6))
+def test_reuse_distances_equal_brute_force(seed, n, L, E, cap, drop):
+    rng = np.random.default_rng(seed)
+    req = np.sort(rng.integers(0, 4, n))
+    pos = np.concatenate([np.cumsum(rng.integers(1, 3, (req == r).sum())) for r in np.unique(req)])
+    ex = rng.integers(0, E, (n, L, 2))
+    ex[rng.random(ex.shape) < drop] = -1
+    got = reuse_distances(req, pos, ex, E, cap)
+    np.testing.assert_array_equal(got, brute_distances(req, pos, ex, E, cap))
+
+
+def planted_trace(seed: int, requests: int = 12, length: int = 40, L: int = 2, E: int = 8, hidden: bool = True) -> Trace:
+    """Each token's router inputs at layer 0 name the expert its request's next token uses at every layer."""
+    rng = np.random.default_rng(seed)
+    T = requests * length
+    nxt = rng.integers(0, E, (requests, length + 1))
+    ex = np.repeat(nxt[:, :length, None], L, axis=2).reshape(T, L)[..., None].astype(np.int16)
+    h = np.zeros((T, L, E), np.float32)
+    h[np.arange(T), 0, nxt[:, 1:].reshape(T)] = 1.0  # the next token's expert
+    h[:, 1:] = rng.normal(size=(T, L - 1, E))  # noise at later layers
+    req = np.repeat(np.arange(requests), length)
+    pos = np.tile(np.arange(length), requests)
+    step = pos + 2 * req  # requests overlap in steps, as under continuous batching
+    return Trace(spec=MoESpec(num_layers=L, num_experts=E, top_k=1, hidden_size=E, expert_bytes=1 << 10),
+                 tokens=make_columns(T, request=req, position=pos, step=step), experts_TLK=ex,
+                 weights_TLK=np.ones(ex.shape, np.float32), hidden_TLH=h if hidden else None)
+
+
+def test_probe_finds_a_planted_next_expert_on_held_out_requests():
+    tr = planted_trace(0)
+    train = np.asarray(tr.tokens["request"]) < 8
+    probe = fit_reuse_probe(tr, train, cap=16)
+    test = ~train & (np.asarray(tr.tokens["position"]) < 39)  # a last token has no next one
+    logd = probe.predict(np.asarray(tr.hidden_TLH)[test])
+    E = tr.spec.num_experts
+    want = np.asarray(tr.experts_TLK)[np.flatnonzero(test) + 1, 0, 0]
+    assert (logd[:, 0, :E].argmin(1) == want).mean() > 0.9
+    assert logd.min() >= 0 and logd.max() <= np.log(16) + 1e-6
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1000), layer=st.integers(0, 2))
+def test_row_l_reads_router_inputs_up_to_layer_l_only(seed, layer):
+    tr = planted_trace(seed, requests=4, length=10, L=3, E=4)
+    probe = fit_reuse_probe(tr, cap=8)
+    h = np.asarray(tr.hidden_TLH).copy()
+    before = probe.predict(h)
+    h[:, layer + 1:] += np.random.default_rng(seed).normal(size=h[:, layer + 1:].shape).astype(np.float32)
+    after = probe.predict(h)
+    np.testing.assert_array_equal(before[:, :layer + 1], after[:, :layer + 1])
+
+
+def test_probe_steps_follow_the_replays_steps_and_requests():
+    tr = planted_trace(1)
+    rows = np.asarray(tr.tokens["request"]) % 3 == 0
+    probe = fit_reuse_probe(tr, ~rows)
+    got = probe_steps(probe, tr, rows)
+    _, uses = step_uses(tr.select(rows))
+    assert len(got) == len(uses)
+    L, E = tr.spec.num_layers, tr.spec.num_experts
+    for g, u in zip(got, uses, strict=True):
+        assert g.shape == (len(u.requests), L, L * E)
+    # a request's row comes from its last token in the step: here the only one, so equal to predict on it
+    idx = np.flatnonzero(rows & (np.asarray(tr.step) == 0))
+    np.testing.assert_array_equal(got[0], probe.predict(np.asarray(tr.hidden_TLH)[idx]))
+    assert probe_steps(probe, tr, np.zeros(tr.num_tokens, bool)) == []
+
+
+def test_refusals_name_what_is_wrong():
+    with pytest.raises(ConfigError, match="no router inputs"):
+        fit_reuse_probe(planted_trace(0, hidden=False))
+    tr = planted_trace(0)
+    with pytest.raises(ConfigError, match="expected cap >= 2"):
+        fit_reuse_probe(tr, cap=1)
+    with pytest.raises(ConfigError, match="expected cap >= 2 tokens and lam > 0"):
+        fit_reuse_probe(tr, lam=float("nan"))
+    with pytest.raises(ConfigError, match="at least 2"):
+        fit_reuse_probe(tr, np.zeros(tr.num_tokens, bool))
+    probe = fit_reuse_probe(tr)
+    with pytest.raises(ConfigError, match="the shape it was fitted on"):
+        probe.predict(np.zeros((3, 2, 5)))
