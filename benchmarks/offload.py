@@ -6,7 +6,8 @@
 Geometry mode: MoE layers of a production expert geometry (deepseek-v2-lite, mixtral-8x7b) with random bf16 weights
 written once to out/geometry/, driven by the real routing of the standard 'fine' trace (runtime/offload/
 geometry.py); --geometry-warmup tokens fill the fast tier untimed, then --geometry-tokens are timed; every demand
-policy, and lookahead prefetch with the --geometry-prefetch policies, at each budget, the loader threads at the
+policy, fc-evict reading the reuse probe (fc-evict+probe), and lookahead prefetch with the --geometry-prefetch
+policies, at each budget, the loader threads at the
 fastest measured count of reads in flight (1/2/4; --geometry-threads); each run's measured s/token against the
 replay's prediction (replay_slots, one link at the read time measured before every run (median), the run's compute);
 out/bench/offload_geometry_NAME.json.

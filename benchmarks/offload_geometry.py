@@ -1,7 +1,8 @@
 """`benchmarks/offload.py --geometry NAME`: the I/O-bound table (a helper module of offload.py, not a script).
 
 MoE layers of a production expert geometry with random bf16 weights on disk, driven by the real routing of the
-standard 'fine' trace (runtime/offload/geometry.py): every demand policy and lookahead prefetch with the
+standard 'fine' trace (runtime/offload/geometry.py): every demand policy, fc-evict reading the reuse probe
+(fc-evict+probe; the probe fitted on the trace's documents that are not driven) and lookahead prefetch with the
 --geometry-prefetch policies at each budget, after a warm-up; the loader threads at the fastest measured count of
 reads in flight; each run's s/token against the replay's prediction (replay_slots, one link at the read time
 measured before every run (median), the run's compute); the eviction bound (cache kernel: LRU, LFU, Belady misses)
@@ -71,7 +72,9 @@ def main_geometry(a) -> None:
     t_start, loads = time.time(), [os.getloadavg()[0]]
     path = write_weights(WEIGHTS_DIR, geom)
     trace = standard_trace("fine")
-    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens), order=a.geometry_order)  # one read for both
+    probed = "fc-evict" in policies  # fc-evict also runs reading the reuse probe (fitted on the documents not driven)
+    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens), order=a.geometry_order,
+                         reuse_probe=probed)  # one read for both
     routing = first_tokens(long, warm + tokens)
     flight = (1, 2, 4)
     probe = GeometryRun(path, geom, budget=max(geom.top_k, *flight, a.geometry_threads or 1))
@@ -98,18 +101,20 @@ def main_geometry(a) -> None:
         print(f"eviction bound at {pct}% (cache kernel over {BOUND_TOKENS} decode tokens, no I/O): misses LRU "
               f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
               f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
-    configs = [("on-demand", geom.top_k, "lru", False)]
+    configs = [("on-demand", geom.top_k, "lru", False, False)]
     for pct, b in slots.items():
-        configs += [(f"{pol}@{pct}%", b, pol, False) for pol in policies]
-        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True) for pol in combined]
+        configs += [(f"{pol}@{pct}%", b, pol, False, False) for pol in policies]
+        configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True)] if probed else []
+        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False) for pol in combined]
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(repeats):
-        for label, b, pol, pf in configs:
+        for label, b, pol, pf, ru in configs:
             # the tier's speed right before each run (this disk drifts by tens of percent within minutes): the replay
             # is priced with the median over all runs (a few reads per run alone are too noisy to price that run)
             near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
                                        threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
-            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads)
+            r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads,
+                             reuse=ru)
             r["tier_read_s"] = near
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
@@ -119,7 +124,7 @@ def main_geometry(a) -> None:
     tier["replay_read_s"] = near
     print(f"tier during the runs: {near * 1e3:.1f} ms per expert read (median of the reads timed before each run)")
     rows = []
-    for label, b, pol, pf in configs:
+    for label, b, pol, pf, _ru in configs:
         rs = runs[label]
         r0 = dict(rs[0], compute_s_per_expert=statistics.median(r["compute_s_per_expert"] for r in rs))
         rep_ = replay_geometry(r0, geom, routing, xfer_s=near)
@@ -167,6 +172,7 @@ def main_geometry(a) -> None:
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
                       "warmup": warm, "order": a.geometry_order, "eviction_bound": {str(k): v for k, v in bounds.items()},
-                      "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s")},
+                      "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s",
+                                                                            "reuse_s", "reuse_train_tokens")},
                       "rows": rows, "wall_s": time.time() - t_start})
     print(f"wrote out/bench/{name}.json")

@@ -207,10 +207,12 @@ class SlotCache:
         self.stats["prefetch_cancelled"] += len(released)
         return released
 
-    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
-        """A forward step starts: the policies that use them get its requests and forecast sets (fc-evict)."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
+                   reuse_RLK: np.ndarray | None = None) -> None:
+        """A forward step starts: the policies that use them get its requests, forecast sets and reuse forecasts
+        (fc-evict; forecast_evict.ForecastEvictPolicy.begin_step)."""
         for pol in self.policies:
-            pol.begin_step(requests, forecast_LE)
+            pol.begin_step(requests, forecast_LE, reuse_RLK)
 
     def end_step(self, observed: StepUse | None = None) -> None:
         """The forward step finished: its forecast marks are dropped; observed (the step's routing per request)
@@ -237,7 +239,7 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                  pred_SLE: np.ndarray | None = None, layer_ahead: bool = False, req_comp_s: np.ndarray | None = None,
                  dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1,
                  keep_per_layer: int = 0, policy: str = "lru", requests_S: np.ndarray | None = None,
-                 uses: Sequence[StepUse] | None = None) -> dict[str, Any]:
+                 uses: Sequence[StepUse] | None = None, reuse: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -248,7 +250,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     demand loads and late prefetches first, then prefetches nearest layer first, as the runtime's loader threads.
     depth, keep_per_layer, policy: as SlotCache (the runtime's OffloadConfig; top-k when it runs the fallback).
     requests_S (S,) the request of each step and uses (S StepUse) its routing: given, they reach the policies at
-    begin_step / end_step as in the runtime (fc-evict's request profiles).
+    begin_step / end_step as in the runtime (fc-evict's request profiles); reuse (S arrays (1, L, L·E)): each step's
+    reuse probe forecast for its request, given to begin_step with it.
     """
     import heapq
 
@@ -306,10 +309,12 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
 
     if uses is not None and len(uses) != S:
         raise ConfigError(f"{len(uses)} step uses for {S} steps; expected one per step.")
+    if reuse is not None and (requests_S is None or len(reuse) != S):
+        raise ConfigError(f"reuse forecasts for {len(reuse)} steps of {S}; expected one per step, with requests_S.")
     t = 0.0
     for s in range(S):
         if requests_S is not None:
-            sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None)
+            sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None, None if reuse is None else reuse[s])
         if pred_SLE is not None and not layer_ahead:
             issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)

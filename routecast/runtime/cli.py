@@ -72,6 +72,8 @@ def add_parser(sub: Any) -> None:
                    "of each request in flight in turn) or one request after the other (request)")
     g.add_argument("--baseline", default=None, help="policy run after --policy for the ratio (default lru; none = skip)")
     g.add_argument("--weights-dir", default=None, help="where the random weights are written once (default out/geometry)")
+    g.add_argument("--reuse-probe", action="store_true", default=None,
+                   help="fc-evict also reads the reuse probe of the trace's router inputs (fitted on the documents not driven)")
     p.set_defaults(fn=cmd_run)
 
 
@@ -120,7 +122,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
 GEOMETRY_ONLY = ("routing", "geometry_layers", "geometry_tokens", "geometry_warmup", "geometry_order", "baseline",
-                 "weights_dir")
+                 "weights_dir", "reuse_probe")
 
 
 def cmd_geometry(a: argparse.Namespace) -> int:
@@ -146,7 +148,8 @@ def cmd_geometry(a: argparse.Namespace) -> int:
     res = geometry_main(a.geometry, routing=a.routing, layers=a.geometry_layers, tokens=given(a.geometry_tokens, 24),
                         warmup=given(a.geometry_warmup, 16), budget=a.budget, policy=a.policy, prefetch=a.prefetch,
                         baseline=given(a.baseline, "lru"), loader_threads=a.loader_threads, direct=not a.no_direct,
-                        weights_dir=given(a.weights_dir, "out/geometry"), order=given(a.geometry_order, "step"))
+                        weights_dir=given(a.weights_dir, "out/geometry"), order=given(a.geometry_order, "step"),
+                        reuse_probe=bool(a.reuse_probe))
     print(format_geometry(res))
     if a.figures:
         write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")

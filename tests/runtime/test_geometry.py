@@ -182,3 +182,43 @@ def test_weights_are_a_claimed_output_and_a_foreign_file_is_never_replaced(tmp_p
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="--weights-dir"):
         write_weights(tmp_path / "file" / "w", TINY)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(1, 5), st.sampled_from([(8, 8), (8, 16), (4, 16)]))
+def test_map_reuse_reads_row_g_mod_l_and_the_least_of_each_groups_distances(seed, trace_L, geo_L, shape) -> None:
+    from routecast.runtime.offload.geometry import map_reuse
+
+    geo_E, trace_E = shape
+    geom = Geometry(name="g", hidden=8, ffn=8, experts=geo_E, top_k=2, layers=geo_L)
+    rng = np.random.default_rng(seed)
+    logd = rng.uniform(0, 3, (3, trace_L, trace_L * trace_E))
+    got = map_reuse(logd, geom, trace_L, trace_E)
+    assert got.shape == (3, geo_L, geo_L * geo_E)
+    m = trace_E // geo_E
+    for g in range(geo_L):
+        for g2 in range(geo_L):
+            for e in range(geo_E):
+                lo = (g2 % trace_L) * trace_E + e * m
+                want = logd[:, g % trace_L, lo:lo + m].min(-1)
+                np.testing.assert_array_equal(got[:, g, g2 * geo_E + e], want)
+
+
+def test_fc_evict_reads_the_reuse_forecast_and_the_replay_makes_the_same_decisions(weights) -> None:
+    T, warm = 14, 5
+    rt = routing(T, seed=2)
+    rt.update(reuse=np.random.default_rng(2).uniform(0, 3, (T, TINY.layers, TINY.layers * TINY.experts)), reuse_s=1e-5)
+    fig = run_geometry(weights, TINY, rt, budget=6, policy="fc-evict", warmup=warm, direct=False, reuse=True)
+    rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)
+    assert (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"]) and fig["reuse"]
+    assert fig["predict_s"] == pytest.approx(1e-5 * (T - warm))  # the probe's time is charged to the run
+    run = GeometryRun(weights, TINY, budget=6, policy="fc-evict", direct=False)
+    try:
+        run.step(rt["ids"][0], rt["w"][0], None, 0, rt["reuse"][0])
+        assert run.store.slots.policies[0].qL is not None  # the forecast reached the policy
+    finally:
+        run.close()
+    with pytest.raises(ConfigError, match="read by fc-evict only"):
+        run_geometry(weights, TINY, rt, budget=6, policy="lru", direct=False, reuse=True)
+    with pytest.raises(ConfigError, match="without reuse forecasts"):
+        run_geometry(weights, TINY, routing(T), budget=6, policy="fc-evict", direct=False, reuse=True)

@@ -99,3 +99,34 @@ def test_geometry_flags_without_geometry_are_refused(flag, capsys) -> None:
     assert main(["run", "--offload", "--prompts", "corpus:val:1", *flag]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{flag[0]} acts on a --geometry run" in err[0], err
+
+
+def test_reuse_probe_is_fitted_on_the_documents_not_driven_and_read_by_fc_evict(tmp_path, capsys) -> None:
+    from routecast.runtime.offload.geometry import trace_routing
+
+    path = tmp_path / "trace"
+    write_trace(build_small_trace(num_requests=8, decode_len=6, num_layers=2, hidden=16, seed=3), path)
+    rt = trace_routing(path, TINY, 12, forecast=False, order="request", reuse_probe=True)
+    assert rt["reuse"].shape == (12, TINY.layers, TINY.layers * TINY.experts) and rt["reuse_s"] > 0
+    tr = read_trace(path)
+    driven = set(np.asarray(tr.tokens["document"])[np.asarray(tr.request) == rt["request"][0]].tolist())
+    assert rt["reuse_train_tokens"] <= tr.num_tokens - sum(np.isin(tr.tokens["document"], list(driven)))
+    res = geometry_main(TINY, routing=path, tokens=6, warmup=6, policy="fc-evict", baseline="lru", direct=False,
+                        weights_dir=tmp_path / "w", order="request", reuse_probe=True)
+    assert list(res["runs"]) == ["fc-evict+probe", "lru"] and res["runs"]["fc-evict+probe"]["reuse_probe"]
+    r = res["runs"]["fc-evict+probe"]
+    assert r["replay_hit_ratio"] == pytest.approx(r["hit_ratio"])
+    for args, needle in ((["--offload", "--geometry", "mixtral-8x7b", "--reuse-probe", "--policy", "lru"],
+                          "read by fc-evict only"),
+                         (["--offload", "--prompts", "corpus:val:1", "--reuse-probe"], "--reuse-probe acts on a --geometry run")):
+        capsys.readouterr()
+        assert main(["run", *args, *(["--weights-dir", str(tmp_path / "x")] if "--geometry" in args else [])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+        assert not (tmp_path / "x").exists()
+    plain = tmp_path / "plain"
+    write_trace(build_small_trace(num_requests=8, decode_len=6, num_layers=2, seed=3), plain)
+    with pytest.raises(ConfigError, match="no router inputs"):
+        geometry_main(TINY, routing=plain, tokens=6, warmup=6, policy="fc-evict", direct=False,
+                      weights_dir=tmp_path / "w2", order="request", reuse_probe=True)
+    assert not (tmp_path / "w2").exists()

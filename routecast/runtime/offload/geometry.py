@@ -17,7 +17,9 @@ ExpertStore (cache/slots.py SlotCache, the replay's policy objects; O_DIRECT rea
 the SwiGLU experts from the slots in bf16. Prediction: PROBE's frozen-gate lookahead of builtin-fine applied to
 the trace's recorded router input of layer g (the next trace layer's gate, one matmul), mapped to the geometry's
 ids as the routing is; its sets prefetch layer g+1 while layer g computes. fc-evict is given each token's request and
-routing (its request profiles), as in the runtime.
+routing (its request profiles), as in the runtime, and with ``reuse_probe`` the reuse probe's forecast
+(predict/reuse_probe.py, fitted on the trace's documents that are not driven): row g from the recorded router inputs
+of trace layers 0..g mod L_trace, a geometry expert's distance the least of its trace experts' (``map_reuse``).
 
 ``run_geometry`` times the tokens after a warm-up (untimed, its reads drained); ``replay_geometry`` replays the same
 accesses through replay_slots (the warm-up prefix replayed alone and subtracted) for the time the replay predicts;
@@ -164,6 +166,17 @@ def map_routing(experts_TLK: np.ndarray, weights_TLK: np.ndarray, geom: Geometry
     return out_i, out_w
 
 
+def map_reuse(logd_nLK: np.ndarray, geom: Geometry, trace_L: int, trace_E: int) -> np.ndarray:
+    """A reuse probe's log d̂ over the trace's keys (n, L_trace, L_trace·E_trace) -> (n, geom.layers, geom.layers·
+    geom.experts): geometry layer g reads trace row g mod L_trace; a geometry key (g', e) is used when any of its trace
+    experts (layer g' mod L_trace, ids e·m .. e·m + m - 1, m = E_trace / geom.experts) is, so its distance is their least."""
+    n = logd_nLK.shape[0]
+    m = trace_E // geom.experts
+    lay = np.arange(geom.layers) % trace_L
+    per = logd_nLK.reshape(n, trace_L, trace_L, geom.experts, m).min(-1)  # (n, row, trace layer, E_geom)
+    return np.ascontiguousarray(per[:, lay][:, :, lay].reshape(n, geom.layers, geom.layers * geom.experts))
+
+
 class GeometryRun:
     """The geometry's layers over an ExpertStore of `budget` slots; ``step(t)`` runs decode token t of the routing."""
 
@@ -200,13 +213,15 @@ class GeometryRun:
                 self.compute_s.append(time.perf_counter() - t0)
         return compute
 
-    def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0) -> None:
+    def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0,
+             reuse_LK: np.ndarray | None = None) -> None:
         """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
-        of layers 1.. (row g is prefetched when layer g-1 starts; row 0 is never forecast)."""
+        of layers 1.. (row g is prefetched when layer g-1 starts; row 0 is never forecast); reuse_LK (L, L·E) the
+        reuse probe's log d̂ for fc-evict (row g read from layer g on)."""
         from routecast.cache.forecast_evict import StepUse
 
         if self.profiles:
-            self.store.begin_step(np.array([request], np.int64), None)
+            self.store.begin_step(np.array([request], np.int64), None, None if reuse_LK is None else reuse_LK[None])
         sets = np.zeros((self.L, self.E), bool)
         for g in range(self.L):
             if pred_LE is not None and g + 1 < self.L:
@@ -248,7 +263,7 @@ def check_order(order: str) -> None:
 
 
 def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True,
-                  order: str = "step") -> dict[str, Any]:
+                  order: str = "step", reuse_probe: bool = False) -> dict[str, Any]:
     """The first `tokens` decode tokens of a captured trace -> {'ids', 'w' (T, L, K) the geometry's
     routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
     from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
@@ -257,12 +272,14 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     router inputs, or of another model than the built-in ones whose gates PROBE uses, drives demand policies.
     order: 'step' = the trace's own order (its serving schedule: one decode token of each request in flight in
     turn), 'request' = each request's decode tokens in a row, one request after the other (one user at a time,
-    as an offloading runtime on one machine serves them and as benchmarks/offload.py's builtin-fine runs do)."""
+    as an offloading runtime on one machine serves them and as benchmarks/offload.py's builtin-fine runs do).
+    reuse_probe: also 'reuse' (T, L, L·E) the reuse probe's log d̂ per token (map_reuse), the probe fitted on every
+    token of the documents none of the driven tokens comes from, and 'reuse_s' its seconds per token."""
     check_order(order)
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
 
-    trace = read_trace(trace_path, load_hidden=forecast)
+    trace = read_trace(trace_path, load_hidden=forecast or reuse_probe)
     rows = np.flatnonzero(trace.phase == DECODE)
     if order == "request":
         rows = rows[np.lexsort((np.asarray(trace.position)[rows], np.asarray(trace.request)[rows]))]
@@ -274,6 +291,8 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
                          spec.num_experts)
     base = {"ids": ids, "w": w, "tokens": len(rows), "request": np.asarray(trace.request[rows], np.int64),
             "trace": str(trace_path), "trace_layers": spec.num_layers, "order": order}
+    if reuse_probe:
+        base.update(_reuse(trace, rows, geom, trace_path))
     if not forecast:
         return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
     if trace.hidden_TLH is None:
@@ -303,42 +322,74 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     return {**base, "pred": pred, "predict_s": predict_s}
 
 
+def _reuse(trace, rows: np.ndarray, geom: Geometry, trace_path: str | Path) -> dict[str, Any]:
+    """trace_routing's 'reuse' and 'reuse_s': the probe fitted on the documents the driven rows do not come from."""
+    from routecast.predict.reuse_probe import fit_reuse_probe
+
+    if trace.hidden_TLH is None:
+        raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; the reuse probe reads them: "
+                          "expected a capture with --hidden (or run without --reuse-probe).")
+    doc = np.asarray(trace.tokens["document"])
+    train = ~np.isin(doc, doc[rows])
+    if train.sum() < 2:
+        raise ConfigError(f"--routing {trace_path}: no document is left to fit the reuse probe on beside the "
+                          f"{len(rows)} tokens driven; expected a trace with more documents.")
+    probe = fit_reuse_probe(trace, train)
+    t0 = time.perf_counter()
+    logd = probe.predict(np.asarray(trace.hidden_TLH[rows]))
+    reuse_s = (time.perf_counter() - t0) / len(rows)
+    s = trace.spec
+    return {"reuse": map_reuse(logd, geom, s.num_layers, s.num_experts), "reuse_s": reuse_s,
+            "reuse_train_tokens": int(train.sum())}
+
+
 def first_tokens(routing: dict[str, Any], n: int) -> dict[str, Any]:
     """The first n tokens of a trace_routing result (n <= its tokens)."""
     if not 1 <= n <= routing["tokens"]:
         raise ConfigError(f"{n} geometry tokens asked of a routing of {routing['tokens']}; expected 1..{routing['tokens']}.")
-    return {**routing, **{k: routing[k][:n] for k in ("ids", "w", "pred", "request")}, "tokens": n}
+    keys = [k for k in ("ids", "w", "pred", "request", "reuse") if k in routing]
+    return {**routing, **{k: routing[k][:n] for k in keys}, "tokens": n}
 
 
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
-                 prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0) -> dict[str, Any]:
+                 prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0,
+                 reuse: bool = False) -> dict[str, Any]:
     """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
     fast tier untimed (a server runs warm; cold first uses would otherwise dominate a short run) -> figures of the
     timed tokens: s_per_token (wall), hit ratio, bytes read, predictor seconds (its measured per-token cost, added
     to the wall time: the forecast matmul ran once before the timed loop); the access log and forecast sets of
-    every token (warm-up included) for the replay."""
+    every token (warm-up included) for the replay. reuse: fc-evict reads routing['reuse'] (trace_routing's
+    reuse_probe), its measured seconds per token added as the forecast's are."""
+    from routecast.cache.zoo import split_name
+
     n = routing["tokens"]
     if not 0 <= warmup < n:
         raise ConfigError(f"--geometry-warmup is {warmup}; expected 0..{n - 1} (below the {n} tokens driven).")
+    if reuse and "reuse" not in routing:
+        raise ConfigError("reuse=True on a routing without reuse forecasts; expected trace_routing(reuse_probe=True).")
+    if reuse and split_name(policy)[0] != "fc-evict":
+        raise ConfigError(f"--reuse-probe with --policy {policy}: the reuse probe is read by fc-evict only; expected "
+                          "--policy fc-evict.")
     r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct)
     ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
+    ru = routing["reuse"] if reuse else [None] * n
     try:
         for t in range(warmup):
-            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]))
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t])
         r.store.drain()
         since = r.counters()
         t0 = time.perf_counter()
         for t in range(warmup, n):
-            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]))
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t])
         wall = time.perf_counter() - t0
     finally:
         r.close()
     fig = r.figures(since)
     timed = n - warmup
-    pred_s = routing["predict_s"] * timed if prefetch else 0.0
+    pred_s = (routing["predict_s"] * timed if prefetch else 0.0) + (routing["reuse_s"] * timed if reuse else 0.0)
     wall += pred_s
     fig.update(wall_s=wall, s_per_token=wall / timed, predict_s=pred_s, budget=budget, policy=policy,
-               prefetch=prefetch, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
+               prefetch=prefetch, reuse=reuse, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
                read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
     return fig
 
@@ -359,18 +410,20 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     req = np.asarray(routing["request"], np.int64)
     fc = split_name(fig["policy"])[0] == "fc-evict"  # as GeometryRun: its request profiles get each step
     uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)] if fc else None
+    reuse = [routing["reuse"][t][None] for t in range(n)] if fig.get("reuse") else None
 
     def replay(steps: int) -> dict[str, Any]:
         cut = int(acc.req_off[steps * L])
         return replay_slots(acc.req_off[:steps * L + 1], acc.req_key[:cut], L, E, fig["budget"], policy=fig["policy"],
                             pred_SLE=fig["pred_sets"][:steps] if fig["prefetch"] else None, layer_ahead=True,
                             req_comp_s=comp[:cut], xfer_s=xfer_s, links=1, requests_S=req[:steps] if fc else None,
-                            uses=uses[:steps] if uses else None)
+                            uses=uses[:steps] if uses else None, reuse=reuse[:steps] if reuse else None)
 
     full = replay(n)
     pre = replay(warm) if warm else {"sim_s": 0.0, "hits": 0, "misses": 0}
     hits, misses = full["hits"] - pre["hits"], full["misses"] - pre["misses"]
-    pred_s = routing["predict_s"] * (n - warm) if fig["prefetch"] else 0.0
+    pred_s = (routing["predict_s"] if fig["prefetch"] else 0.0) + (routing["reuse_s"] if fig.get("reuse") else 0.0)
+    pred_s *= n - warm
     return {"s_per_token": (full["sim_s"] - pre["sim_s"] + pred_s) / (n - warm), "hit_ratio": hits / max(hits + misses, 1),
             "hits": hits, "misses": misses}
 

@@ -2,11 +2,13 @@
 
     routecast run --offload --geometry mixtral-8x7b --policy fc-evict --budget 50%
     routecast run --offload --geometry deepseek-v2-lite --routing out/traces/fine --prefetch lookahead --policy lfu
+    routecast run --offload --geometry mixtral-8x7b --policy fc-evict --reuse-probe --geometry-order request
 
 The layers of geometry.py (random bf16 weights written once under --weights-dir, real routing of a captured trace,
 the standard 'fine' one by default) run `--geometry-warmup` decode tokens untimed, then `--geometry-tokens` timed,
 through the offload runtime's ExpertStore with the chosen policy (and PROBE's lookahead prefetch with
---prefetch lookahead); then the same with the baseline policy (default lru). Per run: seconds per token, hit
+--prefetch lookahead; and fc-evict reading the reuse probe with --reuse-probe); then the same with the baseline
+policy (default lru). Per run: seconds per token, hit
 ratio, expert reads, read time per expert, and the replay's prediction (geometry.replay_geometry, one link at the
 read time measured right before the runs) beside the measured time; the eviction bound (LRU, LFU, Belady misses
 on the same routing). One round each: `python benchmarks/offload.py --geometry NAME` runs every policy in
@@ -43,13 +45,15 @@ FIG_KEYS = ("s_per_token", "hit_ratio", "hits", "misses", "reads", "bytes_read",
 def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, layers: int | None = None, tokens: int = 24,
                   warmup: int = 16, budget: str = "50%", policy: str = "lru", prefetch: str = "none",
                   baseline: str = "lru", loader_threads: int = 2, direct: bool = True,
-                  weights_dir: str | Path = "out/geometry", order: str = "step") -> dict[str, Any]:
+                  weights_dir: str | Path = "out/geometry", order: str = "step",
+                  reuse_probe: bool = False) -> dict[str, Any]:
     """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
     'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
     name, or a Geometry (tests: a tiny one; `layers` is then its own). order: the decode tokens' order
-    (geometry.trace_routing: 'step' or 'request'). Every flag is checked before the weights are written or the
-    trace is read."""
+    (geometry.trace_routing: 'step' or 'request'). reuse_probe: `policy` (fc-evict) reads the reuse probe
+    (geometry.trace_routing). Every flag is checked before the weights are written or the trace is read."""
     from routecast.cache.replay import parse_budget
+    from routecast.cache.zoo import split_name
     from routecast.trace.standard import standard_trace
 
     geom = name if isinstance(name, Geometry) else geometry(name, layers)
@@ -63,6 +67,9 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
     check_order(order)
+    if reuse_probe and split_name(policy)[0] != "fc-evict":
+        raise ConfigError(f"--reuse-probe with --policy {policy}: the reuse probe is read by fc-evict only; expected "
+                          "--policy fc-evict.")
     if loader_threads < 1:
         raise ConfigError(f"--loader-threads is {loader_threads}; expected at least 1.")
     n_keys = geom.layers * geom.experts
@@ -71,7 +78,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     if not (trace / "trace.json").is_file():
         raise ConfigError(f"--routing {trace}: no trace there; expected a folder written by `routecast trace capture`.")
     pf = prefetch == "lookahead"
-    route = trace_routing(trace, geom, warmup + tokens, forecast=pf, order=order)
+    route = trace_routing(trace, geom, warmup + tokens, forecast=pf, order=order, reuse_probe=reuse_probe)
     print(f"{geom.name} geometry: {geom.layers} MoE layers (scaled to this disk; --geometry-layers) x {geom.experts} "
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; budget {slots} of {n_keys} experts; "
           f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace} in {order} order, "
@@ -88,15 +95,15 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         probe.close()
     print(f"tier: {read_s * 1e3:.1f} ms per expert read with {loader_threads} in flight "
           f"({'o_direct' if direct else 'fadvise'}; the replay prices each read with it)", flush=True)
-    configs = [(f"{'lookahead+' if pf else ''}{policy}", policy, pf)]
-    if baseline != "none" and (baseline, False) != (policy, pf):
-        configs.append((baseline, baseline, False))
+    configs = [(f"{'lookahead+' if pf else ''}{policy}{'+probe' if reuse_probe else ''}", policy, pf, reuse_probe)]
+    if baseline != "none" and (baseline, False, False) != (policy, pf, reuse_probe):
+        configs.append((baseline, baseline, False, False))
     runs: dict[str, dict[str, Any]] = {}
-    for label, pol, p in configs:
+    for label, pol, p, ru in configs:
         r = run_geometry(path, geom, route, budget=slots, policy=pol, prefetch=p, warmup=warmup,
-                         loader_threads=loader_threads, direct=direct)
+                         loader_threads=loader_threads, direct=direct, reuse=ru)
         rep = replay_geometry(r, geom, route, xfer_s=read_s)
-        runs[label] = {**{k: r[k] for k in FIG_KEYS if k in r}, "policy": pol, "prefetch": p,
+        runs[label] = {**{k: r[k] for k in FIG_KEYS if k in r}, "policy": pol, "prefetch": p, "reuse_probe": ru,
                        "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
                        "measured_vs_replay": r["s_per_token"] / rep["s_per_token"] - 1}
         print(format_run(label, runs[label]), flush=True)

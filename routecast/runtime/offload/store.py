@@ -234,10 +234,12 @@ class ExpertStore:
             loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
 
-    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None) -> None:
-        """A forward step starts: its requests and forecast sets go to the policies that use them (fc-evict)."""
+    def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
+                   reuse_RLK: np.ndarray | None = None) -> None:
+        """A forward step starts: its requests, forecast sets and reuse forecasts go to the policies that use them
+        (fc-evict)."""
         with self.cond:
-            self.slots.begin_step(requests, forecast_LE)
+            self.slots.begin_step(requests, forecast_LE, reuse_RLK)
 
     def end_step(self, observed=None) -> None:
         """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
