@@ -23,6 +23,7 @@ from routecast.cache.replay import ReplayConfig, replay
 from routecast.common.errors import ConfigError
 from routecast.predict.batch_eval import token_sets
 from routecast.predict.evaluate import fit_or_load, heldout
+from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps
 from routecast.report.html import Section, figure, paragraph, table
 from routecast.report.plots import save_figure
 from routecast.schedule.rebatch import METHODS, activated_experts, rebatch, step_sets
@@ -50,8 +51,10 @@ def plot_hit_vs_budget(rows: list[dict[str, Any]], png: str | Path, title: str =
     return save_figure(fig, png)
 
 
-def cache_rows(test: Trace, pred_SLE: np.ndarray, layer_ahead: bool, hardware: str) -> list[dict[str, Any]]:
-    """One row per (budget, policy) of POLICIES at BUDGETS on `test` with the forecast pred_SLE (S, L, E)."""
+def cache_rows(test: Trace, pred_SLE: np.ndarray, layer_ahead: bool, hardware: str,
+               reuse: list[np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """One row per (budget, policy) of POLICIES at BUDGETS on `test` with the forecast pred_SLE (S, L, E) (and
+    fc-evict's reuse probe forecasts, predict.reuse_probe.probe_steps of `test`, when given)."""
     s = test.spec
     n_keys = s.num_layers * s.num_experts
     out = []
@@ -59,7 +62,7 @@ def cache_rows(test: Trace, pred_SLE: np.ndarray, layer_ahead: bool, hardware: s
         budget = max(1, int(round(frac * n_keys)))
         names = [p for p in POLICIES if p != "lru-layer" or budget >= s.num_layers]
         for r in compare_policies(test, budget=budget, hardware=hardware, policies=names, forecast=pred_SLE,
-                                  layer_ahead=layer_ahead):
+                                  layer_ahead=layer_ahead, reuse=reuse):
             tg = r["time_gap_closed"]
             out.append({"budget_pct": round(100 * frac), "policy": r["policy"], "us_per_token": r["us_per_token"],
                         "time_gap_closed_pct": float("nan") if tg is None else 100 * tg, "hit": r["hit_ratio"],
@@ -103,7 +106,10 @@ def section_expertflow(trace: Trace, out_dir: str | Path, *, predictor: str = "c
         return _skipped(title, str(e))
     pred = fit_or_load(predictor, train, model=None, seed=seed, threads=1, quiet=True)
     pred_SLE, layer_ahead = forecast_sets(pred, test)
-    rows = cache_rows(test, pred_SLE, layer_ahead, hardware)
+    reuse = None
+    if train.hidden_TLH is not None and test.hidden_TLH is not None:  # fc-evict reads the probe of the router inputs
+        reuse = probe_steps(fit_reuse_probe(train), test)
+    rows = cache_rows(test, pred_SLE, layer_ahead, hardware, reuse)
     png = plot_hit_vs_budget(rows, Path(out_dir) / "expertflow_hit.png",
                              title=f"{test.num_tokens} held-out tokens, {hardware}, forecast {predictor}")
     reb = rebatch_rows(test, token_sets(pred, test), hardware, seed=seed)
@@ -133,7 +139,9 @@ def section_expertflow(trace: Trace, out_dir: str | Path, *, predictor: str = "c
             f"{r['policy']} {r['us_per_token']:.2f} µs/token ({r['time_gap_closed_pct']:.0f}% of LRU's time gap to "
             "Belady closed)" for r in fastest)
         + f"; LRU {lru['us_per_token']:.2f}, Belady {at50['belady']['us_per_token']:.2f}, plec-correct "
-        f"{pc['us_per_token']:.2f}. fc-evict evicts by predicted next use and moves no extra bytes."))
+        f"{pc['us_per_token']:.2f}. fc-evict evicts by predicted next use and moves no extra bytes"
+        + (", reading the reuse probe of the router inputs (fitted on the same training documents)." if reuse is not None
+           else ".")))
     sec.parts.append(figure(png, "Hit ratio vs budget per policy (Belady: the offline bound for demand caching)."))
     sec.parts.append(table(rows))
     sec.parts.append(paragraph(

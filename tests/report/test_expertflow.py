@@ -32,3 +32,12 @@ def test_section_skips_with_a_reason():
     assert "expert size" in s["skipped"]
     _, s = section_expertflow(_sized(build_small_trace(num_requests=1, num_experts=8)), "unused")
     assert "document" in s["skipped"]
+
+
+def test_fc_evict_reads_the_reuse_probe_when_the_trace_has_router_inputs(tmp_path):
+    sec, s = section_expertflow(_sized(build_small_trace(num_requests=10, num_experts=8, hidden=8)), tmp_path)
+    assert "reading the reuse probe" in "".join(sec.parts)
+    by = {(r["budget_pct"], r["policy"]): r for r in s["rows"]}
+    assert by[(50, "fc-evict")]["hit"] <= by[(50, "belady")]["hit"] + 1e-12
+    sec, _ = section_expertflow(_sized(build_small_trace(num_requests=10, num_experts=8)), tmp_path)
+    assert "reading the reuse probe" not in "".join(sec.parts)
