@@ -23,6 +23,9 @@ routed experts, runtime/offload/load.py):
   on-demand           a store of K slots (one token's experts of one layer): every expert is read when its layer
                       needs it (almost nothing survives to its next use)
   POLICY              budget B, a demand replacement policy of cache/policy.py (the replay's own objects), no prefetch
+  fc-evict+probe      fc-evict also reading the reuse probe of each step's router inputs (predict/reuse_probe.py),
+                      fitted on the standard trace of the model (builtin / builtin-fine: corpus test prompts; the
+                      runs use val prompts)
   <predictor>         budget B, LRU + PLEC prefetch driven by lookahead (PROBE, layer horizon), ffn (MoE-GPS) or
                       expertflow (routing-path predictor), with real-time correction
   <pred>+<policy>      the same prefetch with another demand policy than LRU (--combine, default ffn+lfu, ffn+lirs)
@@ -147,6 +150,7 @@ def main() -> None:
     predictors = {n: fitted_predictor(n, model, a.model, scratch) for n in a.predictors.split(",") if n}
     del model
     policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
+    probe = reuse_probe_for(a.model) if "fc-evict" in policies else None
 
     # -- the disk tier's bandwidth -> the CPU profile the cost model and `cache replay` use
     base = a.hardware
@@ -178,6 +182,8 @@ def main() -> None:
     for pct in [int(x) for x in a.budgets.split(",")]:
         b = int(round(pct / 100 * L * E))
         configs += [(f"{pol}@{pct}%", b, "none", None, {"policy": pol}) for pol in policies]
+        if probe is not None:
+            configs.append((f"fc-evict+probe@{pct}%", b, "none", None, {"policy": "fc-evict", "reuse_probe": probe}))
         for name, pred in predictors.items():
             configs.append((f"{name}@{pct}%", b, name, pred, {}))
             configs += [(f"{name} {g}@{pct}%", b, name, pred, kw) for g, kw in gates.items()]
@@ -189,8 +195,9 @@ def main() -> None:
     ref_logits = None
     for rep in range(a.repeats):  # interleaved: every configuration once per round
         for label, budget, pf, pred, kw in configs:
+            cfg_kw = {k: v for k, v in kw.items() if k != "reuse_probe"}
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
-                           cfg_kw=kw or None, logits=True, **switch)
+                           cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), **switch)
             if ref_logits is None:
                 ref_logits = r["logits"]
             r["logits_allclose"], r["logits_max_diff"] = logits_match(ref_logits, r.pop("logits"))
@@ -203,6 +210,20 @@ def main() -> None:
     write_bench("offload", title="Offloaded inference on CPU (experts read from disk with O_DIRECT)",
                 headline=out["headline"], tables=out["tables"], data=out, quick=q)
     print("wrote out/bench/offload.json")
+
+
+def reuse_probe_for(model_name: str):
+    """fc-evict's reuse probe for a built-in model, fitted on its standard trace (captured on first use); None for
+    another model (no standard trace of it: run `routecast run --reuse-probe --fit-trace` instead)."""
+    std = {"builtin": "builtin", "builtin-fine": "fine"}.get(model_name)
+    if std is None:
+        print(f"no reuse probe row: {model_name} has no standard trace to fit it on", flush=True)
+        return None
+    from routecast.predict.reuse_probe import fit_reuse_probe
+    from routecast.trace.io import read_trace
+    from routecast.trace.standard import standard_trace
+
+    return fit_reuse_probe(read_trace(standard_trace(std), load_logits=False))
 
 
 def fitted_predictor(name: str, model, model_name: str, scratch: Path):

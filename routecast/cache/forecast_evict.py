@@ -171,32 +171,46 @@ class SelectedForecast:
 
 class ReuseMix:
     """Per-layer next-step use probabilities from a reuse probe's log d̂ mixed with request profiles (module
-    docstring): probs(pi (R, K), logd (R, L, K)) -> q (L, K) of the mix chosen now; observe(StepUse) scores the
-    forecasts made a step earlier against the keys that step used, as SelectedForecast does."""
+    docstring). start(pi (R, K), L) opens a step; row(l, logd (R, K)) -> q (K,) of layer l for the mix chosen now
+    (the runtime gives each row when its layer runs); probs(pi, logd (R, L, K)) -> q (L, K), every row at once (the
+    replay). observe(StepUse) scores the forecasts made a step earlier (the mean over the rows made) against the keys
+    that step used, as SelectedForecast does."""
 
     ALPHAS = (0.0, 0.5, 1.0)
 
     def __init__(self) -> None:
         self.loss = np.zeros(len(self.ALPHAS))
-        self._made: np.ndarray | None = None  # (3, L, K) made this step, for the next one
+        self._pi: np.ndarray | None = None
+        self._made: np.ndarray | None = None  # (3, L, K) made this step, for the next one (NaN: a row not made)
         self._due: np.ndarray | None = None  # made a step earlier, for this one
 
     @property
     def chosen(self) -> int:
         return int(np.argmin(self.loss))
 
+    def start(self, pi_RK: np.ndarray, L: int) -> None:
+        self._pi = np.asarray(pi_RK, np.float64)
+        self._made = np.full((len(self.ALPHAS), L, self._pi.shape[1]), np.nan)
+
+    def row(self, layer: int, logd_RK: np.ndarray) -> np.ndarray:
+        hz = np.exp(-np.asarray(logd_RK, np.float64))
+        a = np.asarray(self.ALPHAS)[:, None, None]
+        mix = a * hz[None] + (1.0 - a) * self._pi[None]
+        self._made[:, layer] = -np.expm1(np.log1p(-np.minimum(mix, 0.999)).sum(1))
+        return self._made[self.chosen, layer]
+
     def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray) -> np.ndarray:
-        hz = np.exp(-np.asarray(logd_RLK, np.float64))
-        a = np.asarray(self.ALPHAS)[:, None, None, None]
-        mix = a * hz[None] + (1.0 - a) * pi_RK[None, :, None, :]
-        self._made = -np.expm1(np.log1p(-np.minimum(mix, 0.999)).sum(1))
+        self.start(pi_RK, logd_RLK.shape[1])
+        for lay in range(logd_RLK.shape[1]):
+            self.row(lay, logd_RLK[:, lay])
         return self._made[self.chosen]
 
     def observe(self, use: StepUse | None) -> None:
-        if use is not None and self._due is not None:
-            used = np.zeros(self._due.shape[2], bool)
+        due = self._due
+        if use is not None and due is not None and not np.isnan(due[0, :, 0]).all():
+            used = np.zeros(due.shape[2], bool)
             used[use.keys] = True
-            q = np.clip(self._due.mean(1), 1e-4, 1 - 1e-4)
+            q = np.clip(np.nanmean(due, axis=1), 1e-4, 1 - 1e-4)
             self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
         self._due, self._made = self._made, None
 
@@ -223,6 +237,7 @@ class ForecastEvictPolicy(BasePolicy):
         self.fset = np.zeros(L * E, bool)
         self.mix = ReuseMix()
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
+        self._req: np.ndarray | None = None  # the step's requests (reuse_row's rows follow them)
         self.layer = 0
         self.cur: set[int] = set()
         self.n = 0
@@ -264,6 +279,7 @@ class ForecastEvictPolicy(BasePolicy):
         self.q = self.fc.next_step_probs(requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
         self.qL = None
+        self._req = None if requests is None else np.asarray(requests)
         if reuse_RLK is not None and requests is not None and len(requests):
             if reuse_RLK.shape != (len(requests), self.L, self.L * self.E):
                 raise ValueError(f"fc-evict: reuse forecast has shape {reuse_RLK.shape}; expected "
@@ -271,6 +287,20 @@ class ForecastEvictPolicy(BasePolicy):
             self.qL = self.mix.probs(self.fc.request_probs(requests), reuse_RLK)
         self.layer, self.cur = 0, set()
         self.ver += 1
+
+    def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
+        """The reuse probe's row of `layer` for the step's requests (begin_step's order), given once the layer's router
+        input exists (the runtime, inside the MoE block); rows not given yet keep the profiles' forecast."""
+        if self._req is None or not len(self._req):
+            return
+        if logd_RK.shape != (len(self._req), self.L * self.E):
+            raise ValueError(f"fc-evict: reuse row has shape {logd_RK.shape}; expected ({len(self._req)}, "
+                             f"{self.L * self.E}), one row per request of the step.")
+        if self.qL is None:
+            self.qL = np.repeat(self.q[None], self.L, 0)
+            self.mix.start(self.fc.request_probs(self._req), self.L)
+        self.qL[layer] = self.mix.row(layer, logd_RK)
+        self.ver += 1  # the victim order's memo is stale
 
     def end_step(self, observed: StepUse | None = None) -> None:
         if observed is not None and self.owns_fc:

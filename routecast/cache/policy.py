@@ -72,6 +72,10 @@ class BasePolicy:
                    reuse_RLK: np.ndarray | None = None) -> None:
         return None
 
+    def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
+        """A reuse probe's forecast of one layer for the step's requests (fc-evict; a no-op for the others)."""
+        return None
+
     def end_step(self, observed: Any = None) -> None:
         return None
 

@@ -214,6 +214,11 @@ class SlotCache:
         for pol in self.policies:
             pol.begin_step(requests, forecast_LE, reuse_RLK)
 
+    def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
+        """A reuse probe's row of `layer` for the step's requests (fc-evict: ForecastEvictPolicy.reuse_row)."""
+        for pol in self.policies:
+            pol.reuse_row(layer, logd_RK)
+
     def end_step(self, observed: StepUse | None = None) -> None:
         """The forward step finished: its forecast marks are dropped; observed (the step's routing per request)
         updates the policies' request profiles (fc-evict)."""

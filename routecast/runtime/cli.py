@@ -8,6 +8,11 @@ JSONL (one line per request), --figures the figures as JSON; --policy picks the 
 bandwidth and writes a hardware profile (a base profile with h2d_gbps = the measured figure) that
 `routecast cache replay --hardware PROFILE` prices misses with.
 
+    routecast run --offload --policy fc-evict --reuse-probe --fit-trace out/traces/fine
+
+--reuse-probe has fc-evict also read the reuse probe (predict/reuse_probe.py) of each step's router inputs, fitted on
+--fit-trace (a capture of the model with --hidden); its time is counted with fc-evict's forecasts.
+
     routecast run --offload --geometry mixtral-8x7b --policy fc-evict --budget 50%
 
 --geometry NAME runs the I/O-bound regime instead of the model (runtime/offload/geometry_run.py): MoE layers of that
@@ -35,7 +40,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--budget", type=N.budget_text(), default="50%", help="fast-tier expert slots: '50%%' of all L*E, a count '96', or bytes '12MB'")
     p.add_argument("--prefetch", default="none", help="predictor driving prefetch: none, lookahead, expertflow or ffn")
     p.add_argument("--predictor", default=None, help="a saved predictor folder (`routecast predict fit`) for --prefetch")
-    p.add_argument("--fit-trace", default=None, help="fit the --prefetch predictor on this trace of the model instead")
+    p.add_argument("--fit-trace", default=None, help="fit the --prefetch predictor (and --reuse-probe) on this trace of "
+                   "the model")
     p.add_argument("--per-layer", action="store_true", help="split the slots evenly per layer (default one pool)")
     p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
     p.add_argument("--loader-threads", type=N.loader_threads(), default=2, help="background reader threads (default 2)")
@@ -72,8 +78,9 @@ def add_parser(sub: Any) -> None:
                    "of each request in flight in turn) or one request after the other (request)")
     g.add_argument("--baseline", default=None, help="policy run after --policy for the ratio (default lru; none = skip)")
     g.add_argument("--weights-dir", default=None, help="where the random weights are written once (default out/geometry)")
-    g.add_argument("--reuse-probe", action="store_true", default=None,
-                   help="fc-evict also reads the reuse probe of the trace's router inputs (fitted on the documents not driven)")
+    g.add_argument("--reuse-probe", action="store_true",
+                   help="--policy fc-evict also reads the reuse probe of the router inputs: fitted on --fit-trace (a model "
+                   "run) or on the --routing trace's documents not driven (a --geometry run)")
     p.set_defaults(fn=cmd_run)
 
 
@@ -95,8 +102,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.threads < 1 or a.loader_threads < 1 or a.prefetch_depth < 1 or a.batch_size < 1:
         raise ConfigError(f"--threads {a.threads} / --loader-threads {a.loader_threads} / --prefetch-depth "
                           f"{a.prefetch_depth} / --batch-size {a.batch_size}; expected at least 1 each.")
-    if not a.offload and (a.prefetch != "none" or a.write_profile or a.fallback):
-        raise ConfigError("--prefetch, --fallback and --write-profile act on offloaded experts; expected --offload with them.")
+    if not a.offload and (a.prefetch != "none" or a.write_profile or a.fallback or a.reuse_probe):
+        raise ConfigError("--prefetch, --fallback, --reuse-probe and --write-profile act on offloaded experts; expected "
+                          "--offload with them.")
+    if a.reuse_probe and a.policy != "fc-evict":
+        raise ConfigError(f"--reuse-probe with --policy {a.policy}: the reuse probe is read by fc-evict only; expected "
+                          "--policy fc-evict.")
+    if a.reuse_probe and not a.fit_trace:
+        raise ConfigError("--reuse-probe is fitted on a trace of the model with router inputs; expected --fit-trace TRACE "
+                          "(a capture with --hidden).")
     if a.write_profile and not a.hardware:
         raise ConfigError("--write-profile needs --hardware BASE.toml (e.g. from `routecast calibrate`) to take the compute figures from.")
     from routecast.common.outputs import check_out_file
@@ -122,7 +136,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
 GEOMETRY_ONLY = ("routing", "geometry_layers", "geometry_tokens", "geometry_warmup", "geometry_order", "baseline",
-                 "weights_dir", "reuse_probe")
+                 "weights_dir")
 
 
 def cmd_geometry(a: argparse.Namespace) -> int:
@@ -186,10 +200,16 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
     pred = make_predictor(a.prefetch, model, a.model, predictor_dir=a.predictor, fit_trace=a.fit_trace, seed=a.seed,
                           threads=a.threads)
     del model
+    probe = None
+    if a.reuse_probe:
+        from routecast.predict.reuse_probe import fit_reuse_probe
+        from routecast.trace.io import read_trace
+
+        probe = fit_reuse_probe(read_trace(a.fit_trace, load_logits=False))
     kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
               fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob, policy=a.policy)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
-                     progress=True, threads=a.threads, batch_size=a.batch_size)
+                     progress=True, threads=a.threads, batch_size=a.batch_size, reuse_probe=probe)
     if a.fallback:
         from routecast.runtime.offload.fallback import token_agreement
 
@@ -217,6 +237,9 @@ def format_figures(r: dict[str, Any]) -> str:
                          f"mispredicted evicted first {r['mispredicted']}; predictor {r['predict_s']:.3f} s = "
                          f"{r['predict_s'] / r['wall_s']:.1%} of the run (with handing its sets to the store "
                          f"{r['issue_s'] / r['wall_s']:.1%})")
+    if r["config"] == "none" and r.get("policy") == "fc-evict":
+        lines.append(f"fc-evict's forecasts (request profiles{', reuse probe' if r.get('reuse_probe') else ''}): "
+                     f"{r['predict_s']:.3f} s = {r['predict_s'] / r['wall_s']:.1%} of the run")
     if "rerouted" in r:
         lines.append(f"fallback: rerouted {r['rerouted']} of {r['routed_slots']} routed (token, k) slots "
                      f"({r['rerouted_share']:.1%}); greedy-token agreement with all-resident {r['agreement']:.3f}")

@@ -118,7 +118,10 @@ def test_reuse_probe_is_fitted_on_the_documents_not_driven_and_read_by_fc_evict(
     assert r["replay_hit_ratio"] == pytest.approx(r["hit_ratio"])
     for args, needle in ((["--offload", "--geometry", "mixtral-8x7b", "--reuse-probe", "--policy", "lru"],
                           "read by fc-evict only"),
-                         (["--offload", "--prompts", "corpus:val:1", "--reuse-probe"], "--reuse-probe acts on a --geometry run")):
+                         (["--offload", "--prompts", "corpus:val:1", "--reuse-probe"], "read by fc-evict only"),
+                         (["--offload", "--prompts", "corpus:val:1", "--reuse-probe", "--policy", "fc-evict"],
+                          "expected --fit-trace TRACE"),
+                         (["--prompts", "corpus:val:1", "--reuse-probe", "--policy", "fc-evict"], "expected --offload")):
         capsys.readouterr()
         assert main(["run", *args, *(["--weights-dir", str(tmp_path / "x")] if "--geometry" in args else [])]) == 2
         err = capsys.readouterr().err.strip().splitlines()

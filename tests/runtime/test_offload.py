@@ -304,3 +304,66 @@ def test_compact_scratch_gives_the_pool_paths_logits_exactly(setup) -> None:
 
     with pytest.raises(ConfigError, match="compact_bytes is -1"):
         OffloadConfig(budget=4, compact_bytes=-1)
+
+
+def test_reuse_probe_rows_come_from_each_steps_router_inputs_and_keep_logits(monkeypatch) -> None:
+    """fc-evict reading the reuse probe: logits equal all-resident's, and the row the policy gets at layer l of each
+    step is the probe applied to the router inputs of layers 0..l of that step's token (seen by hooks on the routers)."""
+    from routecast.predict.reuse_probe import ReuseProbe
+    from routecast.runtime.offload.store import ExpertStore
+    from routecast.trace.capture_arch import adapter_for, find_blocks, spec_from_model
+
+    name = "builtin-fine"
+    model, tok = load_model(name)
+    s = spec_from_model(model)
+    L, K, H = s.num_layers, s.num_layers * s.num_experts, s.hidden_size
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(0, 0.02, ((li + 1) * H + 1, K)) for li in range(L)]
+    for w in weights:
+        w[-1] += 1.7  # the bias: log d near the middle of [0, log 32]
+    probe = ReuseProbe(weights=tuple(weights), cap=32, num_layers=L, num_experts=s.num_experts, hidden_size=H)
+    rows: list[tuple[int, np.ndarray]] = []
+    orig = ExpertStore.reuse_row
+    monkeypatch.setattr(ExpertStore, "reuse_row", lambda self, li, logd: (rows.append((li, logd.copy())),
+                                                                           orig(self, li, logd))[1])
+    seen: list[list[np.ndarray]] = [[] for _ in range(L)]
+    hooks = [b.router.register_forward_hook(
+        lambda _m, a, _o, li=li: seen[li].append(a[0].detach().reshape(-1, H)[-1].float().numpy().copy()))
+        for li, b in enumerate(find_blocks(model, adapter_for(model)))]
+    reqs = encode_prompts(tok, PROMPTS[:1], 4)
+    ref = run_config(name, reqs, budget=None, logits=True)
+    try:
+        got = run_config(name, reqs, budget=80, cfg_kw={"check": True, "policy": "fc-evict"}, logits=True,
+                         reuse_probe=probe, loaded=(model, tok))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
+    steps = len(seen[0])
+    assert steps >= 2 and [li for li, _ in rows] == list(range(L)) * steps
+    want = probe.predict(np.stack([np.stack([seen[li][t] for li in range(L)]) for t in range(steps)]))
+    for t in range(steps):
+        for li in range(L):
+            np.testing.assert_allclose(rows[t * L + li][1][0], want[t, li], atol=1e-4)
+    inside = (want > 0) & (want < np.log(32))
+    assert inside.mean() > 0.2, inside.mean()  # most values are not at a clip bound: the comparison has teeth
+    with pytest.raises(ConfigError, match="read by fc-evict only"):
+        run_config(name, reqs, budget=80, cfg_kw={"policy": "lru"}, reuse_probe=probe)
+
+
+def test_cli_reuse_probe_fits_on_the_fit_trace_and_prints_its_share(tmp_path, capsys) -> None:
+    from routecast.trace.capture import capture_to_disk
+
+    d = capture_to_disk("builtin", "corpus:test:3", tmp_path / "t", max_new_tokens=3, hidden=True, progress=False)
+    fig = tmp_path / "fig.json"
+    assert main(["run", "--model", "builtin", "--offload", "--budget", "25%", "--policy", "fc-evict", "--reuse-probe",
+                 "--fit-trace", str(d), "--prompts", "corpus:val:2", "--max-new-tokens", "3", "--figures", str(fig)]) == 0
+    text = capsys.readouterr().out
+    assert "fc-evict's forecasts (request profiles, reuse probe)" in text and "of the run" in text
+    doc = json.loads(fig.read_text())
+    assert doc["reuse_probe"] and doc["policy"] == "fc-evict" and doc["predict_s"] > 0
+    plain = capture_to_disk("builtin", "corpus:test:2", tmp_path / "p", max_new_tokens=2, progress=False)
+    assert main(["run", "--model", "builtin", "--offload", "--policy", "fc-evict", "--reuse-probe", "--fit-trace",
+                 str(plain), "--prompts", "corpus:val:1", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no router inputs" in err[0], err

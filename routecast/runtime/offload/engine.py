@@ -23,6 +23,11 @@ of a step in a forward pre-hook, before layer 0; PROBE's lookahead forecasts lay
 from the hidden state the block holds (one small matmul, _lookahead); other layer-horizon predictors use a hook on
 layer l's router. The forecast's per-layer batch sets go to
 ExpertStore.prefetch (nearest layer first); each layer's true routing corrects them (store.py).
+
+Reuse probe (fc-evict, `reuse_probe=`): inside layer l's MoE block, before its experts are asked for, the router
+inputs of each request's last token at layers 0..l (kept from the earlier layers of the step) give row l of the
+probe (predict/reuse_probe.py: one small matmul), handed to the policy (ExpertStore.reuse_row) for the evictions of
+that layer and after; its time counts as predictor time.
 """
 
 from __future__ import annotations
@@ -161,7 +166,8 @@ class OffloadedModel:
     ``pred_sets`` the forecast batch sets of each step (S, L, E) when a predictor runs.
     """
 
-    def __init__(self, model: nn.Module, model_dir: str | Path, cfg: OffloadConfig, predictor: Any = None) -> None:
+    def __init__(self, model: nn.Module, model_dir: str | Path, cfg: OffloadConfig, predictor: Any = None,
+                 reuse_probe: Any = None) -> None:
         adapter = adapter_for(model)
         if adapter.read != TOPK:
             raise ConfigError(f"--offload: {type(model).__name__} routes by {adapter.read}, not top-k ids; expected "
@@ -226,6 +232,19 @@ class OffloadedModel:
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
         self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
+        self._rp_W: list[torch.Tensor] | None = None  # the reuse probe's weights per layer, float32
+        if reuse_probe is not None:
+            if not self._profiles:
+                raise ConfigError(f"--reuse-probe with --policy {cfg.policy}: the reuse probe is read by fc-evict only; "
+                                  "expected --policy fc-evict.")
+            if (reuse_probe.num_layers, reuse_probe.num_experts, reuse_probe.hidden_size) != (self.L, self.E,
+                                                                                            self.spec.hidden_size):
+                raise ConfigError(f"--reuse-probe: fitted for L={reuse_probe.num_layers}, E={reuse_probe.num_experts}, "
+                                  f"H={reuse_probe.hidden_size}; the model has L={self.L}, E={self.E}, "
+                                  f"H={self.spec.hidden_size}: expected a probe fitted on a trace of this model.")
+            self._rp_W = [torch.from_numpy(w.astype(np.float32)) for w in reuse_probe.weights]
+            self._rp_cap = float(np.log(reuse_probe.cap))
+        self._rp_h: list[torch.Tensor] = []  # this step's last-token router inputs (B, H), one per layer run
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
@@ -274,6 +293,8 @@ class OffloadedModel:
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
             if self.lookahead is not None and li + 1 < self.L:
                 self._lookahead(li, hidden)
+            if self._rp_W is not None:
+                self._reuse_row(li, hidden)
             if self.fallback is not None:
                 held, full = store.held_experts(li)
                 top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
@@ -353,6 +374,20 @@ class OffloadedModel:
             else:
                 self._prefetch(fc, list(range(self.L)), -1)
             self.issue_s += time.perf_counter() - t0
+
+    def _reuse_row(self, li: int, hidden: torch.Tensor) -> None:
+        """Row li of the reuse probe from each request's last token's router inputs at layers 0..li -> the policy."""
+        t0 = time.perf_counter()
+        B, S = self._shape
+        with torch.no_grad():
+            h = hidden.reshape(B, S, -1)[:, -1].float()
+            if li == 0:
+                self._rp_h = []
+            self._rp_h.append(h)
+            x = torch.cat([*self._rp_h, torch.ones(B, 1)], 1)
+            logd = (x @ self._rp_W[li]).clamp_(0.0, self._rp_cap).numpy()
+        self.store.reuse_row(li, logd)
+        self.predict_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
         """Layer li's router input hidden (T, H) -> PROBE's forecast of layer li+1 (the frozen next gate, plus the

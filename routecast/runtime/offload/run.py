@@ -179,11 +179,12 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
                batch_size: int = 1, preload: bool = False, switch_s: float = SWITCH_S,
-               logits: bool = False) -> dict[str, Any]:
+               logits: bool = False, reuse_probe: Any = None) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
     `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back. A fresh
     offloaded model is loaded without its routed experts (load.py: they are read from the checkpoint into the slots).
-    preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all."""
+    preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all.
+    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel)."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
@@ -201,7 +202,8 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         return res
     if predictor is not None:
         predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
-    off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor)
+    off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor,
+                         reuse_probe=reuse_probe)
     try:
         if preload:
             off.preload()
@@ -212,6 +214,7 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
     fig = off.figures()
     res.update(fig)
     res.update(config=prefetch, tokens_per_s=res["new_tokens"] / res["wall_s"], stall_share=fig["stall_s"] / res["wall_s"],
+               reuse_probe=reuse_probe is not None,
                log=off.log, pred_sets=np.array(off.pred_sets) if off.pred_sets else None, L=off.L, E=off.E)
     return res
 

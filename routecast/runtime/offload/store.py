@@ -241,6 +241,11 @@ class ExpertStore:
         with self.cond:
             self.slots.begin_step(requests, forecast_LE, reuse_RLK)
 
+    def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
+        """A reuse probe's row of `layer`, computed inside that layer's MoE block, to the policies (fc-evict)."""
+        with self.cond:
+            self.slots.reuse_row(layer, logd_RK)
+
     def end_step(self, observed=None) -> None:
         """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
         cache.forecast_evict.StepUse, the step's routing per request) updates the policies' request profiles."""
