@@ -173,46 +173,54 @@ class ReuseMix:
     """Per-layer next-step use probabilities from a reuse probe's log d̂ mixed with request profiles (module
     docstring). start(pi (R, K), L) opens a step; row(l, logd (R, K)) -> q (K,) of layer l for the mix chosen now
     (the runtime gives each row when its layer runs); probs(pi, logd (R, L, K)) -> q (L, K), every row at once (the
-    replay). observe(StepUse) scores the forecasts made a step earlier (the mean over the rows made) against the keys
-    that step used, as SelectedForecast does."""
+    replay). observe(StepUse) scores every mix's forecasts made a step earlier (the mean over the rows made) against
+    the keys that step used, as SelectedForecast does: only the chosen mix is computed per row, the others when
+    scored, once per step."""
 
     ALPHAS = (0.0, 0.5, 1.0)
 
     def __init__(self) -> None:
         self.loss = np.zeros(len(self.ALPHAS))
+        self._a = self.ALPHAS[0]
         self._pi: np.ndarray | None = None
-        self._made: np.ndarray | None = None  # (3, L, K) made this step, for the next one (NaN: a row not made)
-        self._due: np.ndarray | None = None  # made a step earlier, for this one
+        self._hz: np.ndarray | None = None  # (L, R, K) hazards 1/d̂ of this step's rows (NaN: a row not made)
+        self._due: tuple[np.ndarray, np.ndarray] | None = None  # (pi, hazards) made a step earlier, for this one
 
     @property
     def chosen(self) -> int:
         return int(np.argmin(self.loss))
 
     def start(self, pi_RK: np.ndarray, L: int) -> None:
+        self._a = self.ALPHAS[self.chosen]  # fixed within a step: the losses change only in observe
         self._pi = np.asarray(pi_RK, np.float64)
-        self._made = np.full((len(self.ALPHAS), L, self._pi.shape[1]), np.nan)
+        self._hz = np.full((L, *self._pi.shape), np.nan)
+
+    @staticmethod
+    def _q(a, pi: np.ndarray, hz: np.ndarray) -> np.ndarray:
+        """P(a step of these requests uses each key): 1 - prod_r (1 - pi'_rk), pi' = a·hz + (1 - a)·pi; axis -2 = r."""
+        mix = np.minimum(a * hz + (1.0 - a) * pi, 0.999)
+        return mix[..., 0, :] if mix.shape[-2] == 1 else -np.expm1(np.log1p(-mix).sum(-2))
 
     def row(self, layer: int, logd_RK: np.ndarray) -> np.ndarray:
-        hz = np.exp(-np.asarray(logd_RK, np.float64))
-        a = np.asarray(self.ALPHAS)[:, None, None]
-        mix = a * hz[None] + (1.0 - a) * self._pi[None]
-        self._made[:, layer] = -np.expm1(np.log1p(-np.minimum(mix, 0.999)).sum(1))
-        return self._made[self.chosen, layer]
+        hz = self._hz[layer] = np.exp(-np.asarray(logd_RK, np.float64))
+        return self._q(self._a, self._pi, hz)
 
     def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray) -> np.ndarray:
         self.start(pi_RK, logd_RLK.shape[1])
-        for lay in range(logd_RLK.shape[1]):
-            self.row(lay, logd_RLK[:, lay])
-        return self._made[self.chosen]
+        return np.stack([self.row(lay, logd_RLK[:, lay]) for lay in range(logd_RLK.shape[1])])
 
     def observe(self, use: StepUse | None) -> None:
-        due = self._due
-        if use is not None and due is not None and not np.isnan(due[0, :, 0]).all():
-            used = np.zeros(due.shape[2], bool)
-            used[use.keys] = True
-            q = np.clip(np.nanmean(due, axis=1), 1e-4, 1 - 1e-4)
-            self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
-        self._due, self._made = self._made, None
+        if use is not None and self._due is not None:
+            pi, hz = self._due
+            made = hz[~np.isnan(hz[:, 0, 0])]  # (rows made, R, K)
+            if len(made):
+                used = np.zeros(hz.shape[2], bool)
+                used[use.keys] = True
+                a = np.asarray(self.ALPHAS)[:, None, None, None]
+                q = np.clip(self._q(a, pi, made).mean(1), 1e-4, 1 - 1e-4)  # (3, K)
+                self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+        self._due = None if self._hz is None else (self._pi, self._hz)
+        self._pi = self._hz = None
 
 
 class ForecastEvictPolicy(BasePolicy):

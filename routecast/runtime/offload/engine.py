@@ -242,9 +242,10 @@ class OffloadedModel:
                 raise ConfigError(f"--reuse-probe: fitted for L={reuse_probe.num_layers}, E={reuse_probe.num_experts}, "
                                   f"H={reuse_probe.hidden_size}; the model has L={self.L}, E={self.E}, "
                                   f"H={self.spec.hidden_size}: expected a probe fitted on a trace of this model.")
-            self._rp_W = [torch.from_numpy(w.astype(np.float32)) for w in reuse_probe.weights]
+            self._rp_W = [torch.from_numpy(w[:-1].astype(np.float32)) for w in reuse_probe.weights]
+            self._rp_b = [torch.from_numpy(w[-1].astype(np.float32)) for w in reuse_probe.weights]
             self._rp_cap = float(np.log(reuse_probe.cap))
-        self._rp_h: list[torch.Tensor] = []  # this step's last-token router inputs (B, H), one per layer run
+        self._rp_x = torch.zeros(0)  # this step's last-token router inputs, layer after layer: (B, L·H)
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
@@ -380,13 +381,13 @@ class OffloadedModel:
         t0 = time.perf_counter()
         B, S = self._shape
         with torch.no_grad():
-            h = hidden.reshape(B, S, -1)[:, -1].float()
-            if li == 0:
-                self._rp_h = []
-            self._rp_h.append(h)
-            x = torch.cat([*self._rp_h, torch.ones(B, 1)], 1)
-            logd = (x @ self._rp_W[li]).clamp_(0.0, self._rp_cap).numpy()
-        self.store.reuse_row(li, logd)
+            h = hidden.reshape(B, S, -1)[:, -1]
+            H = h.shape[1]
+            if self._rp_x.shape != (B, self.L * H):
+                self._rp_x = torch.zeros(B, self.L * H)
+            self._rp_x[:, li * H:(li + 1) * H] = h  # rows of earlier layers were written by their blocks this step
+            logd = torch.addmm(self._rp_b[li], self._rp_x[:, :(li + 1) * H], self._rp_W[li]).clamp_(0.0, self._rp_cap)
+        self.store.reuse_row(li, logd.numpy())
         self.predict_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
