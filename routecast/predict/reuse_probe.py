@@ -86,8 +86,14 @@ def reuse_distances(request_n: np.ndarray, position_n: np.ndarray, keys_nLK: np.
     return np.where(same, np.minimum(pos[nxt] - pos[:n, None], cap), float(cap))
 
 
-def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 32, lam: float = 1.0) -> ReuseProbe:
-    """Fit the probe on `rows` (bool (T,); None = all) of a trace with router inputs (module docstring)."""
+CHUNK_ROWS = 16384  # fit_reuse_probe: tokens per chunk (whole requests), so memory does not grow with the trace
+
+
+def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 32, lam: float = 1.0,
+                    chunk_rows: int = CHUNK_ROWS) -> ReuseProbe:
+    """Fit the probe on `rows` (bool (T,); None = all) of a trace with router inputs (module docstring). The normal
+    equations are summed over chunks of whole requests (a reuse never crosses a request), about chunk_rows tokens
+    each, so the memory is bounded by a chunk, not the trace (a mmap'd trace is read chunk by chunk)."""
     if cap < 2 or not np.isfinite(lam) or lam <= 0:
         raise ConfigError(f"reuse probe: cap {cap} and lam {lam}; expected cap >= 2 tokens and lam > 0.")
     hid = _router_inputs(trace, "reuse probe")
@@ -98,15 +104,28 @@ def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 
     req = np.asarray(trace.tokens["request"])[idx]
     pos = np.asarray(trace.tokens["position"])[idx]
     o = np.lexsort((pos, req))
-    idx = idx[o]
-    logd = np.log(reuse_distances(req[o], pos[o], np.asarray(trace.experts_TLK[idx], np.int64), s.num_experts, cap))
-    h = np.asarray(hid[idx], np.float64)
-    weights = []
-    for lay in range(s.num_layers):
-        x = _features(h, lay)
-        weights.append(np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ logd))
-    return ReuseProbe(weights=tuple(weights), cap=cap, num_layers=s.num_layers, num_experts=s.num_experts,
-                      hidden_size=h.shape[2])
+    idx, req, pos = idx[o], req[o], pos[o]
+    L, H = s.num_layers, hid.shape[2]
+    F = [(lay + 1) * H + 1 for lay in range(L)]
+    xtx = [np.zeros((f, f)) for f in F]
+    xty = [np.zeros((f, L * s.num_experts)) for f in F]
+    starts = np.flatnonzero(np.append(True, req[1:] != req[:-1]))  # each request's first row
+    cuts = [0]
+    for st in starts[1:]:
+        if st - cuts[-1] >= chunk_rows:
+            cuts.append(int(st))
+    cuts.append(len(idx))
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        sl = idx[a:b]
+        logd = np.log(reuse_distances(req[a:b], pos[a:b], np.asarray(trace.experts_TLK[sl], np.int64),
+                                      s.num_experts, cap))
+        h = np.asarray(hid[sl], np.float64)
+        for lay in range(L):
+            x = _features(h, lay)
+            xtx[lay] += x.T @ x
+            xty[lay] += x.T @ logd
+    weights = [np.linalg.solve(xtx[lay] + lam * np.eye(F[lay]), xty[lay]) for lay in range(L)]
+    return ReuseProbe(weights=tuple(weights), cap=cap, num_layers=L, num_experts=s.num_experts, hidden_size=H)
 
 
 def probe_steps(probe: ReuseProbe, trace: Trace, rows: np.ndarray | None = None) -> list[np.ndarray]:

@@ -111,3 +111,16 @@ def test_refusals_name_what_is_wrong():
     probe = fit_reuse_probe(tr)
     with pytest.raises(ConfigError, match="the shape it was fitted on"):
         probe.predict(np.zeros((3, 2, 5)))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1000), chunk=st.integers(1, 200))
+def test_chunked_fit_equals_one_chunk(seed, chunk):
+    """Summing the normal equations over chunks of whole requests gives the weights of one pass (a reuse never
+    crosses a request, so no distance changes at a cut)."""
+    tr = planted_trace(seed, requests=6, length=12, L=2, E=4)
+    rows = np.random.default_rng(seed).random(tr.num_tokens) < 0.8
+    one = fit_reuse_probe(tr, rows, cap=8, chunk_rows=10**9)
+    many = fit_reuse_probe(tr, rows, cap=8, chunk_rows=chunk)
+    for a, b in zip(one.weights, many.weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)
