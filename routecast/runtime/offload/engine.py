@@ -242,10 +242,10 @@ class OffloadedModel:
                 raise ConfigError(f"--reuse-probe: fitted for L={reuse_probe.num_layers}, E={reuse_probe.num_experts}, "
                                   f"H={reuse_probe.hidden_size}; the model has L={self.L}, E={self.E}, "
                                   f"H={self.spec.hidden_size}: expected a probe fitted on a trace of this model.")
-            self._rp_W = [torch.from_numpy(w[:-1].astype(np.float32)) for w in reuse_probe.weights]
-            self._rp_b = [torch.from_numpy(w[-1].astype(np.float32)) for w in reuse_probe.weights]
+            self._rp_W = [np.ascontiguousarray(w[:-1], np.float32) for w in reuse_probe.weights]
+            self._rp_b = [np.asarray(w[-1], np.float32) for w in reuse_probe.weights]
             self._rp_cap = float(np.log(reuse_probe.cap))
-        self._rp_x = torch.zeros(0)  # this step's last-token router inputs, layer after layer: (B, L·H)
+        self._rp_x = np.zeros((0, 0), np.float32)  # this step's last-token router inputs, layer after layer: (B, L·H)
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
@@ -380,14 +380,15 @@ class OffloadedModel:
         """Row li of the reuse probe from each request's last token's router inputs at layers 0..li -> the policy."""
         t0 = time.perf_counter()
         B, S = self._shape
-        with torch.no_grad():
-            h = hidden.reshape(B, S, -1)[:, -1]
-            H = h.shape[1]
-            if self._rp_x.shape != (B, self.L * H):
-                self._rp_x = torch.zeros(B, self.L * H)
-            self._rp_x[:, li * H:(li + 1) * H] = h  # rows of earlier layers were written by their blocks this step
-            logd = torch.addmm(self._rp_b[li], self._rp_x[:, :(li + 1) * H], self._rp_W[li]).clamp_(0.0, self._rp_cap)
-        self.store.reuse_row(li, logd.numpy())
+        # numpy from here: every torch call costs the compute thread tens of µs while loader threads run
+        h = (hidden if hidden.dtype == torch.float32 else hidden.float()).detach().numpy().reshape(B, S, -1)[:, -1]
+        H = h.shape[1]
+        if self._rp_x.shape != (B, self.L * H):
+            self._rp_x = np.zeros((B, self.L * H), np.float32)
+        self._rp_x[:, li * H:(li + 1) * H] = h  # rows of earlier layers were written by their blocks this step
+        logd = self._rp_x[:, :(li + 1) * H] @ self._rp_W[li]
+        logd += self._rp_b[li]
+        self.store.reuse_row(li, np.clip(logd, 0.0, self._rp_cap, out=logd))
         self.predict_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
