@@ -17,6 +17,7 @@ brings in (``victim(..., below=rank)``); a demand load may evict any unpinned ke
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -27,7 +28,7 @@ NOT_PREDICTED = -1
 Rank = tuple[int, int]
 
 
-class BasePolicy:
+class BasePolicy(ABC):
     """What a cache policy object offers its driver (SlotCache in the runtime, cache/objreplay.py in the replay).
 
     Residency: ``admit(key)`` (key just got a slot; the access that missed counts as its first use),
@@ -37,6 +38,7 @@ class BasePolicy:
     ``admit(key)``. Forecast hooks (no-ops unless a policy uses them): ``mark_predicted`` / ``mark_spent`` (PLEC
     marks within a step), ``begin_step(requests, forecast_LE, reuse_RLK)`` before a forward step, ``end_step(observed)``
     after it (observed: a StepUse of the step's routing per request, or None where the driver has none).
+    The residency methods are abstract: a policy that lacks one cannot be made, rather than failing mid-replay.
     """
 
     name = "base"
@@ -44,23 +46,29 @@ class BasePolicy:
     def __init__(self, capacity: int = 0) -> None:
         self.capacity = capacity
 
+    @abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """Keys resident now."""
 
+    @abstractmethod
     def __contains__(self, key: int) -> bool:
-        raise NotImplementedError
+        """Whether `key` is resident."""
 
+    @abstractmethod
     def admit(self, key: int) -> None:
-        raise NotImplementedError
+        """`key` just got a slot; the access that missed counts as its first use."""
 
+    @abstractmethod
     def touch(self, key: int) -> None:
-        raise NotImplementedError
+        """A hit on resident `key`."""
 
+    @abstractmethod
     def remove(self, key: int) -> None:
-        raise NotImplementedError
+        """`key` left the fast tier (evicted or released)."""
 
+    @abstractmethod
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
-        raise NotImplementedError
+        """The resident key to evict (not `pinned`; ranked below `below` when given), -1 if none may go."""
 
     def mark_predicted(self, keys: Iterable[int], layer_of: Callable[[int], int]) -> None:
         return None

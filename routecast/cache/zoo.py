@@ -85,6 +85,13 @@ def split_name(name: str) -> tuple[str, bool]:
     return base, admit
 
 
+def check_reuse_policy(policy: str) -> None:
+    """--reuse-probe's refusal, shared by every command that takes it: only fc-evict reads the reuse probe."""
+    if split_name(policy)[0] != "fc-evict":
+        raise ConfigError(f"--reuse-probe with --policy {policy}: the reuse probe is read by fc-evict only; expected "
+                          "--policy fc-evict.")
+
+
 def describe(name: str) -> str:
     base, admit = split_name(name)
     return DESCRIBE[base] + ("; prefetch only when the stall saved beats the bytes' cost" if admit else "")

@@ -105,9 +105,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     if not a.offload and (a.prefetch != "none" or a.write_profile or a.fallback or a.reuse_probe):
         raise ConfigError("--prefetch, --fallback, --reuse-probe and --write-profile act on offloaded experts; expected "
                           "--offload with them.")
-    if a.reuse_probe and a.policy != "fc-evict":
-        raise ConfigError(f"--reuse-probe with --policy {a.policy}: the reuse probe is read by fc-evict only; expected "
-                          "--policy fc-evict.")
+    if a.reuse_probe:
+        from routecast.cache.zoo import check_reuse_policy
+
+        check_reuse_policy(a.policy)
     if a.reuse_probe and not a.fit_trace:
         raise ConfigError("--reuse-probe is fitted on a trace of the model with router inputs; expected --fit-trace TRACE "
                           "(a capture with --hidden).")

@@ -23,6 +23,7 @@ from routecast.cache.objreplay import replay_objects, step_uses
 from routecast.cache.replay import ReplayConfig, build_accesses, compute_seconds, run_policy, true_sets
 from routecast.cache.s3fifo import S3FIFOPolicy
 from routecast.cache.slots import SlotCache
+from routecast.cache.zoo import make_policy
 from routecast.common.errors import ConfigError
 from tests.cache.test_properties import HW, tiny_trace, trace_args
 
@@ -344,3 +345,29 @@ def test_fc_evict_with_reuse_forecasts_keeps_the_budget_and_never_beats_belady(a
     assert rows["fc-evict"]["stall_s"] >= -1e-12
     with pytest.raises(ConfigError, match="expected one per step"):
         compare_policies(tr, budget=budget, hardware=HW, policies=["fc-evict"], forecast="oracle", reuse=reuse[1:])
+
+
+def test_a_policy_missing_a_residency_method_cannot_be_made():
+    """BasePolicy's residency methods are abstract: a policy without victim() fails when made, not mid-replay."""
+    from routecast.cache.policy import BasePolicy
+
+    class NoVictim(BasePolicy):
+        def __len__(self):
+            return 0
+
+        def __contains__(self, key):
+            return False
+
+        def admit(self, key):
+            pass
+
+        def touch(self, key):
+            pass
+
+        def remove(self, key):
+            pass
+
+    with pytest.raises(TypeError, match="victim"):
+        NoVictim(4)
+    for name in ZOO:  # every shipped policy implements them all
+        assert make_policy(name, 4, 2, 4).capacity == 4

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from routecast.cache.zoo import check_reuse_policy
 from routecast.common.errors import ConfigError
 from routecast.predict.lookahead import GROUP_TOP2, LookaheadPredictor
 from routecast.predict.lookahead_kernel import union_topk
@@ -232,11 +233,9 @@ class OffloadedModel:
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
         self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
-        self._rp_W: list[torch.Tensor] | None = None  # the reuse probe's weights per layer, float32
+        self._rp_W: list[np.ndarray] | None = None  # the reuse probe's weights per layer (features, K), float32
         if reuse_probe is not None:
-            if not self._profiles:
-                raise ConfigError(f"--reuse-probe with --policy {cfg.policy}: the reuse probe is read by fc-evict only; "
-                                  "expected --policy fc-evict.")
+            check_reuse_policy(cfg.policy)
             if (reuse_probe.num_layers, reuse_probe.num_experts, reuse_probe.hidden_size) != (self.L, self.E,
                                                                                             self.spec.hidden_size):
                 raise ConfigError(f"--reuse-probe: fitted for L={reuse_probe.num_layers}, E={reuse_probe.num_experts}, "

@@ -360,16 +360,15 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     to the wall time: the forecast matmul ran once before the timed loop); the access log and forecast sets of
     every token (warm-up included) for the replay. reuse: fc-evict reads routing['reuse'] (trace_routing's
     reuse_probe), its measured seconds per token added as the forecast's are."""
-    from routecast.cache.zoo import split_name
+    from routecast.cache.zoo import check_reuse_policy
 
     n = routing["tokens"]
     if not 0 <= warmup < n:
         raise ConfigError(f"--geometry-warmup is {warmup}; expected 0..{n - 1} (below the {n} tokens driven).")
     if reuse and "reuse" not in routing:
         raise ConfigError("reuse=True on a routing without reuse forecasts; expected trace_routing(reuse_probe=True).")
-    if reuse and split_name(policy)[0] != "fc-evict":
-        raise ConfigError(f"--reuse-probe with --policy {policy}: the reuse probe is read by fc-evict only; expected "
-                          "--policy fc-evict.")
+    if reuse:
+        check_reuse_policy(policy)
     r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct)
     ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
     ru = routing["reuse"] if reuse else [None] * n

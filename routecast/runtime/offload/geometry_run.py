@@ -53,7 +53,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     (geometry.trace_routing: 'step' or 'request'). reuse_probe: `policy` (fc-evict) reads the reuse probe
     (geometry.trace_routing). Every flag is checked before the weights are written or the trace is read."""
     from routecast.cache.replay import parse_budget
-    from routecast.cache.zoo import split_name
+    from routecast.cache.zoo import check_reuse_policy
     from routecast.trace.standard import standard_trace
 
     geom = name if isinstance(name, Geometry) else geometry(name, layers)
@@ -67,9 +67,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
     check_order(order)
-    if reuse_probe and split_name(policy)[0] != "fc-evict":
-        raise ConfigError(f"--reuse-probe with --policy {policy}: the reuse probe is read by fc-evict only; expected "
-                          "--policy fc-evict.")
+    if reuse_probe:
+        check_reuse_policy(policy)
     if loader_threads < 1:
         raise ConfigError(f"--loader-threads is {loader_threads}; expected at least 1.")
     n_keys = geom.layers * geom.experts
