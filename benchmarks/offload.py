@@ -75,6 +75,7 @@ from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import (  # noqa: E402
     accesses_from_log,
+    replay_feed,
     load_run,
     logits_match,
     make_predictor,
@@ -288,7 +289,7 @@ def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_st
                 slots = replay_slots(racc.req_off, racc.req_key, L, E, budget, pred_SLE=r0["pred_sets"],
                                      layer_ahead=pf == "lookahead", req_comp_s=compute_seconds(racc, cfg, eb),
                                      dense_s=max(0.0, model["dense_us"]) * 1e-6, xfer_s=eb / hw.h2d_bandwidth, links=2,
-                                     policy=row["policy"])
+                                     policy=row["policy"], **replay_feed(r0))
                 row.update(replay_hit_ratio=slots["hit_ratio"], replay_late=slots["late"])
         row.update(price(model, rs, label, budget, pf, L, E, num_tokens, tier["expert_bytes"], hw, row["policy"]))
         row["model_error"] = None if row["model_tokens_per_s"] is None else row["model_tokens_per_s"] / row["eval_tokens_per_s"] - 1
@@ -296,8 +297,11 @@ def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_st
         rows.append(row)
     out = {"machine": machine_info(), "load_avg": [min(loads), max(loads)], "tier": tier, "profile": str(prof_path),
            "dense_us": model["dense_us"], "cost_terms": model, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
-           "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets")} for r in v]
+           "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets", "uses", "reuse_steps")}
+                    for r in v]
                     for k, v in runs.items()}}
+    out["belady"] = {b: belady_ceiling(runs, b, L, E, num_tokens, tier["expert_bytes"], hw, model["dense_us"])
+                     for b in sorted({c[0].rsplit("@", 1)[1] for c in configs if "@" in c[0]})}
     out["headline"] = headline(out)
     cols = ("config", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "x_lru", "x_lru_min", "x_lru_max",
             "hit_ratio", "stall_share", "predictor_share", "logits_allclose", "model_error")
@@ -418,6 +422,14 @@ def headline(out: dict) -> list[str]:
             need = f"; 1.10x needs {0.10 / (c[0] - 1):.0%} of that margin" if c[0] > 1 else "; 1.10x is out of reach"
             lines.append(f"budget {b}: ceiling {c[0]:.2f}x LRU tokens/s (per-round min-max {c[1]:.2f}-{c[2]:.2f}): the "
                          f"resident-path run, this engine with every expert resident, no reads, stalls or predictor{need}")
+        bc = (out.get("belady") or {}).get(b)
+        if bc is not None:
+            need = (f"1.10x needs {0.10 / (bc['x_lru'] - 1):.0%} of Belady's gain" if bc["x_lru"] > 1.10 else
+                    "so 1.10x is beyond any eviction policy at this budget")
+            lines.append(f"budget {b}: Belady ceiling {bc['x_lru']:.2f}x LRU tokens/s (per-round min-max "
+                         f"{bc['x_lru_min']:.2f}-{bc['x_lru_max']:.2f}): clairvoyant eviction with no prefetch and no "
+                         f"predictor time, {bc['load_ratio']:.0%} of LRU's reads at LRU's measured "
+                         f"{bc['us_per_read']:.0f} µs per read; {need}")
     bad = [r["config"] for r in rows if not r["logits_allclose"]]
     lines.append("every run's logits allclose to all-resident at every step" if not bad else
                  f"logits NOT allclose to all-resident: {', '.join(bad)}")
@@ -435,6 +447,30 @@ def ceiling(runs: dict[str, list[dict]], b: str) -> tuple[float, float, float] |
         return None
     x = [lr["wall_s"] / rp["wall_s"] for lr, rp in zip(lru, res, strict=True)]
     return statistics.median(x), min(x), max(x)
+
+
+def belady_ceiling(runs: dict[str, list[dict]], b: str, L: int, E: int, num_tokens: int, eb: int, hw,
+                   dense_us: float) -> dict | None:
+    """What clairvoyant eviction (Belady MIN, no prefetch, no predictor time) would give at budget b in this runtime:
+    per round, the resident-path wall plus Belady's reads at LRU's measured cost per read, where that cost is
+    (LRU wall - resident-path wall) / LRU's reads in the same round (stall, waking a loader, the copy, everything a
+    miss costs here) and Belady's reads are LRU's times the replay kernel's Belady/LRU demand loads on LRU's own
+    access log (demand policies route alike: the logits are equal). -> {x_lru median/min/max, belady/lru load
+    ratio, µs per read (median)} or None without resident-path and LRU rounds."""
+    res, lru = runs.get("resident-path"), runs.get(f"lru@{b}")
+    if not res or not lru or len(res) != len(lru):
+        return None
+    budget = lru[0]["budget"]
+    loads = {p: _kernel(lru[0], budget, "none", L, E, num_tokens, eb, hw, dense_us, p)["demand_loads"]
+             for p in ("lru", "belady")}
+    frac = loads["belady"] / max(loads["lru"], 1)
+    x, per = [], []
+    for lr, rp in zip(lru, res, strict=True):
+        c = max(lr["wall_s"] - rp["wall_s"], 0.0) / max(lr["reads"], 1)
+        per.append(c)
+        x.append(lr["wall_s"] / (rp["wall_s"] + c * frac * lr["reads"]))
+    return {"x_lru": statistics.median(x), "x_lru_min": min(x), "x_lru_max": max(x), "load_ratio": frac,
+            "us_per_read": statistics.median(per) * 1e6}
 
 
 def print_report(out: dict) -> None:

@@ -40,3 +40,25 @@ def test_headline_states_the_ceiling_and_the_share_of_it_a_target_needs(bench):
                     "engine with every expert resident, no reads, stalls or predictor; 1.10x needs 44% of that margin"]
     out["runs"]["lru@50%"] = _walls(3.9, 4.0)  # LRU as fast as every expert resident: nothing left to gain
     assert "1.10x is out of reach" in [x for x in bench.headline(out) if "ceiling" in x][0]
+
+
+def test_belady_ceiling_prices_beladys_reads_at_lrus_measured_cost_per_read(bench, monkeypatch):
+    monkeypatch.setattr(bench, "_kernel", lambda r0, budget, pf, L, E, n, eb, hw, dense, policy="lru":
+                        {"demand_loads": {"lru": 100, "belady": 60}[policy]})
+    lru = [{"wall_s": 5.0, "reads": 200, "budget": 8}, {"wall_s": 6.0, "reads": 200, "budget": 8}]
+    runs = {"resident-path": _walls(4.0, 4.0), "lru@50%": lru}
+    c = bench.belady_ceiling(runs, "50%", 2, 8, 100, 1024, None, 0.0)
+    # per round: resident + 60% of LRU's miss time -> 5 / 4.6 and 6 / 5.2
+    assert c["x_lru"] == pytest.approx((5 / 4.6 + 6 / 5.2) / 2)
+    assert (c["x_lru_min"], c["x_lru_max"]) == pytest.approx((5 / 4.6, 6 / 5.2))
+    assert c["load_ratio"] == pytest.approx(0.6) and c["us_per_read"] == pytest.approx(7500.0)
+    assert bench.belady_ceiling(runs, "25%", 2, 8, 100, 1024, None, 0.0) is None
+    row = {"prefetch": "none", "policy": "lru", "x_lru": 1.0, "x_lru_min": 1.0, "x_lru_max": 1.0,
+           "predictor_share": 0.0, "logits_allclose": True, "config": "lru@50%"}
+    out = {"rows": [row], "runs": runs, "belady": {"50%": c}, "load_avg": [1.0, 1.2], "machine": {"cpus": 2},
+           "tier": {"mode": "o_direct"}}
+    line = [x for x in bench.headline(out) if "Belady" in x][0]
+    assert line.startswith("budget 50%: Belady ceiling 1.12x LRU tokens/s (per-round min-max 1.09-1.15)")
+    assert "60% of LRU's reads at LRU's measured 7500 µs per read; 1.10x needs 83% of Belady's gain" in line
+    c["x_lru"] = 1.05
+    assert "1.10x is beyond any eviction policy" in [x for x in bench.headline(out) if "Belady" in x][0]

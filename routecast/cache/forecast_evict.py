@@ -197,12 +197,17 @@ class ReuseMix:
 
     @staticmethod
     def _q(a, pi: np.ndarray, hz: np.ndarray) -> np.ndarray:
-        """P(a step of these requests uses each key): 1 - prod_r (1 - pi'_rk), pi' = a·hz + (1 - a)·pi; axis -2 = r."""
-        mix = np.minimum(a * hz + (1.0 - a) * pi, 0.999)
+        """P(a step of these requests uses each key): 1 - prod_r (1 - pi'_rk), pi' = a·hz + (1 - a)·pi; axis -2 = r.
+        A scalar a of 0 or 1 takes pi or hz alone (the same values: 0·x + y = y for finite x), in fewer array ops,
+        as the runtime calls this inside a layer's MoE block."""
+        if np.ndim(a) == 0 and a in (0.0, 1.0):
+            mix = np.minimum(pi if a == 0.0 else hz, 0.999)
+        else:
+            mix = np.minimum(a * hz + (1.0 - a) * pi, 0.999)
         return mix[..., 0, :] if mix.shape[-2] == 1 else -np.expm1(np.log1p(-mix).sum(-2))
 
     def row(self, layer: int, logd_RK: np.ndarray) -> np.ndarray:
-        hz = self._hz[layer] = np.exp(-np.asarray(logd_RK, np.float64))
+        hz = self._hz[layer] = np.exp(np.negative(logd_RK, dtype=np.float64))
         return self._q(self._a, self._pi, hz)
 
     def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray) -> np.ndarray:

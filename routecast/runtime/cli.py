@@ -135,7 +135,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-SKIP = ("tokens", "log", "pred_sets", "logits", "generations")
+SKIP = ("tokens", "log", "pred_sets", "logits", "generations", "uses", "reuse_steps")
 GEOMETRY_ONLY = ("routing", "geometry_layers", "geometry_tokens", "geometry_warmup", "geometry_order", "baseline",
                  "weights_dir")
 

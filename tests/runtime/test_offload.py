@@ -20,6 +20,7 @@ from routecast.runtime.offload.run import (
     encode_prompts,
     logits_match,
     make_predictor,
+    replay_feed,
     run_config,
 )
 from routecast.sim.hardware import load_hardware
@@ -265,10 +266,10 @@ def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> Non
     got = run_config(name, reqs, budget=budget, cfg_kw={"check": True, "policy": policy}, logits=True)
     assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
     assert got["policy"] == policy and got["max_occupied"] <= budget and got["misses"] > 0
-    if policy != "fc-evict":  # (fc-evict also learns from per-request profiles the slot replay does not feed)
-        acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
-        rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, policy=policy)
-        assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
+    acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
+    # fc-evict's request profiles get each step's routing in the replay as in the run (replay_feed)
+    rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, policy=policy, **replay_feed(got))
+    assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
 
 
 def test_admission_policies_are_refused_by_the_runtime() -> None:
@@ -347,6 +348,11 @@ def test_reuse_probe_rows_come_from_each_steps_router_inputs_and_keep_logits(mon
             np.testing.assert_allclose(rows[t * L + li][1][0], want[t, li], atol=1e-4)
     inside = (want > 0) & (want < np.log(32))
     assert inside.mean() > 0.2, inside.mean()  # most values are not at a clip bound: the comparison has teeth
+    # the run's rows, fed to the slot replay of its own access log, give its hits and misses
+    assert len(got["reuse_steps"]) == steps and got["reuse_steps"][0].shape == (1, L, K)
+    acc = accesses_from_log(got["log"], L, s.num_experts, 1)
+    rep = replay_slots(acc.req_off, acc.req_key, L, s.num_experts, 80, policy="fc-evict", **replay_feed(got))
+    assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
     with pytest.raises(ConfigError, match="read by fc-evict only"):
         run_config(name, reqs, budget=80, cfg_kw={"policy": "lru"}, reuse_probe=probe)
 

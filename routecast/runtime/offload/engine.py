@@ -241,10 +241,12 @@ class OffloadedModel:
                 raise ConfigError(f"--reuse-probe: fitted for L={reuse_probe.num_layers}, E={reuse_probe.num_experts}, "
                                   f"H={reuse_probe.hidden_size}; the model has L={self.L}, E={self.E}, "
                                   f"H={self.spec.hidden_size}: expected a probe fitted on a trace of this model.")
-            self._rp_W = [np.ascontiguousarray(w[:-1], np.float32) for w in reuse_probe.weights]
-            self._rp_b = [np.asarray(w[-1], np.float32) for w in reuse_probe.weights]
+            # the bias row first: features are [1, h_0, h_1, ...], so row l is one matmul of a prefix of them
+            self._rp_W = [np.ascontiguousarray(np.vstack([w[-1:], w[:-1]]), np.float32) for w in reuse_probe.weights]
             self._rp_cap = float(np.log(reuse_probe.cap))
-        self._rp_x = np.zeros((0, 0), np.float32)  # this step's last-token router inputs, layer after layer: (B, L·H)
+        self._rp_x = np.zeros((0, 0), np.float32)  # this step's [1, last-token router inputs layer after layer]: (B, 1 + L·H)
+        self.uses: list = []  # fc-evict: each step's StepUse, as its profiles got it (the replay feeds the same)
+        self.reuse_rows: list[list[np.ndarray]] = []  # with a reuse probe: each step's rows (B, K), layers in order
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
@@ -350,6 +352,8 @@ class OffloadedModel:
             raise ConfigError("--offload: the forward got no input_ids [batch, tokens]; expected token ids.")
         self._shape = (int(ids.shape[0]), int(ids.shape[1]))
         self._tokens = tok = ids.reshape(-1).numpy()
+        if self._rp_W is not None:
+            self.reuse_rows.append([])
         self._step_ids = [None] * self.L
         if self.predictor is None:
             if self._profiles:
@@ -380,14 +384,15 @@ class OffloadedModel:
         t0 = time.perf_counter()
         B, S = self._shape
         # numpy from here: every torch call costs the compute thread tens of µs while loader threads run
-        h = (hidden if hidden.dtype == torch.float32 else hidden.float()).detach().numpy().reshape(B, S, -1)[:, -1]
+        t = hidden if hidden.dtype == torch.float32 else hidden.float()
+        h = (t.detach() if t.requires_grad else t).numpy().reshape(B, S, -1)[:, -1]
         H = h.shape[1]
-        if self._rp_x.shape != (B, self.L * H):
-            self._rp_x = np.zeros((B, self.L * H), np.float32)
-        self._rp_x[:, li * H:(li + 1) * H] = h  # rows of earlier layers were written by their blocks this step
-        logd = self._rp_x[:, :(li + 1) * H] @ self._rp_W[li]
-        logd += self._rp_b[li]
+        if self._rp_x.shape != (B, 1 + self.L * H):
+            self._rp_x = np.ones((B, 1 + self.L * H), np.float32)
+        self._rp_x[:, 1 + li * H:1 + (li + 1) * H] = h  # rows of earlier layers were written by their blocks this step
+        logd = self._rp_x[:, :1 + (li + 1) * H] @ self._rp_W[li]
         self.store.reuse_row(li, np.clip(logd, 0.0, self._rp_cap, out=logd))
+        self.reuse_rows[-1].append(logd)
         self.predict_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
@@ -438,9 +443,13 @@ class OffloadedModel:
 
     def _step_end(self, _mod: nn.Module, _args: tuple, _out: Any) -> None:
         t0 = time.perf_counter()
-        self.store.end_step(self._step_use() if self._profiles else None)
         if self._profiles:  # fc-evict's request profiles are its forecast: their upkeep is predictor time
+            use = self._step_use()
+            self.uses.append(use)
+            self.store.end_step(use)
             self.predict_s += time.perf_counter() - t0
+        else:
+            self.store.end_step(None)
         if self.lookahead is not None and not self.lookahead.config.online:  # its observe would do nothing
             self.pred_sets.append(self._pred)
         elif self.predictor is not None:

@@ -175,6 +175,20 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
                     req_next=nxt, step_ids=np.arange(steps), num_tokens=num_tokens)
 
 
+def replay_feed(res: dict[str, Any]) -> dict[str, Any]:
+    """What fc-evict got in a run_config result, as replay_slots keywords: each step's request and routing (its
+    request profiles) and the reuse probe's rows the run computed; {} for other policies. One request per step
+    (batch size 1), as replay_slots' requests_S takes."""
+    if not res.get("uses"):
+        return {}
+    if any(len(u.requests) != 1 for u in res["uses"]):
+        raise ConfigError("replay_feed: a step batched several requests; replay_slots takes one request per step.")
+    feed = {"requests_S": np.array([int(u.requests[0]) for u in res["uses"]], np.int64), "uses": res["uses"]}
+    if res.get("reuse_steps"):
+        feed["reuse"] = res["reuse_steps"]
+    return feed
+
+
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
@@ -184,7 +198,9 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
     `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back. A fresh
     offloaded model is loaded without its routed experts (load.py: they are read from the checkpoint into the slots).
     preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all.
-    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel)."""
+    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel). With fc-evict the result
+    also holds 'uses' (each step's StepUse) and, with a probe, 'reuse_steps' (each step's rows (B, L, K)): what
+    replay_feed hands replay_slots so that the replay decides as the run did."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
@@ -215,7 +231,8 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
     res.update(fig)
     res.update(config=prefetch, tokens_per_s=res["new_tokens"] / res["wall_s"], stall_share=fig["stall_s"] / res["wall_s"],
                reuse_probe=reuse_probe is not None,
-               log=off.log, pred_sets=np.array(off.pred_sets) if off.pred_sets else None, L=off.L, E=off.E)
+               log=off.log, pred_sets=np.array(off.pred_sets) if off.pred_sets else None, L=off.L, E=off.E,
+               uses=off.uses or None, reuse_steps=[np.stack(r, 1) for r in off.reuse_rows] or None)
     return res
 
 
