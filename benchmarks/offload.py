@@ -75,10 +75,10 @@ from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import (  # noqa: E402
     accesses_from_log,
-    replay_feed,
     load_run,
     logits_match,
     make_predictor,
+    replay_feed,
     run_config,
 )
 from routecast.runtime.offload.store import RUNTIME_POLICIES  # noqa: E402
