@@ -255,7 +255,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.cur: set[int] = set()
         self.n = 0
         self.ver = 0  # bumped when the step or the running layer changes (victim's memo is valid within one)
-        self._memo: tuple[int, int, bool, list[int]] | None = None  # (layer, ver, whole, order)
+        self._memo: tuple[int, int, list[int]] | None = None  # (layer, ver, order)
+        victim_order(self.res, self.q, self.fset, self.last, 0, L, E)  # compiled (or loaded) now, not at a miss
 
     def __len__(self) -> int:
         return self.n
@@ -332,33 +333,23 @@ class ForecastEvictPolicy(BasePolicy):
         layer = incoming // self.E if incoming >= 0 else self.layer
         # Farthest first, then least recent. Within one step and running layer (one `ver`) a key's distance is fixed
         # and only keys used in it (self.cur, never victims) change recency, so the order built at the first miss
-        # holds for every later one: it is memoised and walked, skipping keys gone since. Sorting every resident key
-        # costs O(n log n); the victim is almost always among the farthest few, so those (every key tied with the cut
-        # included) are sorted first and the whole order is built only when all of them are in use.
+        # holds for every later one: it is memoised and walked, skipping keys gone since.
         memo = self._memo
         if memo is None or memo[0] != layer or memo[1] != self.ver:
-            memo = self._memo = self._order(layer, whole=False)
-        k = self._walk(memo[3], pinned)
-        if k < 0 and not memo[2]:
-            memo = self._memo = self._order(layer, whole=True)
-            k = self._walk(memo[3], pinned)
+            memo = self._memo = self._order(layer)
+        k = self._walk(memo[2], pinned)
         if k >= 0:
             return k
         # a pool smaller than the access: a computed key of it goes (the driver pins the others); the order is built
         # afresh, as keys admitted since the memo (all in self.cur) are candidates now
-        return self._first_free(self._order(layer, whole=True)[3], pinned, False)
+        return self._first_free(self._order(layer)[2], pinned, False)
 
-    def _order(self, layer: int, whole: bool) -> tuple[int, int, bool, list[int]]:
-        """Resident keys farthest-then-least-recent from `layer` (only the farthest few unless `whole`) -> memo."""
-        keys = np.flatnonzero(self.res)
-        d = self.next_use(keys, layer)
-        few = _FEW + len(self.cur)
-        if not whole and len(keys) > 4 * few:
-            near = d >= -np.partition(-d, few)[few]
-            keys, d = keys[near], d[near]
-        else:
-            whole = True
-        return layer, self.ver, whole, keys[np.lexsort((self.last[keys], -d))].tolist()
+    def _order(self, layer: int) -> tuple[int, int, list[int]]:
+        """Resident keys farthest-then-least-recent from `layer` (next_use's distances; ties by key) -> memo.
+        One compiled call (victim_order): as numpy it was about twenty small array operations, each costing the
+        runtime's compute thread several µs cold inside a layer (benchmarks/offload.py)."""
+        q = self.q if self.qL is None else self.qL[layer]
+        return layer, self.ver, victim_order(self.res, q, self.fset, self.last, layer, self.L, self.E).tolist()
 
     def _walk(self, order: list[int], pinned: Callable[[int], bool]) -> int:
         res, cur = self.res, self.cur
@@ -373,8 +364,6 @@ class ForecastEvictPolicy(BasePolicy):
                 return k
         return -1
 
-
-_FEW = 16  # ForecastEvict.victim: keys sorted before the full order is needed
 
 
 def admit_prefetch(p_use: float, xfer_s: float, window_s: float, victim_reuse: float) -> bool:
@@ -418,3 +407,34 @@ class PrefetchAdmission:
 
     def reuse(self, key: int) -> float:
         return 0.0 if key < 0 else float(self.q[key])
+
+
+def _victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.ndarray, layer: int, L: int,
+                  E: int) -> np.ndarray:
+    """Resident keys (res bool (K,)) ordered by ForecastEvictPolicy.next_use from `layer` descending, then `last`
+    ascending, then key ascending: np.lexsort((last, -d)) of flatnonzero(res), in one pass and two stable sorts."""
+    n = 0
+    for k in range(res.size):
+        if res[k]:
+            n += 1
+    keys = np.empty(n, np.int64)
+    d = np.empty(n)
+    lst = np.empty(n)
+    j = 0
+    for k in range(res.size):
+        if res[k]:
+            lk = k // E
+            off = float(lk - layer) if lk > layer else float(L - layer + lk)
+            d[j] = off if (fset[k] and lk > layer) else off + L * (1.0 / max(q[k], 1e-9) - 1.0)
+            keys[j] = k
+            lst[j] = last[k]
+            j += 1
+    by_last = np.argsort(lst, kind="mergesort")
+    return keys[by_last[np.argsort(-d[by_last], kind="mergesort")]]
+
+
+try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
+    from numba import njit
+except ImportError:  # pragma: no cover
+    njit = None
+victim_order = _victim_order if njit is None else njit(cache=True, nogil=True)(_victim_order)

@@ -184,7 +184,8 @@ def test_step_use_from_routing_equals_the_replays_per_step_uses():
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**31 - 1), L=st.integers(2, 6), E=st.integers(16, 48), ties=st.booleans())
 def test_fc_evict_victim_equals_the_full_order(seed, L, E, ties):
-    """victim() sorts only the farthest few keys first: it must name the key the full farthest-then-LRU order names."""
+    """victim() (its compiled order, cache/forecast_evict.victim_order) names the key the numpy farthest-then-LRU
+    order of next_use names."""
     rng = np.random.default_rng(seed)
     K = L * E
     pol = ForecastEvictPolicy(K, L=L, E=E)
