@@ -24,3 +24,10 @@ def test_bad_file_refused(tmp_path):
     (tmp_path / "c.json").write_bytes(b"\xff\x00")
     with pytest.raises(ConfigError, match="cannot be read"):
         read_bench(tmp_path / "c.json")
+
+
+def test_command_quotes_arguments_so_an_empty_one_stays_visible(monkeypatch):
+    from routecast.common.bench import _command
+
+    monkeypatch.setattr("sys.argv", ["benchmarks/offload.py", "--combine", "", "--prompts", "corpus:val:8 x"])
+    assert _command("offload") == "python benchmarks/offload.py --combine '' --prompts 'corpus:val:8 x'"

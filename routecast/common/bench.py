@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -48,9 +49,8 @@ def _command(name: str) -> str:
     argv = list(sys.argv)
     if not argv or not argv[0]:
         return name
-    if argv[0].endswith(("pytest/__main__.py", "/pytest", "py.test")):
-        argv[0] = "-m pytest"
-    return " ".join(["python", *argv])
+    head = "-m pytest" if argv[0].endswith(("pytest/__main__.py", "/pytest", "py.test")) else shlex.quote(argv[0])
+    return " ".join(["python", head, *map(shlex.quote, argv[1:])])  # quoted: an empty argument stays visible
 
 
 def table(title: str, rows: Sequence[Mapping[str, Any]], note: str = "") -> dict[str, Any]:
