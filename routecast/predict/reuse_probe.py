@@ -86,6 +86,31 @@ def reuse_distances(request_n: np.ndarray, position_n: np.ndarray, keys_nLK: np.
     return np.where(same, np.minimum(pos[nxt] - pos[:n, None], cap), float(cap))
 
 
+def _probe_row(x_BF: np.ndarray, h_BH: np.ndarray, w_FK: np.ndarray, layer: int, cap_log: float) -> np.ndarray:
+    """The runtime's row: x_BF = [1, h_0, h_1, ...] per batch row (float32, layers written as they run), h_BH this
+    layer's router inputs written into it, w_FK the layer's weights with the bias row first ((1 + (layer+1)·H, K)).
+    -> log d̂ (B, K) float32 clipped to [0, cap_log]: the same row as ReuseProbe.predict (float32 sums)."""
+    B, H = h_BH.shape
+    F, K = w_FK.shape
+    x_BF[:, 1 + layer * H:1 + (layer + 1) * H] = h_BH
+    out = np.zeros((B, K), np.float32)
+    for b in range(B):
+        for i in range(F):  # k innermost: independent sums, so the loop vectorises without reordering any of them
+            xi = x_BF[b, i]
+            for k in range(K):
+                out[b, k] += xi * w_FK[i, k]
+        for k in range(K):
+            out[b, k] = min(max(out[b, k], np.float32(0.0)), np.float32(cap_log))
+    return out
+
+
+try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
+    from numba import njit
+except ImportError:  # pragma: no cover
+    njit = None
+probe_row = _probe_row if njit is None else njit(cache=True, nogil=True)(_probe_row)
+
+
 CHUNK_ROWS = 16384  # fit_reuse_probe: tokens per chunk (whole requests), so memory does not grow with the trace
 
 

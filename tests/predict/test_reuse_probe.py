@@ -124,3 +124,27 @@ def test_chunked_fit_equals_one_chunk(seed, chunk):
     many = fit_reuse_probe(tr, rows, cap=8, chunk_rows=chunk)
     for a, b in zip(one.weights, many.weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 3), L=st.integers(1, 4), H=st.integers(1, 12),
+       E=st.integers(1, 6), prefill=st.booleans())
+def test_runtime_probe_row_equals_predict(seed, B, L, H, E, prefill):
+    """probe_row (the runtime's compiled row: the bias row first, layers written into x as they run) gives
+    ReuseProbe.predict's rows, for decode (contiguous) and prefill (strided last-token) views of the router inputs."""
+    from routecast.predict.reuse_probe import ReuseProbe, probe_row
+
+    rng = np.random.default_rng(seed)
+    K = L * E
+    ws = tuple(rng.normal(0, 0.3, ((li + 1) * H + 1, K)) + np.r_[np.zeros((li + 1) * H), 1.5][:, None]
+               for li in range(L))
+    probe = ReuseProbe(weights=ws, cap=32, num_layers=L, num_experts=E, hidden_size=H)
+    hid = rng.normal(0, 1, (B, L, H))
+    want = probe.predict(hid)
+    x = np.ones((B, 1 + L * H), np.float32)
+    for li in range(L):
+        w = np.ascontiguousarray(np.vstack([ws[li][-1:], ws[li][:-1]]), np.float32)
+        seq = np.zeros((B, 3 if prefill else 1, H), np.float32)
+        seq[:, -1] = hid[:, li]
+        got = probe_row(x, seq[:, -1], w, li, float(np.log(32)))
+        np.testing.assert_allclose(got, want[:, li], atol=2e-4)

@@ -45,6 +45,7 @@ from routecast.cache.zoo import check_reuse_policy
 from routecast.common.errors import ConfigError
 from routecast.predict.lookahead import GROUP_TOP2, LookaheadPredictor
 from routecast.predict.lookahead_kernel import union_topk
+from routecast.predict.reuse_probe import probe_row
 from routecast.runtime.offload.fallback import Fallback
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
@@ -244,6 +245,9 @@ class OffloadedModel:
             # the bias row first: features are [1, h_0, h_1, ...], so row l is one matmul of a prefix of them
             self._rp_W = [np.ascontiguousarray(np.vstack([w[-1:], w[:-1]]), np.float32) for w in reuse_probe.weights]
             self._rp_cap = float(np.log(reuse_probe.cap))
+            H = self.spec.hidden_size
+            for h in (np.zeros((1, H), np.float32), np.zeros((1, 2, H), np.float32)[:, -1]):  # decode and prefill views
+                probe_row(np.ones((1, 1 + H), np.float32), h, self._rp_W[0], 0, self._rp_cap)  # compiled now, not in a layer
         self._rp_x = np.zeros((0, 0), np.float32)  # this step's [1, last-token router inputs layer after layer]: (B, 1 + L·H)
         self.uses: list = []  # fc-evict: each step's StepUse, as its profiles got it (the replay feeds the same)
         self.reuse_rows: list[list[np.ndarray]] = []  # with a reuse probe: each step's rows (B, K), layers in order
@@ -389,9 +393,10 @@ class OffloadedModel:
         H = h.shape[1]
         if self._rp_x.shape != (B, 1 + self.L * H):
             self._rp_x = np.ones((B, 1 + self.L * H), np.float32)
-        self._rp_x[:, 1 + li * H:1 + (li + 1) * H] = h  # rows of earlier layers were written by their blocks this step
-        logd = self._rp_x[:, :1 + (li + 1) * H] @ self._rp_W[li]
-        self.store.reuse_row(li, np.clip(logd, 0.0, self._rp_cap, out=logd))
+        # one compiled call writes h into x (earlier layers' parts were written by their blocks this step), multiplies
+        # and clips: each distinct numpy call costs the compute thread tens of µs cold inside a layer
+        logd = probe_row(self._rp_x, h, self._rp_W[li], li, self._rp_cap)
+        self.store.reuse_row(li, logd)
         self.reuse_rows[-1].append(logd)
         self.predict_s += time.perf_counter() - t0
 
