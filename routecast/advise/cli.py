@@ -133,7 +133,7 @@ def advise_main(a: argparse.Namespace, html_writer: Any = None) -> int:
     trace = read_trace(path, load_hidden=False, load_logits=False)
     v, extras = advise_trace(trace, dep, model_ref=a.model_profile, hw_ref=a.hardware, families=fams,
                              shuffle_methods=methods or None, predictor=a.predictor, emoe_quality=a.emoe_quality,
-                             seed=a.seed)
+                             seed=a.seed, trace_path=path)
     files: dict[str, str] = {}
     if a.out:
         from routecast.advise.artifacts import write_artifacts

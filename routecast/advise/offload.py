@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +36,10 @@ from routecast.place.compare import step_work
 from routecast.sim.cost import attention_time, probe_options
 from routecast.trace.trace import Trace
 
+PROBE_ROW = "fc-evict+probe"  # fc-evict also reading the reuse probe (predict/reuse_probe.py), on traces with router inputs
 SYSTEMS = {"arc": "ARC (bigrig)", "s3fifo": "S3-FIFO (bigrig)", "lirs": "LIRS (bigrig)",
-           "fc-evict": "forecast-guided eviction (routecast cache)", "lru": "LRU (mixtral-offloading's policy, one pool)", "lfu": "LFU (Pre-gated MoE)",
+           "fc-evict": "forecast-guided eviction (routecast cache)",
+           PROBE_ROW: "forecast-guided eviction reading the router inputs (routecast cache)", "lru": "LRU (mixtral-offloading's policy, one pool)", "lfu": "LFU (Pre-gated MoE)",
            "lfuda": "LFUDA (bigrig default)", "lru-layer": "per-layer LRU (Cache-MoE, mixtral-offloading)",
            "semoe": "SE-MoE next-layer prefetch", "plec": "ExpertFlow PLEC", "plec-correct": "ExpertFlow PLEC",
            "plec-correct-eager": "ExpertFlow PLEC", "plec-correct-fifo": "ExpertFlow PLEC",
@@ -59,18 +62,12 @@ def _run_line(model_arg: str, share: float, policy: str, runtime_policies: tuple
 
 
 def runtime_policies() -> tuple[str, ...]:
-    """Policies `routecast run --offload --policy NAME` accepts in this build (empty when it has no --policy)."""
-    import argparse
+    """Policies `routecast run --offload --policy NAME` runs (the runtime's own list: every cache/zoo.py policy
+    object). It was read from the argument parser's choices, which --policy does not declare (the runtime checks
+    the name itself), so every policy's command said 'not in the runtime'."""
+    from routecast.runtime.offload.store import RUNTIME_POLICIES
 
-    from routecast.runtime.cli import add_parser
-
-    ap = argparse.ArgumentParser()
-    add_parser(ap.add_subparsers())
-    sub = ap._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
-    for act in sub._actions:
-        if "--policy" in act.option_strings:
-            return tuple(act.choices or ())
-    return ()
+    return tuple(RUNTIME_POLICIES)
 
 
 def emoe_quality_cost(path: str | Path | None, share: float) -> str:
@@ -114,10 +111,32 @@ def _residency_rerouted(trace: Trace, train: np.ndarray, test: np.ndarray, share
     return miss / max(tot, 1), res
 
 
+def probe_candidate(trace: Trace, test: np.ndarray | None, pred: Any, ahead: bool, kw: dict[str, Any], scale: float,
+                    run_line: str, fitted: str) -> Candidate:
+    """fc-evict reading the reuse probe, fitted on the rows `test` leaves out (the predictor's training rows) and
+    replayed on `test` with the same forecast sets, budget and clock as every other cache policy."""
+    from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps
+
+    train = np.ones(trace.num_tokens, bool) if test is None else ~test
+    try:
+        probe = fit_reuse_probe(trace, train)
+    except ConfigError as e:
+        return not_applicable(PROBE_ROW, SYSTEMS[PROBE_ROW], "cache", str(e))
+    reuse = probe_steps(probe, trace, test)
+    r = next(r for r in compare_policies(trace, policies=["fc-evict"], forecast=pred, layer_ahead=ahead, reuse=reuse,
+                                         **kw) if r["policy"] == "fc-evict")
+    return Candidate(name=PROBE_ROW, system=SYSTEMS[PROBE_ROW], family="cache", value=r["us_per_token"] * scale,
+                     artifact=run_line,
+                     detail={"hit_ratio": r["hit_ratio"], "stall_s": r["stall_s"], "bytes_moved": r["bytes_moved"],
+                             "budget_slots": kw["budget"], "forecast": f"{fitted} + reuse probe"})
+
+
 def offload_candidates(trace: Trace, dep: Deployment, regime: Regime, *, predictor: str = DEFAULT_PREDICTOR,
                        model_arg: str = "MODEL", emoe_quality: str | Path | None = None, seed: int = 0,
-                       ) -> list[Candidate]:
-    """Cache policies and eMoE residency at the regime's resident share (module docstring)."""
+                       trace_ref: str | None = None) -> list[Candidate]:
+    """Cache policies and eMoE residency at the regime's resident share (module docstring). A trace with router
+    inputs (hidden_TLH) also prices fc-evict reading the reuse probe (probe_candidate); its command fits the probe
+    on `trace_ref` (the trace's path)."""
     names = [*(n for n in ALL_POLICIES if n != "belady"), "belady"]
     if regime.fits:
         why = "everything fits in memory: no expert is offloaded"
@@ -152,6 +171,9 @@ def offload_candidates(trace: Trace, dep: Deployment, regime: Regime, *, predict
                       detail={"hit_ratio": r["hit_ratio"], "stall_s": r["stall_s"], "bytes_moved": r["bytes_moved"],
                               "budget_slots": slots, "forecast": fitted if is_predictive(n) else ""})
         out.append(c)
+    if trace.hidden_TLH is not None:
+        line = _run_line(model_arg, share, "fc-evict", rt) + f" --reuse-probe --fit-trace {trace_ref or 'TRACE'}"
+        out.append(probe_candidate(trace, test, pred, ahead, kw, scale, line, fitted))
     o = next(r for r in oracle if r["policy"] == "plec-correct")
     out.append(Candidate(name="plec-correct on the true routing (bound)", system="ExpertFlow PLEC", family="cache",
                          value=o["us_per_token"] * scale, deployable=False, artifact="none (needs the future)",

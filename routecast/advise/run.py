@@ -50,11 +50,29 @@ def first_steps(trace: Trace, n: int, *, max_tokens: int | None = None, what: st
                  f"{trace.num_tokens} tokens)")
 
 
+def with_router_inputs(trace: Trace, path: str | Path) -> Trace:
+    """`trace` (the first steps of the trace at `path`, or all of it) with the router inputs of the same rows when
+    the files at `path` hold them (memory-mapped: only these rows' are read); else `trace` unchanged."""
+    import numpy as np
+
+    from routecast.trace.io import read_trace
+
+    full = read_trace(path, load_hidden=True, load_logits=False)
+    if full.hidden_TLH is None:
+        return trace
+    if full.num_tokens == trace.num_tokens:
+        return full
+    steps = np.asarray(full.tokens["step"])
+    return full.select(steps <= int(np.asarray(trace.tokens["step"]).max()))
+
+
 def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, families: tuple[str, ...] = FAMILIES,
                  shuffle_methods: tuple[str, ...] | None = None, predictor: str = "conditional-token",
                  emoe_quality: str | Path | None = None, seed: int = 0, bench_dir: str | Path = BENCH_DIR,
-                 ) -> tuple[Verdict, dict[str, Any]]:
-    """Price every applicable strategy of `families` on `trace` for `dep` -> (verdict, {plans, shuffle, serve})."""
+                 trace_path: str | Path | None = None) -> tuple[Verdict, dict[str, Any]]:
+    """Price every applicable strategy of `families` on `trace` for `dep` -> (verdict, {plans, shuffle, serve}).
+    trace_path: where `trace` was read from; when its files hold router inputs, the cache family reads them for the
+    replayed steps only (with_router_inputs) and also prices fc-evict reading the reuse probe."""
     from routecast.advise.offload import offload_candidates
     from routecast.advise.placement import SHUFFLE_METHODS, placement_candidates, shuffle_candidates
     from routecast.advise.serving import scheduler_candidates
@@ -94,8 +112,11 @@ def advise_trace(trace: Trace, dep: Deployment, *, model_ref: str, hw_ref: str, 
             max_tokens=max(MAX_CACHE_CELLS // trace.spec.num_layers, 1))
         if c_note:
             regime = dataclasses.replace(regime, notes=(*regime.notes, c_note))
+        if trace_path is not None and not regime.fits:
+            c_trace = with_router_inputs(c_trace, trace_path)
         cands += offload_candidates(c_trace, dep, regime, predictor=predictor, model_arg=model_ref,
-                                    emoe_quality=emoe_quality, seed=seed)
+                                    emoe_quality=emoe_quality, seed=seed,
+                                    trace_ref=None if trace_path is None else str(trace_path))
         timings["cache"] = time.perf_counter() - t0
     if "scheduler" in families:
         t0 = time.perf_counter()

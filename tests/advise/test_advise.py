@@ -185,6 +185,39 @@ def test_offload_regime_prices_the_caches_and_emoe_not_placement(tmp_path, capsy
     assert extras["plans"] is None
 
 
+@pytest.mark.parametrize("hidden", [16, 0])
+def test_a_trace_with_router_inputs_also_prices_fc_evict_reading_the_reuse_probe(tmp_path, hidden):
+    """With router inputs in the trace's files (read for the replayed rows only), the cache family adds fc-evict+probe
+    (the probe fitted on the predictor's training rows), whose command fits the probe on that trace; without them, no
+    such row."""
+    from routecast.trace.io import read_trace
+
+    t = build_small_trace(num_requests=10, prompt_len=12, decode_len=6, num_layers=3, num_experts=64, top_k=6,
+                          hidden=hidden)
+    d = tmp_path / "t"
+    write_trace(t, d)
+    dep = make_deployment(model_profile="deepseek-v2-lite", hardware="h100-sxm", gpus=1,
+                          memory_gb=_half_memory_gb("deepseek-v2-lite"))
+    v, _ = advise_trace(read_trace(d, load_hidden=False), dep, model_ref="deepseek-v2-lite", hw_ref="h100-sxm",
+                        families=("cache",), trace_path=d)
+    by = {r.cand.name: r for r in v.rows}
+    if not hidden:
+        assert "fc-evict+probe" not in by
+        return
+    row = by["fc-evict+probe"].cand
+    assert row.applicable and row.family == "cache" and math.isfinite(row.value) and row.value > 0
+    assert f"--policy fc-evict --reuse-probe --fit-trace {d}" in row.artifact
+    assert row.value >= by["belady"].cand.value - 1e-9 and row.detail["forecast"].endswith("+ reuse probe")
+    from routecast.cli import build_parser
+    from routecast.runtime.offload.store import check_runtime_policy
+
+    for name in ("fc-evict+probe", "lirs", "lfu"):  # every runtime policy's command is one `routecast run` takes
+        args = build_parser().parse_args(shlex.split(by[name].cand.artifact)[1:])
+        check_runtime_policy(args.policy)
+        assert args.offload and args.policy == name.removesuffix("+probe")
+    assert args.reuse_probe is False and build_parser().parse_args(shlex.split(row.artifact)[1:]).fit_trace == str(d)
+
+
 @pytest.mark.parametrize("argv,expect", [
     (["--slo-ttft-ms", "fast"], "--slo-ttft-ms is 'fast'"),
     (["--slo-tpot-ms", "-3"], "--slo-tpot-ms is '-3'"),
