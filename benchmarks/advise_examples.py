@@ -87,7 +87,8 @@ def main() -> int:
         trace = read_trace(path, load_hidden=False, load_logits=False)
         dep = make_deployment(model_profile=d["model"], hardware=str(hw), gpus=d["gpus"], link=d.get("link", "nvlink"),
                               memory_gb=d.get("memory_gb"))
-        v, _ = advise_trace(trace, dep, model_ref=d["model"], hw_ref=str(hw), shuffle_methods=d.get("shuffle"))
+        v, _ = advise_trace(trace, dep, model_ref=d["model"], hw_ref=str(hw), shuffle_methods=d.get("shuffle"),
+                            trace_path=path)  # as `routecast advise --trace`: router inputs read when the files hold them
         wall = time.perf_counter() - t0
         text = v.text()
         print(f"=== {name}\n$ routecast advise --trace {path} --model-profile {d['model']} --hardware {hw} "

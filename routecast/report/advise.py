@@ -73,7 +73,8 @@ def section_advise(trace: Any, out: Path) -> tuple[Section, dict[str, Any]]:
 
     model, gpus = demo_deployment(trace)
     dep = make_deployment(model_profile=model, hardware=DEMO_HARDWARE, gpus=gpus)
-    v, extras = advise_trace(trace, dep, model_ref=model, hw_ref=DEMO_HARDWARE, shuffle_methods=("sts", "metis"))
+    v, extras = advise_trace(trace, dep, model_ref=model, hw_ref=DEMO_HARDWARE, shuffle_methods=("sts", "metis"),
+                             trace_path=out / "trace" if (out / "trace").is_dir() else None)
     files = write_artifacts(out / "advise", v, model=dep.model, plans=extras["plans"], shuffle=extras["shuffle"],
                             serve_conf=extras["serve"], model_ref=model, trace_ref=str(out / "trace"))
     sec = advise_section(v, key="advise", title="Verdict: what to deploy")
