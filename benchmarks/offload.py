@@ -198,7 +198,7 @@ def main() -> None:
         for label, budget, pf, pred, kw in configs:
             cfg_kw = {k: v for k, v in kw.items() if k != "reuse_probe"}
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
-                           cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), **switch)
+                           cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), keep_feed=True, **switch)
             if ref_logits is None:
                 ref_logits = r["logits"]
             r["logits_allclose"], r["logits_max_diff"] = logits_match(ref_logits, r.pop("logits"))

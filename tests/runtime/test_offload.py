@@ -263,7 +263,7 @@ def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> Non
     reqs = encode_prompts(tok, PROMPTS, 4)
     ref = run_config(name, reqs, budget=None, logits=True)
     budget = 80  # 25% of builtin-fine's 320 routed experts
-    got = run_config(name, reqs, budget=budget, cfg_kw={"check": True, "policy": policy}, logits=True)
+    got = run_config(name, reqs, budget=budget, cfg_kw={"check": True, "policy": policy}, logits=True, keep_feed=True)
     assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
     assert got["policy"] == policy and got["max_occupied"] <= budget and got["misses"] > 0
     acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
@@ -335,7 +335,7 @@ def test_reuse_probe_rows_come_from_each_steps_router_inputs_and_keep_logits(mon
     ref = run_config(name, reqs, budget=None, logits=True)
     try:
         got = run_config(name, reqs, budget=80, cfg_kw={"check": True, "policy": "fc-evict"}, logits=True,
-                         reuse_probe=probe, loaded=(model, tok))
+                         reuse_probe=probe, loaded=(model, tok), keep_feed=True)
     finally:
         for h in hooks:
             h.remove()
@@ -353,6 +353,8 @@ def test_reuse_probe_rows_come_from_each_steps_router_inputs_and_keep_logits(mon
     acc = accesses_from_log(got["log"], L, s.num_experts, 1)
     rep = replay_slots(acc.req_off, acc.req_key, L, s.num_experts, 80, policy="fc-evict", **replay_feed(got))
     assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
+    plain = run_config(name, reqs, budget=80, cfg_kw={"policy": "fc-evict"}, reuse_probe=probe)
+    assert plain["uses"] is None and plain["reuse_steps"] is None  # kept only when asked (they grow with the run)
     with pytest.raises(ConfigError, match="read by fc-evict only"):
         run_config(name, reqs, budget=80, cfg_kw={"policy": "lru"}, reuse_probe=probe)
 

@@ -249,8 +249,12 @@ class OffloadedModel:
             for h in (np.zeros((1, H), np.float32), np.zeros((1, 2, H), np.float32)[:, -1]):  # decode and prefill views
                 probe_row(np.ones((1, 1 + H), np.float32), h, self._rp_W[0], 0, self._rp_cap)  # compiled now, not in a layer
         self._rp_x = np.zeros((0, 0), np.float32)  # this step's [1, last-token router inputs layer after layer]: (B, 1 + L·H)
-        self.uses: list = []  # fc-evict: each step's StepUse, as its profiles got it (the replay feeds the same)
-        self.reuse_rows: list[list[np.ndarray]] = []  # with a reuse probe: each step's rows (B, K), layers in order
+        # keep_feed (run_config(keep_feed=True)): what fc-evict got, kept for the replay of the run (run.replay_feed):
+        # each step's StepUse and, with a reuse probe, its rows (B, K) in layer order. Off by default: the rows of a
+        # long run of a large model would grow without bound (L·K floats a step).
+        self.keep_feed = False
+        self.uses: list = []
+        self.reuse_rows: list[list[np.ndarray]] = []
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
@@ -356,7 +360,7 @@ class OffloadedModel:
             raise ConfigError("--offload: the forward got no input_ids [batch, tokens]; expected token ids.")
         self._shape = (int(ids.shape[0]), int(ids.shape[1]))
         self._tokens = tok = ids.reshape(-1).numpy()
-        if self._rp_W is not None:
+        if self._rp_W is not None and self.keep_feed:
             self.reuse_rows.append([])
         self._step_ids = [None] * self.L
         if self.predictor is None:
@@ -397,7 +401,8 @@ class OffloadedModel:
         # and clips: each distinct numpy call costs the compute thread tens of µs cold inside a layer
         logd = probe_row(self._rp_x, h, self._rp_W[li], li, self._rp_cap)
         self.store.reuse_row(li, logd)
-        self.reuse_rows[-1].append(logd)
+        if self.keep_feed:
+            self.reuse_rows[-1].append(logd)
         self.predict_s += time.perf_counter() - t0
 
     def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
@@ -450,7 +455,8 @@ class OffloadedModel:
         t0 = time.perf_counter()
         if self._profiles:  # fc-evict's request profiles are its forecast: their upkeep is predictor time
             use = self._step_use()
-            self.uses.append(use)
+            if self.keep_feed:
+                self.uses.append(use)
             self.store.end_step(use)
             self.predict_s += time.perf_counter() - t0
         else:

@@ -193,14 +193,14 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
                batch_size: int = 1, preload: bool = False, switch_s: float = SWITCH_S,
-               logits: bool = False, reuse_probe: Any = None) -> dict[str, Any]:
+               logits: bool = False, reuse_probe: Any = None, keep_feed: bool = False) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
     `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back. A fresh
     offloaded model is loaded without its routed experts (load.py: they are read from the checkpoint into the slots).
     preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all.
-    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel). With fc-evict the result
-    also holds 'uses' (each step's StepUse) and, with a probe, 'reuse_steps' (each step's rows (B, L, K)): what
-    replay_feed hands replay_slots so that the replay decides as the run did."""
+    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel). keep_feed: with fc-evict
+    the result also holds 'uses' (each step's StepUse) and, with a probe, 'reuse_steps' (each step's rows (B, L, K)):
+    what replay_feed hands replay_slots so that the replay decides as the run did."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
@@ -220,6 +220,7 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
         predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
     off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor,
                          reuse_probe=reuse_probe)
+    off.keep_feed = keep_feed
     try:
         if preload:
             off.preload()
