@@ -62,3 +62,14 @@ def test_belady_ceiling_prices_beladys_reads_at_lrus_measured_cost_per_read(benc
     assert "60% of LRU's reads at LRU's measured 7500 µs per read; 1.10x needs 83% of Belady's gain" in line
     c["x_lru"] = 1.05
     assert "1.10x is beyond any eviction policy" in [x for x in bench.headline(out) if "Belady" in x][0]
+
+
+def test_rounds_keep_all_resident_first_and_permute_the_rest(bench):
+    configs = [(name, None) for name in ("all-resident", "resident-path", "on-demand", "lru@25%", "lfu@25%", "lru@50%",
+                                         "fc-evict@50%")]
+    assert bench.round_order(configs, 0) == configs  # the first round in the listed order
+    orders = [bench.round_order(configs, r) for r in range(1, 5)]
+    for o in orders:
+        assert o[0] == configs[0] and sorted(o) == sorted(configs)
+    assert len({tuple(o) for o in orders}) > 1  # LRU is not first of its budget in every round
+    assert bench.round_order(configs, 3) == bench.round_order(configs, 3)  # seeded: a rerun repeats the order
