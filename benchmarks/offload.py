@@ -64,15 +64,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
 from routecast.cache.zoo import uses_forecast  # noqa: E402
-from routecast.common.bench import table, write_bench  # noqa: E402
+from routecast.common.bench import round_order, table, write_bench  # noqa: E402
 from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import (  # noqa: E402
@@ -197,7 +195,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     ref_logits = None
     for rep in range(a.repeats):  # interleaved: every configuration once per round
-        for label, budget, pf, pred, kw in round_order(configs, rep):
+        for label, budget, pf, pred, kw in round_order(configs, rep, keep=1):  # all-resident first: the reference
             cfg_kw = {k: v for k, v in kw.items() if k != "reuse_probe"}
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
                            cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), keep_feed=True, **switch)
@@ -311,16 +309,6 @@ def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_st
                            "x_lru = median of per-round ratios to LRU at the same budget)",
                            [{c: r[c] for c in cols} for r in rows])]
     return out
-
-
-def round_order(configs: list, rep: int) -> list:
-    """Round `rep`'s order: all-resident first (its logits are the reference), the others in a permutation seeded by
-    the round. A fixed order puts LRU first in every budget's block, so any drift within a round (the process's
-    heap and caches as runs pile up) would count against every policy compared with it."""
-    head = [c for c in configs if c[0] == "all-resident"]
-    rest = [c for c in configs if c[0] != "all-resident"]
-    perm = np.random.default_rng(rep).permutation(len(rest)) if rep else np.arange(len(rest))
-    return head + [rest[i] for i in perm]
 
 
 def parse_gates(text: str) -> dict[str, dict]:

@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 
-from routecast.common.bench import table, write_bench
+from routecast.common.bench import round_order, table, write_bench
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.store import RUNTIME_POLICIES
 
@@ -108,7 +108,7 @@ def main_geometry(a) -> None:
         configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False) for pol in combined]
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(repeats):
-        for label, b, pol, pf, ru in configs:
+        for label, b, pol, pf, ru in round_order(configs, rep):  # seeded per round: no fixed place in the rounds
             # the tier's speed right before each run (this disk drifts by tens of percent within minutes): the replay
             # is priced with the median over all runs (a few reads per run alone are too noisy to price that run)
             near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],

@@ -53,6 +53,21 @@ def _command(name: str) -> str:
     return " ".join(["python", head, *map(shlex.quote, argv[1:])])  # quoted: an empty argument stays visible
 
 
+def round_order(configs: Sequence[Any], rep: int, keep: int = 0) -> list[Any]:
+    """The order of round `rep` of an interleaved benchmark: the first round as listed, later ones the first `keep`
+    configurations then the rest in a permutation seeded by the round. A fixed order runs each configuration at the
+    same place in every round, so any drift within a round (the process's heap and caches as runs pile up, a disk
+    warming) favours the same ones every time: benchmarks/offload.py's fixed order put LRU first in each budget's
+    block and measured every policy below it at 50%."""
+    import numpy as np
+
+    items = list(configs)
+    if rep == 0:
+        return items
+    rest = items[keep:]
+    return items[:keep] + [rest[i] for i in np.random.default_rng(rep).permutation(len(rest))]
+
+
 def table(title: str, rows: Sequence[Mapping[str, Any]], note: str = "") -> dict[str, Any]:
     """One renderable table: rows are dicts sharing their keys (the columns, in the first row's order)."""
     return {"title": title, "rows": [dict(r) for r in rows], "note": note}
