@@ -39,7 +39,8 @@ from routecast.trace.trace import Trace
 PROBE_ROW = "fc-evict+probe"  # fc-evict also reading the reuse probe (predict/reuse_probe.py), on traces with router inputs
 SYSTEMS = {"arc": "ARC (bigrig)", "s3fifo": "S3-FIFO (bigrig)", "lirs": "LIRS (bigrig)",
            "fc-evict": "forecast-guided eviction (routecast cache)",
-           PROBE_ROW: "forecast-guided eviction reading the router inputs (routecast cache)", "lru": "LRU (mixtral-offloading's policy, one pool)", "lfu": "LFU (Pre-gated MoE)",
+           PROBE_ROW: "forecast-guided eviction reading the router inputs (routecast cache)",
+           "lru": "LRU (mixtral-offloading's policy, one pool)", "lfu": "LFU (Pre-gated MoE)",
            "lfuda": "LFUDA (bigrig default)", "lru-layer": "per-layer LRU (Cache-MoE, mixtral-offloading)",
            "semoe": "SE-MoE next-layer prefetch", "plec": "ExpertFlow PLEC", "plec-correct": "ExpertFlow PLEC",
            "plec-correct-eager": "ExpertFlow PLEC", "plec-correct-fifo": "ExpertFlow PLEC",

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit  # a dependency, as in cache/kernel.py
 
 from routecast.cache.policy import BasePolicy, Rank
 
@@ -197,13 +198,8 @@ class ReuseMix:
 
     @staticmethod
     def _q(a, pi: np.ndarray, hz: np.ndarray) -> np.ndarray:
-        """P(a step of these requests uses each key): 1 - prod_r (1 - pi'_rk), pi' = a·hz + (1 - a)·pi; axis -2 = r.
-        A scalar a of 0 or 1 takes pi or hz alone (the same values: 0·x + y = y for finite x), in fewer array ops,
-        as the runtime calls this inside a layer's MoE block."""
-        if np.ndim(a) == 0 and a in (0.0, 1.0):
-            mix = np.minimum(pi if a == 0.0 else hz, 0.999)
-        else:
-            mix = np.minimum(a * hz + (1.0 - a) * pi, 0.999)
+        """P(a step of these requests uses each key): 1 - prod_r (1 - pi'_rk), pi' = a·hz + (1 - a)·pi; axis -2 = r."""
+        mix = np.minimum(a * hz + (1.0 - a) * pi, 0.999)
         return mix[..., 0, :] if mix.shape[-2] == 1 else -np.expm1(np.log1p(-mix).sum(-2))
 
     def row(self, layer: int, logd_RK: np.ndarray) -> np.ndarray:
@@ -409,8 +405,9 @@ class PrefetchAdmission:
         return 0.0 if key < 0 else float(self.q[key])
 
 
-def _victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.ndarray, layer: int, L: int,
-                  E: int) -> np.ndarray:
+@njit(cache=True, nogil=True)
+def victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.ndarray, layer: int, L: int,
+                 E: int) -> np.ndarray:
     """Resident keys (res bool (K,)) ordered by ForecastEvictPolicy.next_use from `layer` descending, then `last`
     ascending, then key ascending: np.lexsort((last, -d)) of flatnonzero(res), in one pass and two stable sorts."""
     n = 0
@@ -431,10 +428,3 @@ def _victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.nda
             j += 1
     by_last = np.argsort(lst, kind="mergesort")
     return keys[by_last[np.argsort(-d[by_last], kind="mergesort")]]
-
-
-try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
-victim_order = _victim_order if njit is None else njit(cache=True, nogil=True)(_victim_order)

@@ -391,14 +391,13 @@ class OffloadedModel:
         """Row li of the reuse probe from each request's last token's router inputs at layers 0..li -> the policy."""
         t0 = time.perf_counter()
         B, S = self._shape
-        # numpy from here: every torch call costs the compute thread tens of µs while loader threads run
         t = hidden if hidden.dtype == torch.float32 else hidden.float()
         h = (t.detach() if t.requires_grad else t).numpy().reshape(B, S, -1)[:, -1]
         H = h.shape[1]
         if self._rp_x.shape != (B, 1 + self.L * H):
             self._rp_x = np.ones((B, 1 + self.L * H), np.float32)
-        # one compiled call writes h into x (earlier layers' parts were written by their blocks this step), multiplies
-        # and clips: each distinct numpy call costs the compute thread tens of µs cold inside a layer
+        # numpy, then one compiled call (h written into x, whose earlier layers' parts their blocks wrote this step;
+        # multiply; clip): each distinct torch or numpy call costs the compute thread tens of µs cold inside a layer
         logd = probe_row(self._rp_x, h, self._rp_W[li], li, self._rp_cap)
         self.store.reuse_row(li, logd)
         if self.keep_feed:
