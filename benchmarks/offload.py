@@ -10,7 +10,12 @@ policy, fc-evict reading the reuse probe (fc-evict+probe), and lookahead prefetc
 policies, at each budget, the loader threads at the
 fastest measured count of reads in flight (1/2/4; --geometry-threads); each run's measured s/token against the
 replay's prediction (replay_slots, one link at the read time measured before every run (median), the run's compute);
-out/bench/offload_geometry_NAME.json.
+out/bench/offload_geometry_NAME.json. With --geometry-device cuda the slow tier is pinned host memory copied to GPU
+slots on a CUDA stream of its own and the experts compute on the GPU (runtime/offload/gpu.py; an all-resident row
+gives the floor); --save-routing / --routing-file carry the routing to a machine that has no trace:
+
+    python benchmarks/offload.py --geometry mixtral-8x7b --geometry-layers 8 --save-routing out/mixtral8.npz
+    python benchmarks/offload.py --geometry mixtral-8x7b --geometry-layers 8 --geometry-device cuda --routing-file out/mixtral8.npz
 
 Runs from a fresh clone with no arguments: ffn is fitted on first use on the standard 'fine' trace into
 --scratch/predictors; writes out/bench/offload.json (common/bench.py). Python API for one configuration:
@@ -116,6 +121,15 @@ def main() -> None:
                     "one request after the other (request); geometry.trace_routing")
     ap.add_argument("--geometry-threads", type=int, default=None,
                     help="loader threads (reads in flight) in geometry mode (default: the fastest of 1/2/4, measured)")
+    ap.add_argument("--geometry-device", default=None,
+                    help="geometry mode on a GPU: cuda (or cuda:N) keeps every expert in pinned host memory and copies "
+                    "misses to GPU slots on a CUDA stream of its own; experts computed there (runtime/offload/gpu.py)")
+    ap.add_argument("--geometry-minutes", type=float, default=None, help="geometry mode: start no round that would end "
+                    "past this many minutes from the start (whole rounds only; the output says how many ran)")
+    ap.add_argument("--routing-file", default=None, help="geometry mode: read the routing (and its forecasts) from a file "
+                    "written by --save-routing instead of the standard trace (a machine without the trace)")
+    ap.add_argument("--save-routing", default=None, help="geometry mode: write the routing of --geometry's layers to "
+                    "this .npz and exit (for --routing-file on another machine)")
     ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()

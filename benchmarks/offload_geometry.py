@@ -25,6 +25,32 @@ def _f(x, fmt: str) -> str:
 
 
 BOUND_TOKENS = 400  # decode tokens of the eviction bound (a replay: no I/O, a second)
+MOE_INFINITY_S = 0.735  # MoE-Infinity's s per token for Mixtral-8x7B on an A5000 (24 GB, PCIe 4.0): issue 21's reference
+
+
+def gpu_lines(geom, tier: dict, rows: list[dict], budgets: list[int]) -> list[str]:
+    """The GPU table's closing lines: the copy speed, and s per token scaled to the model's every MoE layer beside
+    MoE-Infinity's figure (a what-if: another GPU and link, and the layer count scaled, as the line says)."""
+    from routecast.sim.models import load_model
+
+    full = load_model(geom.name).num_moe_layers
+    by = {r["config"]: r for r in rows}
+    how = ("pinned host memory -> GPU slots on each loader's own CUDA stream" if tier["mode"] == "pinned->cuda" else
+           "host memory -> CPU slots (--geometry-device cpu: the GPU path's code without a GPU)")
+    lines = [f"{tier['device']}: {how}, {tier['bandwidth_Bps'] / 1e9:.1f} GB/s per expert copy ({tier['median_read_s'] * 1e3:.2f} ms for "
+             f"{geom.expert_bytes / 1e6:.0f} MB, {tier['loader_threads']} in flight)"]
+    scale = full / geom.layers
+    shown = [("on-demand", by.get("on-demand")), ("all-resident", by.get("all-resident"))]
+    for pct in budgets:
+        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
+        shown.append((f"LRU@{pct}%", by.get(f"lru@{pct}%")))
+        best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"], default=None)
+        shown.append((f"best predictive@{pct}% ({best['config'].rsplit('@', 1)[0]})" if best else "", best))
+    parts = [f"{k} {r['s_per_token'] * scale:.3f}" for k, r in shown if r is not None]
+    lines.append(f"scaled to {geom.name}'s {full} MoE layers (x{scale:g}, a what-if: measured on {geom.layers}), s per "
+                 f"token: {', '.join(parts)}; MoE-Infinity reports {MOE_INFINITY_S} s per token on an A5000 (24 GB: "
+                 "about a quarter of the experts; PCIe 4.0) - another GPU and link, not a measurement of it here")
+    return lines
 
 
 def main_geometry(a) -> None:
@@ -35,15 +61,20 @@ def main_geometry(a) -> None:
         WEIGHT_NOTE,
         WEIGHTS_DIR,
         GeometryRun,
-        check_order,
         eviction_bound,
-        first_tokens,
         geometry,
         replay_geometry,
         run_geometry,
-        trace_routing,
         write_weights,
     )
+    from routecast.runtime.offload.geometry_routing import (
+        check_order,
+        first_tokens,
+        load_routing,
+        save_routing,
+        trace_routing,
+    )
+    from routecast.runtime.offload.gpu import PinnedTier, device_name
     from routecast.runtime.offload.tier import measure_bandwidth, measure_concurrency
     from routecast.trace.standard import standard_trace
 
@@ -66,22 +97,53 @@ def main_geometry(a) -> None:
     check_order(a.geometry_order)
     if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
+    if a.geometry_minutes is not None and not a.geometry_minutes > 0:
+        raise ConfigError(f"--geometry-minutes is {a.geometry_minutes}; expected a positive number of minutes.")
     if tokens < 1 or warm < 0 or repeats < 1:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warm} / --repeats {repeats}: expected at least "
                          "1 timed token, 0 or more warm-up tokens and at least 1 round.")
     t_start, loads = time.time(), [os.getloadavg()[0]]
-    path = write_weights(WEIGHTS_DIR, geom)
-    trace = standard_trace("fine")
     probed = "fc-evict" in policies  # fc-evict also runs reading the reuse probe (fitted on the documents not driven)
-    long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens), order=a.geometry_order,
-                         reuse_probe=probed)  # one read for both
+    if a.routing_file:  # computed where the trace is (--save-routing), with the forecasts' measured seconds
+        long = load_routing(a.routing_file, geom)
+        trace = long["trace"]
+        if long.get("order") != a.geometry_order:
+            raise ConfigError(f"--routing-file {a.routing_file} holds the tokens in {long.get('order')} order; "
+                              f"--geometry-order is {a.geometry_order}: expected the same.")
+        if long["tokens"] < warm + tokens or (probed and "reuse" not in long):
+            raise ConfigError(f"--routing-file {a.routing_file}: {long['tokens']} tokens"
+                              f"{'' if 'reuse' in long else ', no reuse forecasts'}; expected {warm + tokens} or more"
+                              f"{' with reuse forecasts (fc-evict runs)' if probed else ''}.")
+    else:
+        trace = standard_trace("fine")
+        long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens), order=a.geometry_order,
+                             reuse_probe=probed)  # one read for both
+    if a.save_routing:
+        save_routing(a.save_routing, long, geom)
+        print(f"wrote {a.save_routing}: {long['tokens']} decode tokens of {trace} mapped to {geom.name} "
+              f"({geom.layers} layers); --routing-file reads it")
+        return
     routing = first_tokens(long, warm + tokens)
-    flight = (1, 2, 4)
-    probe = GeometryRun(path, geom, budget=max(geom.top_k, *flight, a.geometry_threads or 1))
-    tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
+    gpu = a.geometry_device is not None
+    flight = (1, 2) if gpu else (1, 2, 4)
+    if gpu:  # every expert in pinned host memory, copied to GPU slots: no weights file
+        t0 = time.perf_counter()
+        shared = PinnedTier(geom, a.geometry_device)
+        print(f"{device_name(shared.device)}: {geom.layers * geom.experts} random experts in host memory ({shared.mode}) "
+              f"({geom.layers * geom.experts * geom.expert_bytes / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+        path = None
+    else:
+        shared, path = None, write_weights(WEIGHTS_DIR, geom)
+    probe = GeometryRun(path, geom, budget=max(geom.top_k, *flight, a.geometry_threads or 1), tier=shared)
     conc = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(max(flight))], threads=flight,
                                reads=8 if q else 16)
     threads = given(a.geometry_threads, min(conc, key=conc.get))
+    if gpu:
+        tier = {"mode": shared.mode, "expert_bytes": geom.expert_bytes, "median_read_s": conc[threads],
+                "bandwidth_Bps": geom.expert_bytes / conc[threads], "device": device_name(shared.device)}
+    else:
+        tier = measure_bandwidth(probe.tier, reads=8 if q else 16)
     tier.update(concurrency={str(k): v for k, v in conc.items()}, loader_threads=threads)
     print("reads in flight -> seconds per expert read: " + ", ".join(f"{k}: {v * 1e3:.1f} ms" for k, v in conc.items())
           + f"; loader threads {threads} ({'--geometry-threads' if a.geometry_threads else 'the fastest'}); the tier is timed "
@@ -102,24 +164,36 @@ def main_geometry(a) -> None:
               f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
               f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
     configs = [("on-demand", geom.top_k, "lru", False, False)]
+    if gpu:  # the floor: every expert in GPU memory, preloaded (run_geometry), no copy in the timed tokens
+        configs.append(("all-resident", n, "lru", False, False))
     for pct, b in slots.items():
         configs += [(f"{pol}@{pct}%", b, pol, False, False) for pol in policies]
         configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True)] if probed else []
         configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False) for pol in combined]
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
+    stop = None if a.geometry_minutes is None else t_start + 60 * a.geometry_minutes
+    done, t_round = 0, 0.0
     for rep in range(repeats):
+        if rep and stop is not None and time.time() + t_round > stop:  # whole rounds only: every config as often
+            print(f"--geometry-minutes {a.geometry_minutes:g}: another round would end past it; {rep} of {repeats} "
+                  "rounds run", flush=True)
+            break
+        t_round, done = time.time(), rep + 1
         for label, b, pol, pf, ru in round_order(configs, rep):  # seeded per round: no fixed place in the rounds
             # the tier's speed right before each run (this disk drifts by tens of percent within minutes): the replay
             # is priced with the median over all runs (a few reads per run alone are too noisy to price that run)
             near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
                                        threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
             r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads,
-                             reuse=ru)
+                             reuse=ru, tier=shared)
             r["tier_read_s"] = near
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
-            print(f"round {rep + 1}/{repeats} {label:22s} {r['s_per_token']:.3f} s/token hit {r['hit_ratio']:.3f}", flush=True)
+            print(f"round {rep + 1}/{repeats} {label:22s} {r['s_per_token']:.4f} s/token hit {r['hit_ratio']:.3f}", flush=True)
+        t_round = time.time() - t_round
     probe.close()
+    if shared is not None:
+        shared.release()
     near = statistics.median(r["tier_read_s"] for rs in runs.values() for r in rs)  # the tier during these runs
     tier["replay_read_s"] = near
     print(f"tier during the runs: {near * 1e3:.1f} ms per expert read (median of the reads timed before each run)")
@@ -127,7 +201,8 @@ def main_geometry(a) -> None:
     for label, b, pol, pf, _ru in configs:
         rs = runs[label]
         r0 = dict(rs[0], compute_s_per_expert=statistics.median(r["compute_s_per_expert"] for r in rs))
-        rep_ = replay_geometry(r0, geom, routing, xfer_s=near)
+        # all-resident preloads every expert: nothing for the replay to predict beyond the compute measured
+        rep_ = replay_geometry(r0, geom, routing, xfer_s=near) if b < n else {"s_per_token": None, "hit_ratio": None}
         spt = [r["s_per_token"] for r in rs]
         pct = label.rsplit("@", 1)[1] if "@" in label else None
         lru = runs.get(f"lru@{pct}") if pct else None
@@ -137,7 +212,8 @@ def main_geometry(a) -> None:
                      "x_lru_tokens_per_s": statistics.median(ratios) if ratios else None,
                      "x_lru_min": min(ratios) if ratios else None, "x_lru_max": max(ratios) if ratios else None,
                      "hit_ratio": statistics.median(r["hit_ratio"] for r in rs), "replay_s_per_token": rep_["s_per_token"],
-                     "replay_hit_ratio": rep_["hit_ratio"], "measured_vs_replay": statistics.median(spt) / rep_["s_per_token"] - 1,
+                     "replay_hit_ratio": rep_["hit_ratio"],
+                     "measured_vs_replay": statistics.median(spt) / rep_["s_per_token"] - 1 if rep_["s_per_token"] else None,
                      "predictor_share": statistics.median(r["predict_s"] / r["wall_s"] for r in rs),
                      "read_s_per_expert": statistics.median(r["read_s_per_expert"] for r in rs),
                      "replay_read_s": near,
@@ -145,11 +221,11 @@ def main_geometry(a) -> None:
     print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "(min-max)", "hit", "replay s/token", "replay hit",
                       "measured vs replay", "predictor share")))
     for r in rows:
-        print(" | ".join((r["config"], f"{r['s_per_token']:.3f}", f"({r['s_min']:.3f}-{r['s_max']:.3f})",
+        print(" | ".join((r["config"], f"{r['s_per_token']:.4f}", f"({r['s_min']:.4f}-{r['s_max']:.4f})",
                           _f(r["x_lru_tokens_per_s"], ".2f"),
                           f"({_f(r['x_lru_min'], '.2f')}-{_f(r['x_lru_max'], '.2f')})", f"{r['hit_ratio']:.3f}",
-                          f"{r['replay_s_per_token']:.3f}", f"{r['replay_hit_ratio']:.3f}", f"{r['measured_vs_replay']:+.1%}",
-                          f"{r['predictor_share']:.2%}")))
+                          _f(r["replay_s_per_token"], ".4f"), _f(r["replay_hit_ratio"], ".3f"),
+                          _f(r["measured_vs_replay"], "+.1%"), f"{r['predictor_share']:.2%}")))
     lo, hi = min(loads), max(loads)
     head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens in {a.geometry_order} "
             f"order; {WEIGHT_NOTE}"]
@@ -161,18 +237,23 @@ def main_geometry(a) -> None:
                     f"{best['x_lru_tokens_per_s']:.2f}x LRU tokens/s ({best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), "
                     f"best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru_tokens_per_s']:.2f}x; "
                     f"measured {best['measured_vs_replay']:+.1%} vs the replay's prediction "
-                    f"({best['replay_s_per_token']:.3f} s/token); Belady reads {bounds[pct]['belady'] / bounds[pct]['lru']:.2f}x "
+                    f"({best['replay_s_per_token']:.4f} s/token); Belady reads {bounds[pct]['belady'] / bounds[pct]['lru']:.2f}x "
                     "LRU's experts on the same routing")
-    head.append(f"median of {repeats} interleaved rounds; load average {lo:.1f}-{hi:.1f}; no GPU was lent to this task "
-                "(the GPU table of issue 21 item 6 was not run)")
+    if gpu:
+        head += gpu_lines(geom, tier, rows, budgets)
+    asked = "" if done == repeats else f" (of {repeats} asked: --geometry-minutes)"
+    head.append(f"median of {done} interleaved rounds{asked}; load average {lo:.1f}-{hi:.1f}; " + (
+        f"experts computed on {tier['device']}" if gpu else "experts computed on the CPU (no GPU)"))
     for line in head:
         print(line)
-    name = f"offload_geometry_{geom.name}" + ("" if a.geometry_order == "step" else f"-{a.geometry_order}")
-    write_bench(name, title=f"Offloading in the I/O-bound regime: {geom.name} geometry, {a.geometry_order} order",
+    name = f"offload_geometry_{geom.name}" + ("" if a.geometry_order == "step" else f"-{a.geometry_order}") + (
+        f"-{shared.device.type}" if gpu else "")
+    on = f", {tier['device']} ({tier['mode']})" if gpu else ""
+    write_bench(name, title=f"Offloading in the I/O-bound regime: {geom.name} geometry, {a.geometry_order} order{on}",
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
                       "warmup": warm, "order": a.geometry_order, "eviction_bound": {str(k): v for k, v in bounds.items()},
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s",
                                                                             "reuse_s", "reuse_train_tokens")},
-                      "rows": rows, "wall_s": time.time() - t_start})
+                      "rounds": done, "rows": rows, "wall_s": time.time() - t_start})
     print(f"wrote out/bench/{name}.json")

@@ -16,11 +16,11 @@ from routecast.common.errors import ConfigError
 from routecast.runtime.offload.geometry import (
     Geometry,
     GeometryRun,
-    map_routing,
     replay_geometry,
     run_geometry,
     write_weights,
 )
+from routecast.runtime.offload.geometry_routing import map_routing
 
 TINY = Geometry(name="tiny", hidden=64, ffn=32, experts=8, top_k=2, layers=3)
 
@@ -136,7 +136,7 @@ def test_eviction_bound_orders_belady_first_and_matches_the_runs_lru(weights, bu
 
 
 def test_first_tokens_cuts_every_per_token_array() -> None:
-    from routecast.runtime.offload.geometry import first_tokens
+    from routecast.runtime.offload.geometry_routing import first_tokens
 
     rt = routing(10)
     head = first_tokens(rt, 4)
@@ -187,7 +187,7 @@ def test_weights_are_a_claimed_output_and_a_foreign_file_is_never_replaced(tmp_p
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(1, 5), st.sampled_from([(8, 8), (8, 16), (4, 16)]))
 def test_map_reuse_reads_row_g_mod_l_and_the_least_of_each_groups_distances(seed, trace_L, geo_L, shape) -> None:
-    from routecast.runtime.offload.geometry import map_reuse
+    from routecast.runtime.offload.geometry_routing import map_reuse
 
     geo_E, trace_E = shape
     geom = Geometry(name="g", hidden=8, ffn=8, experts=geo_E, top_k=2, layers=geo_L)

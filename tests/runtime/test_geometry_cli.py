@@ -46,7 +46,7 @@ def test_policy_and_baseline_run_on_the_traces_routing_beside_the_replay(trace_d
 
 
 def test_request_order_runs_each_requests_decode_tokens_in_a_row(trace_dir) -> None:
-    from routecast.runtime.offload.geometry import trace_routing
+    from routecast.runtime.offload.geometry_routing import trace_routing
 
     tr = read_trace(trace_dir)
     dec = np.flatnonzero(tr.phase == DECODE)
@@ -102,7 +102,7 @@ def test_geometry_flags_without_geometry_are_refused(flag, capsys) -> None:
 
 
 def test_reuse_probe_is_fitted_on_the_documents_not_driven_and_read_by_fc_evict(tmp_path, capsys) -> None:
-    from routecast.runtime.offload.geometry import trace_routing
+    from routecast.runtime.offload.geometry_routing import trace_routing
 
     path = tmp_path / "trace"
     write_trace(build_small_trace(num_requests=8, decode_len=6, num_layers=2, hidden=16, seed=3), path)

@@ -1,4 +1,4 @@
-"""The I/O-bound regime: MoE layers of a production expert geometry, random bf16 weights on disk, real routing.
+"""The I/O-bound regime: MoE layers of a production expert geometry, random bf16 weights, real routing.
 
 ``write_weights(folder, geom)`` writes, once, a safetensors file of `geom.layers` MoE layers with that model's
 expert geometry (sim/models/NAME.toml: hidden size, expert FFN size, experts, top-k): per layer the fused
@@ -7,19 +7,14 @@ expert geometry (sim/models/NAME.toml: hidden size, expert FFN size, experts, to
 layer count is scaled down to fit the disk and the time (stated in every output). The file is streamed expert by
 expert, written to a temporary name, fsynced and renamed; a sidecar JSON says what it holds, so a second run reuses it.
 
-``GeometryRun`` drives those layers with **real routing**: the decode tokens of a captured trace (builtin-fine's,
-DeepSeek-V3 architecture, 64 experts top-6), in the trace's serving order (one token of each request in flight in
-turn) or one request after the other (``order``), geometry layer g taking trace layer g mod L_trace. Expert ids: a
-64-expert geometry (DeepSeek-V2-Lite) uses the trace's ids as they are; an 8-expert one (Mixtral-8x7B) maps trace
-expert e to e // 8 and keeps the first two distinct groups in the router's weight order (top-2, weights
-renormalised). Each step (one decode token) accesses every layer's experts through the offload runtime's own
-ExpertStore (cache/slots.py SlotCache, the replay's policy objects; O_DIRECT reads on loader threads) and computes
-the SwiGLU experts from the slots in bf16. Prediction: PROBE's frozen-gate lookahead of builtin-fine applied to
-the trace's recorded router input of layer g (the next trace layer's gate, one matmul), mapped to the geometry's
-ids as the routing is; its sets prefetch layer g+1 while layer g computes. fc-evict is given each token's request and
-routing (its request profiles), as in the runtime, and with ``reuse_probe`` the reuse probe's forecast
-(predict/reuse_probe.py, fitted on the trace's documents that are not driven): row g from the recorded router inputs
-of trace layers 0..g mod L_trace, a geometry expert's distance the least of its trace experts' (``map_reuse``).
+``GeometryRun`` drives those layers with **real routing** (geometry_routing.py: the decode tokens of a captured
+trace mapped to the geometry's experts, with PROBE's and the reuse probe's forecasts). Each step (one decode token)
+accesses every layer's experts through the offload runtime's own ExpertStore (cache/slots.py SlotCache, the replay's
+policy objects) and computes the SwiGLU experts from the slots in bf16. The slow tier is the weights file on disk
+(tier.DiskTier: O_DIRECT reads on loader threads, experts computed on the CPU) or pinned host memory copied to GPU
+slots (gpu.PinnedTier, one tier shared by many runs; experts computed on the GPU). A forecast set of layer g+1 is
+prefetched while layer g computes; fc-evict is given each token's request and routing (its request profiles), as in
+the runtime, and with ``reuse`` the reuse probe's rows.
 
 ``run_geometry`` times the tokens after a warm-up (untimed, its reads drained); ``replay_geometry`` replays the same
 accesses through replay_slots (the warm-up prefix replayed alone and subtracted) for the time the replay predicts;
@@ -41,6 +36,7 @@ import torch
 
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import write_atomic
+from routecast.runtime.offload.gpu import sync
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
 
@@ -135,71 +131,36 @@ def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
     return path
 
 
-def map_routing(experts_TLK: np.ndarray, weights_TLK: np.ndarray, geom: Geometry, trace_E: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trace routing (T, Lt, Kt) -> the geometry's (T, geom.layers, geom.top_k) ids and weights (module docstring).
-    A dropped trace slot (id -1) routes nothing; a token with fewer distinct groups than top-k gets -1 (weight 0) in
-    the rest, which every user of the ids skips."""
-    Lt = experts_TLK.shape[1]
-    lay = np.arange(geom.layers) % Lt
-    ids, w = experts_TLK[:, lay].astype(np.int64), weights_TLK[:, lay].astype(np.float32)
-    w = np.where(ids >= 0, w, 0.0).astype(np.float32)  # a dropped slot (-1) routes nothing
-    if geom.experts == trace_E and geom.top_k <= ids.shape[-1]:
-        return np.where(ids >= 0, ids, -1)[..., :geom.top_k], w[..., :geom.top_k]
-    if trace_E % geom.experts:
-        raise ConfigError(f"--geometry {geom.name}: {geom.experts} experts do not divide the trace's {trace_E}.")
-    g = np.where(ids >= 0, ids // (trace_E // geom.experts), -1)
-    order = np.argsort(-w, axis=-1, kind="stable")
-    g, w = np.take_along_axis(g, order, -1), np.take_along_axis(w, order, -1)
-    T, L, K = g.shape
-    out_i, out_w = np.zeros((T, L, geom.top_k), np.int64), np.zeros((T, L, geom.top_k), np.float32)
-    first = g >= 0
-    for k in range(1, K):  # a group seen at an earlier (heavier) slot is not new
-        first[..., k] &= ~(g[..., :k] == g[..., k:k + 1]).any(-1)
-    rank = np.cumsum(first, -1) - 1
-    for j in range(geom.top_k):
-        sel = first & (rank == j)
-        has = sel.any(-1)
-        at = sel.argmax(-1)
-        out_i[..., j] = np.where(has, np.take_along_axis(g, at[..., None], -1)[..., 0], -1)  # fewer groups: -1
-        out_w[..., j] = np.where(has, (w * (g == out_i[..., j:j + 1])).sum(-1), 0.0)
-    out_w /= np.maximum(out_w.sum(-1, keepdims=True), 1e-9)
-    return out_i, out_w
-
-
-def map_reuse(logd_nLK: np.ndarray, geom: Geometry, trace_L: int, trace_E: int) -> np.ndarray:
-    """A reuse probe's log d̂ over the trace's keys (n, L_trace, L_trace·E_trace) -> (n, geom.layers, geom.layers·
-    geom.experts): geometry layer g reads trace row g mod L_trace; a geometry key (g', e) is used when any of its trace
-    experts (layer g' mod L_trace, ids e·m .. e·m + m - 1, m = E_trace / geom.experts) is, so its distance is their least."""
-    n = logd_nLK.shape[0]
-    m = trace_E // geom.experts
-    lay = np.arange(geom.layers) % trace_L
-    per = logd_nLK.reshape(n, trace_L, trace_L, geom.experts, m).min(-1)  # (n, row, trace layer, E_geom)
-    return np.ascontiguousarray(per[:, lay][:, :, lay].reshape(n, geom.layers, geom.layers * geom.experts))
-
-
 class GeometryRun:
     """The geometry's layers over an ExpertStore of `budget` slots; ``step(t)`` runs decode token t of the routing."""
 
-    def __init__(self, path: Path, geom: Geometry, *, budget: int, policy: str = "lru", loader_threads: int = 4,
-                 direct: bool = True) -> None:
+    def __init__(self, path: Path | None, geom: Geometry, *, budget: int, policy: str = "lru", loader_threads: int = 4,
+                 direct: bool = True, tier=None) -> None:
+        """path: the weights file (a DiskTier over it is opened and closed with the run); tier: a slow tier shared
+        by many runs instead (gpu.PinnedTier: host memory copied to GPU slots; path is then unused)."""
         from routecast.cache.zoo import split_name
 
         params = {"gate_up_proj": ((2 * geom.ffn, geom.hidden), torch.bfloat16),
                   "down_proj": ((geom.hidden, geom.ffn), torch.bfloat16)}
         self.geom, self.L, self.E = geom, geom.layers, geom.experts
-        self.layout = ExpertLayout([path], [f"layers.{li}" for li in range(geom.layers)], params, geom.experts)
-        self.tier = DiskTier(self.layout, direct=direct)
+        self._own_tier = tier is None
+        if tier is None:
+            self.layout = ExpertLayout([path], [f"layers.{li}" for li in range(geom.layers)], params, geom.experts)
+            tier = DiskTier(self.layout, direct=direct)
+        self.tier, self.layout = tier, tier.layout
+        self.device = getattr(tier, "device", torch.device("cpu"))
         self.store = ExpertStore(self.tier, StoreConfig(budget=budget, loader_threads=loader_threads, policy=policy))
-        self.x = torch.randn(1, geom.hidden, generator=torch.Generator().manual_seed(0)).bfloat16()
+        self.x = torch.randn(1, geom.hidden, generator=torch.Generator().manual_seed(0)).bfloat16().to(self.device)
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.pred_sets: list[np.ndarray] = []
-        self.compute_s: list[float] = []  # seconds per expert computed
+        self.compute_s: list[float] = []  # seconds per expert computed (on a GPU: until its kernels finished)
         self.predict_s = 0.0
         self.profiles = split_name(policy)[0] == "fc-evict"  # its request profiles need each step's routing
 
     def close(self) -> None:
         self.store.close()
-        self.tier.close()
+        if self._own_tier:
+            self.tier.close()
 
     def _compute(self, w_E: np.ndarray, out: list[torch.Tensor]):
         gu, dn, I = self.store.pools["gate_up_proj"], self.store.pools["down_proj"], self.geom.ffn
@@ -210,6 +171,7 @@ class GeometryRun:
                 h = self.x @ gu[s].T  # (1, 2I)
                 y = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T
                 out[0] = out[0] + float(w_E[e]) * y.float()
+                sync(self.device)  # a GPU's kernels done: the time is the expert's, and its slot may be refilled after
                 self.compute_s.append(time.perf_counter() - t0)
         return compute
 
@@ -232,7 +194,7 @@ class GeometryRun:
             w_E = np.zeros(self.E, np.float32)
             np.add.at(w_E, ids_LK[g][ok], w_LK[g][ok])
             self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))
-            out = [torch.zeros(1, self.geom.hidden)]
+            out = [torch.zeros(1, self.geom.hidden, device=self.device)]
             self.store.access(g, uniq, self._compute(w_E, out))
         self.store.end_step(StepUse.from_routing(np.array([request]), ids_LK[None], self.E) if self.profiles else None)
         self.pred_sets.append(sets)
@@ -253,113 +215,16 @@ class GeometryRun:
         return s
 
 
-ORDERS = ("step", "request")
-
-
-def check_order(order: str) -> None:
-    """--geometry-order: one of ORDERS (trace_routing's docstring)."""
-    if order not in ORDERS:
-        raise ConfigError(f"--geometry-order is {order!r}; expected one of {', '.join(ORDERS)}.")
-
-
-def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True,
-                  order: str = "step", reuse_probe: bool = False) -> dict[str, Any]:
-    """The first `tokens` decode tokens of a captured trace -> {'ids', 'w' (T, L, K) the geometry's
-    routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
-    from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
-    mapped as the routing; 'predict_s' seconds of those forecasts per token (the predictor's own time, charged to
-    every prefetching run)}. forecast=False: no forecast ('pred' all False, 'predict_s' 0), so a trace without
-    router inputs, or of another model than the built-in ones whose gates PROBE uses, drives demand policies.
-    order: 'step' = the trace's own order (its serving schedule: one decode token of each request in flight in
-    turn), 'request' = each request's decode tokens in a row, one request after the other (one user at a time,
-    as an offloading runtime on one machine serves them and as benchmarks/offload.py's builtin-fine runs do).
-    reuse_probe: also 'reuse' (T, L, L·E) the reuse probe's log d̂ per token (map_reuse), the probe fitted on every
-    token of the documents none of the driven tokens comes from, and 'reuse_s' its seconds per token."""
-    check_order(order)
-    from routecast.trace import DECODE
-    from routecast.trace.io import read_trace
-
-    trace = read_trace(trace_path, load_hidden=forecast or reuse_probe)
-    rows = np.flatnonzero(trace.phase == DECODE)
-    if order == "request":
-        rows = rows[np.lexsort((np.asarray(trace.position)[rows], np.asarray(trace.request)[rows]))]
-    rows = rows[:tokens]
-    if len(rows) < tokens:
-        raise ConfigError(f"--routing {trace_path}: {len(rows)} decode tokens; expected at least {tokens}.")
-    spec = trace.spec
-    ids, w = map_routing(np.asarray(trace.experts_TLK[rows]), np.asarray(trace.weights_TLK[rows]), geom,
-                         spec.num_experts)
-    base = {"ids": ids, "w": w, "tokens": len(rows), "request": np.asarray(trace.request[rows], np.int64),
-            "trace": str(trace_path), "trace_layers": spec.num_layers, "order": order}
-    if reuse_probe:
-        base.update(_reuse(trace, rows, geom, trace_path))
-    if not forecast:
-        return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
-    if trace.hidden_TLH is None:
-        raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; lookahead prefetch needs a "
-                          "capture with --hidden (or run without prefetch).")
-    if spec.name not in ("builtin", "builtin-fine"):
-        raise ConfigError(f"--routing {trace_path}: a trace of {spec.name!r}; lookahead prefetch on a geometry uses the "
-                          "gates of builtin or builtin-fine, expected a trace of one of them (or run without prefetch).")
-    from routecast.predict.lookahead import LookaheadPredictor
-
-    la = LookaheadPredictor.from_model(spec.name, spec)
-    hid = torch.from_numpy(np.asarray(trace.hidden_TLH[rows], np.float32))  # (T, Lt, H)
-    Kt = spec.top_k
-    t0 = time.perf_counter()
-    with torch.no_grad():  # every target trace layer j >= 1 from layer j-1's router input: one batched matmul
-        logits = torch.einsum("tlh,leh->tle", hid[:, :-1], la.net.prior_W) + la.net.prior_b
-        probs = la.rule.forecast(logits, la.net.correction)  # (T, Lt-1, E)
-        w_f, i_f = probs.topk(Kt, dim=-1)
-    predict_s = (time.perf_counter() - t0) / len(rows)
-    l0 = np.argsort(-np.bincount(np.asarray(trace.experts_TLK[:, 0]).reshape(-1), minlength=spec.num_experts))[:Kt]
-    f_ids = np.concatenate([np.broadcast_to(l0, (len(rows), 1, Kt)), i_f.numpy()], 1)
-    f_w = np.concatenate([np.full((len(rows), 1, Kt), 1.0 / Kt, np.float32), w_f.numpy()], 1)
-    g_ids, _ = map_routing(f_ids, f_w, geom, spec.num_experts)
-    pred = np.zeros((len(rows), geom.layers, geom.experts), bool)
-    t, lay, k = np.nonzero(g_ids >= 0)
-    pred[t, lay, g_ids[t, lay, k]] = True
-    return {**base, "pred": pred, "predict_s": predict_s}
-
-
-def _reuse(trace, rows: np.ndarray, geom: Geometry, trace_path: str | Path) -> dict[str, Any]:
-    """trace_routing's 'reuse' and 'reuse_s': the probe fitted on the documents the driven rows do not come from."""
-    from routecast.predict.reuse_probe import fit_reuse_probe
-
-    if trace.hidden_TLH is None:
-        raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; the reuse probe reads them: "
-                          "expected a capture with --hidden (or run without --reuse-probe).")
-    doc = np.asarray(trace.tokens["document"])
-    train = ~np.isin(doc, doc[rows])
-    if train.sum() < 2:
-        raise ConfigError(f"--routing {trace_path}: no document is left to fit the reuse probe on beside the "
-                          f"{len(rows)} tokens driven; expected a trace with more documents.")
-    probe = fit_reuse_probe(trace, train)
-    t0 = time.perf_counter()
-    logd = probe.predict(np.asarray(trace.hidden_TLH[rows]))
-    reuse_s = (time.perf_counter() - t0) / len(rows)
-    s = trace.spec
-    return {"reuse": map_reuse(logd, geom, s.num_layers, s.num_experts), "reuse_s": reuse_s,
-            "reuse_train_tokens": int(train.sum())}
-
-
-def first_tokens(routing: dict[str, Any], n: int) -> dict[str, Any]:
-    """The first n tokens of a trace_routing result (n <= its tokens)."""
-    if not 1 <= n <= routing["tokens"]:
-        raise ConfigError(f"{n} geometry tokens asked of a routing of {routing['tokens']}; expected 1..{routing['tokens']}.")
-    keys = [k for k in ("ids", "w", "pred", "request", "reuse") if k in routing]
-    return {**routing, **{k: routing[k][:n] for k in keys}, "tokens": n}
-
-
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
                  prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0,
-                 reuse: bool = False) -> dict[str, Any]:
+                 reuse: bool = False, tier=None) -> dict[str, Any]:
     """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
     fast tier untimed (a server runs warm; cold first uses would otherwise dominate a short run) -> figures of the
     timed tokens: s_per_token (wall), hit ratio, bytes read, predictor seconds (its measured per-token cost, added
     to the wall time: the forecast matmul ran once before the timed loop); the access log and forecast sets of
     every token (warm-up included) for the replay. reuse: fc-evict reads routing['reuse'] (trace_routing's
-    reuse_probe), its measured seconds per token added as the forecast's are."""
+    reuse_probe), its measured seconds per token added as the forecast's are. tier: a shared slow tier (GeometryRun;
+    path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run)."""
     from routecast.cache.zoo import check_reuse_policy
 
     n = routing["tokens"]
@@ -369,7 +234,9 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
         raise ConfigError("reuse=True on a routing without reuse forecasts; expected trace_routing(reuse_probe=True).")
     if reuse:
         check_reuse_policy(policy)
-    r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct)
+    r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct, tier=tier)
+    if budget >= geom.layers * geom.experts:
+        r.store.preload(np.arange(geom.layers * geom.experts))
     ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
     ru = routing["reuse"] if reuse else [None] * n
     try:

@@ -27,14 +27,13 @@ from routecast.runtime.offload.geometry import (
     WEIGHT_NOTE,
     Geometry,
     GeometryRun,
-    check_order,
     eviction_bound,
     geometry,
     replay_geometry,
     run_geometry,
-    trace_routing,
     write_weights,
 )
+from routecast.runtime.offload.geometry_routing import check_order, trace_routing
 from routecast.runtime.offload.store import RUNTIME_POLICIES, check_runtime_policy
 from routecast.runtime.offload.tier import measure_concurrency
 
@@ -50,8 +49,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
     'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
     name, or a Geometry (tests: a tiny one; `layers` is then its own). order: the decode tokens' order
-    (geometry.trace_routing: 'step' or 'request'). reuse_probe: `policy` (fc-evict) reads the reuse probe
-    (geometry.trace_routing). Every flag is checked before the weights are written or the trace is read."""
+    (geometry_routing.trace_routing: 'step' or 'request'). reuse_probe: `policy` (fc-evict) reads the reuse probe
+    (geometry_routing.trace_routing). Every flag is checked before the weights are written or the trace is read."""
     from routecast.cache.replay import parse_budget
     from routecast.cache.zoo import check_reuse_policy
     from routecast.trace.standard import standard_trace

@@ -83,14 +83,16 @@ class ExpertStore:
 
     def __init__(self, tier, cfg: StoreConfig) -> None:
         """tier: a slow tier with .layout (num_layers, num_experts, params {name: (shape, dtype)}) and
-        read_into(key, dests) (tier.DiskTier; tests use an in-memory one)."""
+        read_into(key, dests) (tier.DiskTier, gpu.PinnedTier; tests use an in-memory one), and optionally
+        pool(n, shape, dtype) making the slot pools (default: page-aligned host memory)."""
         lay = tier.layout
         self.tier, self.cfg = tier, cfg
         self.L, self.E = lay.num_layers, lay.num_experts
         self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer, cfg.policy)
         n_keys = self.L * self.E
         self._maps: list[mmap.mmap] = []
-        self.pools = {p: self._pool(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}
+        make = getattr(tier, "pool", self._pool)  # a tier with its own memory (gpu.PinnedTier: device slots) makes them
+        self.pools = {p: make(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}
         # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
         self._bytes = {p: t.view(torch.uint8).numpy().reshape(cfg.budget, -1) for p, t in self.pools.items()} \
             if getattr(tier, "accepts_bytes", False) else None
