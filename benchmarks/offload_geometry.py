@@ -74,7 +74,7 @@ def main_geometry(a) -> None:
         save_routing,
         trace_routing,
     )
-    from routecast.runtime.offload.gpu import PinnedTier, device_name
+    from routecast.runtime.offload.gpu import PinnedTier, check_device, device_name
     from routecast.runtime.offload.tier import measure_bandwidth, measure_concurrency
     from routecast.trace.standard import standard_trace
 
@@ -97,6 +97,8 @@ def main_geometry(a) -> None:
     check_order(a.geometry_order)
     if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
+    if a.geometry_device is not None:
+        check_device(a.geometry_device)
     if a.geometry_minutes is not None and not a.geometry_minutes > 0:
         raise ConfigError(f"--geometry-minutes is {a.geometry_minutes}; expected a positive number of minutes.")
     if tokens < 1 or warm < 0 or repeats < 1:

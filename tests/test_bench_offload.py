@@ -76,3 +76,32 @@ def test_rounds_keep_the_reference_first_and_permute_the_rest():
     assert len({tuple(o) for o in orders}) > 1  # LRU is not first of its budget in every round
     assert round_order(configs, 3, keep=1) == round_order(configs, 3, keep=1)  # seeded: a rerun repeats the order
     assert sorted(round_order(configs, 2)) == sorted(configs)  # keep=0 (the geometry benchmark): all permuted
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--geometry-minutes", "0"], "--geometry-minutes is 0.0; expected a positive number"),
+    (["--geometry-minutes", "nan"], "--geometry-minutes is nan"),
+    (["--routing-file", "none.npz"], "--routing-file none.npz: no such file"),
+    (["--routing-file", "r.npz"], "holds the tokens in request order; --geometry-order is step"),
+    (["--geometry-device", "tpu"], "--geometry-device is 'tpu'"),
+])
+def test_geometry_flags_are_one_sentence_before_anything_is_written(args, needle, tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from routecast.runtime.offload.geometry import geometry
+    from routecast.runtime.offload.geometry_routing import save_routing
+
+    geom = geometry("mixtral-8x7b", 1)
+    T = 4
+    save_routing(tmp_path / "r.npz", {"ids": np.zeros((T, 1, 2), np.int64), "w": np.full((T, 1, 2), 0.5, np.float32),
+                                      "request": np.zeros(T, np.int64), "pred": np.zeros((T, 1, 8), bool), "tokens": T,
+                                      "order": "request", "trace": "t", "trace_layers": 1, "predict_s": 0.0}, geom)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "offload.py"), "--geometry", "mixtral-8x7b", "--geometry-layers", "1",
+           *args]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and needle in err[0], p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.npz"]  # no weights, no trace, no bench JSON

@@ -77,6 +77,9 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--geometry-order", default=None, help="decode tokens in the trace's serving order (step: one token "
                    "of each request in flight in turn) or one request after the other (request)")
     g.add_argument("--baseline", default=None, help="policy run after --policy for the ratio (default lru; none = skip)")
+    g.add_argument("--geometry-device", default=None, help="cuda (or cuda:N): every expert in pinned host memory, "
+                   "misses copied to GPU slots on a CUDA stream of their own, experts computed on the GPU (no weights "
+                   "file); default: the weights file on disk, experts computed on the CPU")
     g.add_argument("--weights-dir", default=None, help="where the random weights are written once (default out/geometry)")
     g.add_argument("--reuse-probe", action="store_true",
                    help="--policy fc-evict also reads the reuse probe of the router inputs: fitted on --fit-trace (a model "
@@ -137,7 +140,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations", "uses", "reuse_steps")
 GEOMETRY_ONLY = ("routing", "geometry_layers", "geometry_tokens", "geometry_warmup", "geometry_order", "baseline",
-                 "weights_dir")
+                 "weights_dir", "geometry_device")
 
 
 def cmd_geometry(a: argparse.Namespace) -> int:
@@ -153,6 +156,10 @@ def cmd_geometry(a: argparse.Namespace) -> int:
     if bad:
         raise ConfigError(f"{', '.join(bad)} {'acts' if len(bad) == 1 else 'act'} on a model run; a --geometry run takes --budget, --policy, --baseline, "
                           "--prefetch none|lookahead, --loader-threads, --no-direct, --routing and --figures.")
+    disk = [f for f, on in (("--weights-dir", a.weights_dir), ("--no-direct", a.no_direct)) if on]
+    if a.geometry_device is not None and disk:
+        raise ConfigError(f"{', '.join(disk)} {'acts' if len(disk) == 1 else 'act'} on the weights file on disk; "
+                          "--geometry-device keeps every expert in host memory: expected one or the other.")
     if a.figures:
         check_out_file(a.figures, "--figures")
     from routecast.runtime.offload.geometry_run import format_geometry, geometry_main
@@ -164,7 +171,7 @@ def cmd_geometry(a: argparse.Namespace) -> int:
                         warmup=given(a.geometry_warmup, 16), budget=a.budget, policy=a.policy, prefetch=a.prefetch,
                         baseline=given(a.baseline, "lru"), loader_threads=a.loader_threads, direct=not a.no_direct,
                         weights_dir=given(a.weights_dir, "out/geometry"), order=given(a.geometry_order, "step"),
-                        reuse_probe=bool(a.reuse_probe))
+                        reuse_probe=bool(a.reuse_probe), device=a.geometry_device)
     print(format_geometry(res))
     if a.figures:
         write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")

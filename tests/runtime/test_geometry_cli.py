@@ -133,3 +133,29 @@ def test_reuse_probe_is_fitted_on_the_documents_not_driven_and_read_by_fc_evict(
         geometry_main(TINY, routing=plain, tokens=6, warmup=6, policy="fc-evict", direct=False,
                       weights_dir=tmp_path / "w2", order="request", reuse_probe=True)
     assert not (tmp_path / "w2").exists()
+
+
+def test_a_device_run_keeps_the_experts_in_host_memory_and_makes_the_disk_runs_decisions(trace_dir, tmp_path) -> None:
+    kw = dict(routing=trace_dir, tokens=10, warmup=5, budget="50%", policy="lirs", baseline="lru")
+    mem = geometry_main(TINY, device="cpu", **kw)
+    disk = geometry_main(TINY, direct=False, weights_dir=tmp_path / "w", **kw)
+    assert mem["tier_mode"] == "memory->cpu" and disk["tier_mode"] == "fadvise" and mem["device"] == "cpu"
+    for label in ("lirs", "lru"):
+        m, d = mem["runs"][label], disk["runs"][label]
+        assert (m["hits"], m["misses"]) == (d["hits"], d["misses"])  # random weights differ; decisions do not
+        assert m["replay_hit_ratio"] == pytest.approx(m["hit_ratio"])
+    assert "memory->cpu" in format_geometry(mem)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--geometry-device", "tpu"], "--geometry-device is 'tpu'; expected cuda, cuda:N or cpu"),
+    (["--geometry-device", "cuda:64"], "CUDA device"),
+    (["--geometry-device", "cpu", "--weights-dir", "w"], "--weights-dir acts on the weights file on disk"),
+    (["--geometry-device", "cpu", "--no-direct"], "--no-direct acts on the weights file on disk"),
+])
+def test_bad_device_flags_are_one_sentence_before_anything_is_made(args, needle, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--offload", "--geometry", "mixtral-8x7b", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not list(tmp_path.iterdir())  # no trace captured, no weights written

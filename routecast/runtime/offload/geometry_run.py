@@ -3,9 +3,11 @@
     routecast run --offload --geometry mixtral-8x7b --policy fc-evict --budget 50%
     routecast run --offload --geometry deepseek-v2-lite --routing out/traces/fine --prefetch lookahead --policy lfu
     routecast run --offload --geometry mixtral-8x7b --policy fc-evict --reuse-probe --geometry-order request
+    routecast run --offload --geometry mixtral-8x7b --geometry-layers 8 --geometry-device cuda --policy lirs
 
 The layers of geometry.py (random bf16 weights written once under --weights-dir, real routing of a captured trace,
-the standard 'fine' one by default) run `--geometry-warmup` decode tokens untimed, then `--geometry-tokens` timed,
+the standard 'fine' one by default; with --geometry-device cuda, every expert in pinned host memory copied to GPU
+slots and computed there, gpu.py) run `--geometry-warmup` decode tokens untimed, then `--geometry-tokens` timed,
 through the offload runtime's ExpertStore with the chosen policy (and PROBE's lookahead prefetch with
 --prefetch lookahead; and fc-evict reading the reuse probe with --reuse-probe); then the same with the baseline
 policy (default lru). Per run: seconds per token, hit
@@ -34,6 +36,7 @@ from routecast.runtime.offload.geometry import (
     write_weights,
 )
 from routecast.runtime.offload.geometry_routing import check_order, trace_routing
+from routecast.runtime.offload.gpu import PinnedTier, check_device, device_name
 from routecast.runtime.offload.store import RUNTIME_POLICIES, check_runtime_policy
 from routecast.runtime.offload.tier import measure_concurrency
 
@@ -45,12 +48,14 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
                   warmup: int = 16, budget: str = "50%", policy: str = "lru", prefetch: str = "none",
                   baseline: str = "lru", loader_threads: int = 2, direct: bool = True,
                   weights_dir: str | Path = "out/geometry", order: str = "step",
-                  reuse_probe: bool = False) -> dict[str, Any]:
+                  reuse_probe: bool = False, device: str | None = None) -> dict[str, Any]:
     """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
     'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
     name, or a Geometry (tests: a tiny one; `layers` is then its own). order: the decode tokens' order
     (geometry_routing.trace_routing: 'step' or 'request'). reuse_probe: `policy` (fc-evict) reads the reuse probe
-    (geometry_routing.trace_routing). Every flag is checked before the weights are written or the trace is read."""
+    (geometry_routing.trace_routing). device: 'cuda' (or 'cuda:N', 'cpu'): every expert in pinned host memory,
+    copied to slots on that device and computed there (gpu.PinnedTier; no weights file); None: the weights file on
+    disk, computed on the CPU. Every flag is checked before the weights are written or the trace is read."""
     from routecast.cache.replay import parse_budget
     from routecast.cache.zoo import check_reuse_policy
     from routecast.trace.standard import standard_trace
@@ -66,6 +71,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
     check_order(order)
+    if device is not None:
+        check_device(device)
     if reuse_probe:
         check_reuse_policy(policy)
     if loader_threads < 1:
@@ -82,24 +89,31 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
           f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace} in {order} order, "
           f"geometry layer g <- trace layer g mod {route['trace_layers']}", flush=True)
     t0 = time.perf_counter()
-    path = write_weights(weights_dir, geom)
-    if time.perf_counter() - t0 > 1.0:
-        print(f"wrote {path} ({path.stat().st_size / 1e9:.1f} GB, once: later runs reuse it)", flush=True)
-    probe = GeometryRun(path, geom, budget=loader_threads, loader_threads=1, direct=direct)
+    shared = path = None
+    if device is not None:
+        shared = PinnedTier(geom, device)
+        print(f"{device_name(shared.device)}: every expert in host memory ({shared.mode}, "
+              f"{n_keys * geom.expert_bytes / 1e9:.1f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    else:
+        path = write_weights(weights_dir, geom)
+        if time.perf_counter() - t0 > 1.0:
+            print(f"wrote {path} ({path.stat().st_size / 1e9:.1f} GB, once: later runs reuse it)", flush=True)
+    probe = GeometryRun(path, geom, budget=loader_threads, loader_threads=1, direct=direct, tier=shared)
     try:
         read_s = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(loader_threads)],
                                      threads=(loader_threads,), reads=max(8, 2 * loader_threads))[loader_threads]
     finally:
         probe.close()
+    mode = shared.mode if shared is not None else "o_direct" if direct else "fadvise"
     print(f"tier: {read_s * 1e3:.1f} ms per expert read with {loader_threads} in flight "
-          f"({'o_direct' if direct else 'fadvise'}; the replay prices each read with it)", flush=True)
+          f"({mode}; the replay prices each read with it)", flush=True)
     configs = [(f"{'lookahead+' if pf else ''}{policy}{'+probe' if reuse_probe else ''}", policy, pf, reuse_probe)]
     if baseline != "none" and (baseline, False, False) != (policy, pf, reuse_probe):
         configs.append((baseline, baseline, False, False))
     runs: dict[str, dict[str, Any]] = {}
     for label, pol, p, ru in configs:
         r = run_geometry(path, geom, route, budget=slots, policy=pol, prefetch=p, warmup=warmup,
-                         loader_threads=loader_threads, direct=direct, reuse=ru)
+                         loader_threads=loader_threads, direct=direct, reuse=ru, tier=shared)
         rep = replay_geometry(r, geom, route, xfer_s=read_s)
         runs[label] = {**{k: r[k] for k in FIG_KEYS if k in r}, "policy": pol, "prefetch": p, "reuse_probe": ru,
                        "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
@@ -108,7 +122,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     out = {"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "budget": slots, "experts_total": n_keys,
            "trace": str(trace), "order": order, "warmup": warmup, "tokens": tokens, "tier_read_s": read_s, "note": WEIGHT_NOTE,
            "loader_threads": loader_threads, "runs": runs, "bound": eviction_bound(geom, route, slots),
-           "load_average": os.getloadavg()[0]}
+           "load_average": os.getloadavg()[0], "device": device_name(shared.device) if shared is not None else "cpu",
+           "tier_mode": mode}
     first, *rest = runs
     out["x_baseline"] = runs[rest[0]]["s_per_token"] / runs[first]["s_per_token"] if rest else None
     return out
@@ -133,5 +148,6 @@ def format_geometry(res: dict[str, Any]) -> str:
     lines.append(f"eviction bound on the same {res['warmup'] + res['tokens']} tokens (no I/O): misses LRU {b['lru']:.0f}, "
                  f"LFU {b['lfu']:.0f}, Belady {b['belady']:.0f}: no eviction rule reads less than "
                  f"{b['belady'] / max(b['lru'], 1):.2f}x LRU's experts")
-    lines.append(f"{res['note']}; load average {res['load_average']:.1f}; experts computed on the CPU (no GPU)")
+    on = "the CPU (no GPU)" if res["device"] == "cpu" else res["device"]
+    lines.append(f"{res['note']}; load average {res['load_average']:.1f}; experts computed on {on} ({res['tier_mode']})")
     return "\n".join(lines)

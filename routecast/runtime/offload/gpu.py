@@ -43,6 +43,24 @@ def _fill_random(dst: torch.Tensor, gen: torch.Generator, device: torch.device) 
         flat[a:a + n].copy_(torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16))
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """--geometry-device: cpu, cuda or cuda:N of a GPU this machine has -> the torch device; one sentence otherwise."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in ("cuda", "cpu"):
+        raise ConfigError(f"--geometry-device is {device!r}; expected cuda, cuda:N or cpu.")
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ConfigError(f"--geometry-device is {device}; this machine has no CUDA device: expected cpu, or a GPU.")
+        if d.index is not None and d.index >= n:
+            raise ConfigError(f"--geometry-device is {device}; this machine has {n} CUDA device(s): expected cuda:0.."
+                              f"cuda:{n - 1}.")
+    return d
+
+
 class TierLayout:
     """What ExpertStore reads of a tier's layout: layers, experts, fused params {name: (shape, dtype)}, bytes."""
 
@@ -57,12 +75,8 @@ class PinnedTier:
     accepts_bytes = False
 
     def __init__(self, geom, device: str | torch.device = "cuda", *, seed: int = 0) -> None:
-        self.device = torch.device(device)
+        self.device = check_device(device)
         cuda = self.device.type == "cuda"
-        if cuda and not torch.cuda.is_available():
-            raise ConfigError(f"--geometry-device is {device}; this machine has no CUDA device: expected cpu, or a GPU.")
-        if self.device.type not in ("cuda", "cpu"):
-            raise ConfigError(f"--geometry-device is {device}; expected cuda, cuda:N or cpu.")
         H, I, E = geom.hidden, geom.ffn, geom.experts
         params = {"gate_up_proj": ((2 * I, H), torch.bfloat16), "down_proj": ((H, I), torch.bfloat16)}
         self.layout = TierLayout(geom.layers, E, params)
