@@ -174,9 +174,11 @@ class SlowTier(MemTier):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**31 - 1))
+@given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**31 - 1),
+       st.booleans())
 def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget: int, per_layer: bool, ahead: bool,
-                                                                         depth: int, keep: int, seed: int) -> None:
+                                                                         depth: int, keep: int, seed: int,
+                                                                         hold: bool) -> None:
     L, E, S = 3, 6, 5
     budget = max(budget, L) if per_layer or keep else budget
     rng = np.random.default_rng(seed)
@@ -193,7 +195,8 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
                 store.prefetch(list(range(L)), [lay * E + np.flatnonzero(pred[s, lay]) for lay in range(L)])
             for lay in range(L):
                 if ahead and lay + 1 < L:
-                    store.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred[s, lay + 1])], current_layer=lay)
+                    store.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred[s, lay + 1])], current_layer=lay,
+                                   hold=hold)
                 run_accesses(store, L, E, [(lay, routing[s][lay])])
             store.end_step()
         got = dict(store.stats)
@@ -221,3 +224,23 @@ def test_preload_fills_free_slots_only_and_counts_no_access() -> None:
         assert (s["hits"], s["misses"], s["accesses"]) == (2, 1, 2) and 0 not in store.resident_keys()
     finally:
         store.close()
+
+
+def test_a_held_forecast_is_read_after_the_running_layers_demand_loads() -> None:
+    L, E = 2, 6
+    gate = threading.Event()
+    tier = MemTier(L, E, gate)
+    store = ExpertStore(tier, StoreConfig(budget=8, loader_threads=1))
+    try:
+        store.prefetch([1], [E + np.array([0, 1, 2])], current_layer=0, hold=True)  # PROBE's forecast of layer 1
+        threading.Event().wait(0.02)
+        assert not store.jobs and len(store.held) == 3  # nothing queued yet: the loader cannot take it first
+        gate.set()
+        run_accesses(store, L, E, [(0, [3, 4])])  # layer 0's own misses
+        store.drain()
+        assert tier.reads[:2] == [3, 4] and sorted(tier.reads[2:]) == [E, E + 1, E + 2]
+        run_accesses(store, L, E, [(1, [0, 1])])
+        assert store.stats["prefetch_useful"] == 2 and not store.held
+    finally:
+        store.close()
+

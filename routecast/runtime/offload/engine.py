@@ -348,10 +348,12 @@ class OffloadedModel:
         return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
     def _prefetch(self, fc, layers: list[int], current: int, sets: np.ndarray | None = None) -> None:
+        """Forecast sets -> the store. A layer-horizon forecast (current >= 0) is made before layer `current`'s
+        access: its reads are held until that access queued its own (store.prefetch hold), as the replay times them."""
         if sets is None:
             sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
         self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
-                            current_layer=current)
+                            current_layer=current, hold=current >= 0)
         self._pred[layers] = sets
 
     def _step_start(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -178,8 +178,8 @@ class GeometryRun:
     def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0,
              reuse_LK: np.ndarray | None = None) -> None:
         """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
-        of layers 1.. (row g is prefetched when layer g-1 starts; row 0 is never forecast); reuse_LK (L, L·E) the
-        reuse probe's log d̂ for fc-evict (row g read from layer g on)."""
+        of layers 1.. (row g reserves its slots when layer g-1 starts and is read after g-1's demand loads; row 0 is
+        never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on)."""
         from routecast.cache.forecast_evict import StepUse
 
         if self.profiles:
@@ -188,7 +188,7 @@ class GeometryRun:
         for g in range(self.L):
             if pred_LE is not None and g + 1 < self.L:
                 sets[g + 1] = pred_LE[g + 1]
-                self.store.prefetch([g + 1], [(g + 1) * self.E + np.flatnonzero(pred_LE[g + 1])], g)
+                self.store.prefetch([g + 1], [(g + 1) * self.E + np.flatnonzero(pred_LE[g + 1])], g, hold=True)
             ok = ids_LK[g] >= 0  # a dropped slot (-1) routes nothing
             uniq, inv = np.unique(ids_LK[g][ok], return_inverse=True)
             w_E = np.zeros(self.E, np.float32)

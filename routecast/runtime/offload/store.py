@@ -7,7 +7,8 @@ Which experts hold slots is decided by cache/slots.py's SlotCache, on the comput
 forecasts alone: the same object drives the Python replay (``cache.slots.replay_slots``), so the runtime's hit
 ratio equals the replay's for the same access log and forecast sets, whatever the threads do. This file adds
 the data side: a reserved slot is filled by a loader thread (demand loads first, then prefetches nearest layer
-first); an access computes the experts whose weights are in their slots at once and waits for the rest.
+first; a layer-ahead forecast made before the running layer's access is read only after that access's demand
+loads are queued, ``prefetch(hold=True)``, as the replay times it); an access computes the experts whose weights are in their slots at once and waits for the rest.
 - A hit whose prefetch is still queued or being read is a *late prefetch*: it is waited for (no second read; a
   queued one jumps to the front of the queue) and counted in ``late``; the wait is stall time.
 - A miss reserves a slot (evicting the policy's victim) and is read on demand; the layer computes once all of
@@ -105,6 +106,7 @@ class ExpertStore:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.jobs: list[tuple[float, int, int, int, int]] = []  # (priority, seq, key, slot, load id)
+        self.held: list[tuple[float, int, int, int]] = []  # (priority, key, slot, load id): queued at the next access
         self.seq = 0
         self.stats = self.slots.stats
         self.stats.update(late=0, prefetch_loaded=0, reads_skipped=0, stall_s=0.0)
@@ -139,8 +141,10 @@ class ExpertStore:
         self.job_seq[key] = self.seq
         heapq.heappush(self.jobs, (prio, self.seq, key, slot, int(self.load_id[key])))
 
-    def _issue(self, loads: list[Load], prio_of: Callable[[int], float], prefetch: bool = False) -> None:
-        """Reserved slots -> queued reads; an evicted key's queued read goes stale."""
+    def _issue(self, loads: list[Load], prio_of: Callable[[int], float], prefetch: bool = False,
+               hold: bool = False) -> None:
+        """Reserved slots -> queued reads (hold: kept back until the next access has queued its own, _release);
+        an evicted key's queued read goes stale."""
         for key, slot, victim in loads:
             if victim >= 0:
                 self._lose(victim)
@@ -148,11 +152,26 @@ class ExpertStore:
             self.ready[key] = False
             self.by_prefetch[key] = prefetch
             self.events[key] = threading.Event()
-            self._push(prio_of(key), key, slot)
-        if loads:
+            if hold:
+                self.held.append((prio_of(key), key, slot, int(self.load_id[key])))
+            else:
+                self._push(prio_of(key), key, slot)
+        if loads and not hold:
             self.cond.notify(len(self.threads))
         if self.cfg.check:
             self.slots.check()
+
+    def _release(self) -> None:
+        """Held reads -> the queue, behind the demand loads already there (a key that lost its slot meanwhile is
+        skipped: its read never started)."""
+        for prio, key, slot, lid in self.held:
+            if self.load_id[key] == lid and not self.ready[key]:
+                self._push(prio, key, slot)
+            else:
+                self.stats["reads_skipped"] += 1
+        if self.held:
+            self.held = []
+            self.cond.notify(len(self.threads))
 
     def _lose(self, key: int) -> None:
         """key left its slot: a read not started is skipped, one in progress is discarded when it ends."""
@@ -200,6 +219,7 @@ class ExpertStore:
     def drain(self) -> None:
         """Wait until every queued read (a live one: not skipped) has landed in its slot."""
         with self.cond:
+            self._release()
             while self.writing.any() or any(self.job_seq[k] == sq and self.load_id[k] == lid
                                             for _, sq, k, _, lid in self.jobs):
                 if self.error is not None:
@@ -229,12 +249,16 @@ class ExpertStore:
                 self.events[k].set()
 
     # ------------------------------------------------------------------ prefetch
-    def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> None:
+    def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1,
+                 hold: bool = False) -> None:
         """Forecast keys of `layers` reserve their slots (SlotCache.prefetch: now up to `depth` layers ahead, the rest
-        as the layers run); their reads queue nearest layer first (priority = layers ahead of the running one)."""
+        as the layers run); their reads queue nearest layer first (priority = layers ahead of the running one).
+        hold: a layer-ahead forecast made before `current_layer`'s own access (PROBE's lookahead inside its MoE
+        block): the slots are reserved now (the replay's decision order) but the reads queue only once that access
+        has queued its demand loads, so a forecast never delays the layer that is running (the replay's timing)."""
         with self.cond:
             loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
-            self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True)
+            self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True, hold=hold)
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
                    reuse_RLK: np.ndarray | None = None) -> None:
@@ -252,6 +276,7 @@ class ExpertStore:
         """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
         cache.forecast_evict.StepUse, the step's routing per request) updates the policies' request profiles."""
         with self.cond:
+            self._release()
             self.slots.end_step(observed)
 
     # ------------------------------------------------------------------ the access
@@ -271,6 +296,7 @@ class ExpertStore:
                     self._push(_DEMAND, k, int(self.slots.slot_of[k]))
             self._issue(loads, lambda k: _DEMAND)
             self._issue(later, lambda k: float(k // self.E - layer), prefetch=True)
+            self._release()  # a forecast made before this access reads after its demand loads
             wait += [k for k, _, _ in loads]
             group = hits + [k for k, _, _ in loads]
         while True:
