@@ -18,6 +18,7 @@ the forecasts' seconds per token are the ones measured where they were computed.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import zipfile
@@ -185,10 +186,9 @@ def save_routing(path: str | Path, routing: dict[str, Any], geom: Geometry) -> P
     meta = {"geometry": {"name": geom.name, "experts": geom.experts, "top_k": geom.top_k, "layers": geom.layers},
             **{k: routing[k] for k in _META if k in routing}}
     arrays = {k: routing[k] for k in _ARRAYS if k in routing}
-    tmp = path.with_name(f".{path.name}.partial.npz")
-    np.savez_compressed(tmp, header=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
-    write_atomic(path, tmp.read_bytes(), "--routing-file")
-    tmp.unlink()
+    buf = io.BytesIO()  # built in memory: the shared writer puts it on disk (temp file, fsync, rename)
+    np.savez_compressed(buf, header=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+    write_atomic(path, buf.getvalue(), "--save-routing")
     return path
 
 
