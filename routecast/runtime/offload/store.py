@@ -8,7 +8,8 @@ forecasts alone: the same object drives the Python replay (``cache.slots.replay_
 ratio equals the replay's for the same access log and forecast sets, whatever the threads do. This file adds
 the data side: a reserved slot is filled by a loader thread (demand loads first, then prefetches nearest layer
 first; a layer-ahead forecast made before the running layer's access is read only after that access's demand
-loads are queued, ``prefetch(hold=True)``, as the replay times it); an access computes the experts whose weights are in their slots at once and waits for the rest.
+loads are queued, ``prefetch(hold=True)``, as the replay times it); an access computes the experts whose weights
+are in their slots at once and waits for the rest.
 - A hit whose prefetch is still queued or being read is a *late prefetch*: it is waited for (no second read; a
   queued one jumps to the front of the queue) and counted in ``late``; the wait is stall time.
 - A miss reserves a slot (evicting the policy's victim) and is read on demand; the layer computes once all of
