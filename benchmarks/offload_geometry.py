@@ -57,6 +57,7 @@ def main_geometry(a) -> None:
     """The I/O-bound table: s per token per policy and budget on the geometry's random-weight layers driven by the
     'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
     with the measured tier and compute)."""
+    from routecast.common.outputs import check_out_file
     from routecast.runtime.offload.geometry import (
         WEIGHT_NOTE,
         WEIGHTS_DIR,
@@ -74,7 +75,7 @@ def main_geometry(a) -> None:
         save_routing,
         trace_routing,
     )
-    from routecast.runtime.offload.gpu import PinnedTier, check_device, device_name
+    from routecast.runtime.offload.gpu import PinnedTier, check_device, check_host_memory, device_name
     from routecast.runtime.offload.tier import measure_bandwidth, measure_concurrency
     from routecast.trace.standard import standard_trace
 
@@ -99,6 +100,12 @@ def main_geometry(a) -> None:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
     if a.geometry_device is not None:
         check_device(a.geometry_device)
+        check_host_memory(geom)
+    if a.save_routing is not None:  # checked before the trace is read; never also the file it would read
+        if a.routing_file is not None:
+            raise ConfigError("--save-routing writes the routing computed from the trace and --routing-file reads one; "
+                              "expected one or the other.")
+        check_out_file(a.save_routing, "--save-routing")
     if a.geometry_minutes is not None and not a.geometry_minutes > 0:
         raise ConfigError(f"--geometry-minutes is {a.geometry_minutes}; expected a positive number of minutes.")
     if tokens < 1 or warm < 0 or repeats < 1:
@@ -106,7 +113,7 @@ def main_geometry(a) -> None:
                          "1 timed token, 0 or more warm-up tokens and at least 1 round.")
     t_start, loads = time.time(), [os.getloadavg()[0]]
     probed = "fc-evict" in policies  # fc-evict also runs reading the reuse probe (fitted on the documents not driven)
-    if a.routing_file:  # computed where the trace is (--save-routing), with the forecasts' measured seconds
+    if a.routing_file is not None:  # computed where the trace is (--save-routing), with the forecasts' measured seconds
         long = load_routing(a.routing_file, geom)
         trace = long["trace"]
         if long.get("order") != a.geometry_order:
@@ -120,7 +127,7 @@ def main_geometry(a) -> None:
         trace = standard_trace("fine")
         long = trace_routing(trace, geom, max(BOUND_TOKENS, warm + tokens), order=a.geometry_order,
                              reuse_probe=probed)  # one read for both
-    if a.save_routing:
+    if a.save_routing is not None:
         save_routing(a.save_routing, long, geom)
         print(f"wrote {a.save_routing}: {long['tokens']} decode tokens of {trace} mapped to {geom.name} "
               f"({geom.layers} layers); --routing-file reads it")

@@ -84,6 +84,10 @@ def test_rounds_keep_the_reference_first_and_permute_the_rest():
     (["--routing-file", "none.npz"], "--routing-file none.npz: no such file"),
     (["--routing-file", "r.npz"], "holds the tokens in request order; --geometry-order is step"),
     (["--geometry-device", "tpu"], "--geometry-device is 'tpu'"),
+    (["--save-routing", ""], "--save-routing '' is a directory"),
+    (["--save-routing", "r.npz/x.npz"], "is a regular file, not a directory"),
+    (["--save-routing", "s.npz", "--routing-file", "r.npz"], "expected one or the other"),
+    (["--geometry-device", "cpu", "--geometry-layers", "100000"], "expected fewer --geometry-layers"),
 ])
 def test_geometry_flags_are_one_sentence_before_anything_is_written(args, needle, tmp_path):
     import subprocess

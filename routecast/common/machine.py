@@ -19,6 +19,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def available_memory() -> int:
+    """Bytes of memory the system can give a new allocation now (MemAvailable; free pages where it is absent)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def machine_info() -> dict[str, Any]:
     """CPU, core count, OS, Python and numpy/torch versions (torch only if already imported)."""
     import sys

@@ -69,6 +69,11 @@ def test_a_budget_of_every_expert_preloads_them_so_the_timed_tokens_read_nothing
     assert fig["reads"] == 0 and fig["misses"] == 0 and fig["hit_ratio"] == 1.0
 
 
+def test_slots_beyond_the_free_memory_are_refused_before_allocating(tier) -> None:
+    with pytest.raises(ConfigError, match="--budget: .* expert slots need"):
+        tier.pool(1 << 40, (TINY.hidden, TINY.ffn), torch.bfloat16)
+
+
 def test_a_cuda_device_on_a_machine_without_one_is_one_sentence() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -36,7 +36,7 @@ from routecast.runtime.offload.geometry import (
     write_weights,
 )
 from routecast.runtime.offload.geometry_routing import check_order, trace_routing
-from routecast.runtime.offload.gpu import PinnedTier, check_device, device_name
+from routecast.runtime.offload.gpu import PinnedTier, check_device, check_host_memory, device_name
 from routecast.runtime.offload.store import RUNTIME_POLICIES, check_runtime_policy
 from routecast.runtime.offload.tier import measure_concurrency
 
@@ -73,6 +73,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     check_order(order)
     if device is not None:
         check_device(device)
+        check_host_memory(geom)
     if reuse_probe:
         check_reuse_policy(policy)
     if loader_threads < 1:

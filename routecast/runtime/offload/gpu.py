@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from routecast.common.errors import ConfigError
+from routecast.common.machine import available_memory
 
 _CHUNK = 1 << 27  # elements generated on the device per piece of a host tensor (256 MB of bf16)
 
@@ -61,6 +62,15 @@ def check_device(device: str | torch.device) -> torch.device:
     return d
 
 
+def check_host_memory(geom) -> None:
+    """Every expert of `geom` must fit 80% of the memory available now: refused in one sentence before anything is
+    read or allocated, rather than the OOM killer mid-run."""
+    need, have = geom.layers * geom.experts * geom.expert_bytes, available_memory()
+    if need > 0.8 * have:
+        raise ConfigError(f"--geometry {geom.name} with {geom.layers} layers holds {need / 1e9:.1f} GB of experts in "
+                          f"host memory; {have / 1e9:.1f} GB are available: expected fewer --geometry-layers.")
+
+
 class TierLayout:
     """What ExpertStore reads of a tier's layout: layers, experts, fused params {name: (shape, dtype)}, bytes."""
 
@@ -80,6 +90,7 @@ class PinnedTier:
         H, I, E = geom.hidden, geom.ffn, geom.experts
         params = {"gate_up_proj": ((2 * I, H), torch.bfloat16), "down_proj": ((H, I), torch.bfloat16)}
         self.layout = TierLayout(geom.layers, E, params)
+        check_host_memory(geom)
         self.mode = "pinned->cuda" if cuda else "memory->cpu"
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self.host: dict[str, list[torch.Tensor]] = {p: [] for p in params}
@@ -96,7 +107,12 @@ class PinnedTier:
         self.direct_reads = 0
 
     def pool(self, n: int, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
-        """The store's slot pool [n, *shape] on the device."""
+        """The store's slot pool [n, *shape] on the device; a pool larger than the device's free memory is refused."""
+        need = n * int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else available_memory()
+        if need > free:
+            raise ConfigError(f"--budget: {n} expert slots need {need / 1e9:.1f} GB on {self.device}; {free / 1e9:.1f} GB "
+                              "are free: expected a smaller --budget or fewer --geometry-layers.")
         return torch.empty((n, *shape), dtype=dt, device=self.device)
 
     def _stream(self):
