@@ -61,6 +61,12 @@ class Geometry:
     def expert_bytes(self) -> int:
         return 3 * self.hidden * self.ffn * 2
 
+    @property
+    def params(self) -> dict[str, tuple[tuple[int, int], torch.dtype]]:
+        """One expert's fused tensors as the store holds them: {name: (shape, dtype)} (bf16)."""
+        return {"gate_up_proj": ((2 * self.ffn, self.hidden), torch.bfloat16),
+                "down_proj": ((self.hidden, self.ffn), torch.bfloat16)}
+
 
 def geometry(name: str, layers: int | None = None) -> Geometry:
     """The routed-expert geometry of sim/models/NAME.toml with `layers` MoE layers (None: DEFAULT_LAYERS)."""
@@ -140,12 +146,10 @@ class GeometryRun:
         by many runs instead (gpu.PinnedTier: host memory copied to GPU slots; path is then unused)."""
         from routecast.cache.zoo import split_name
 
-        params = {"gate_up_proj": ((2 * geom.ffn, geom.hidden), torch.bfloat16),
-                  "down_proj": ((geom.hidden, geom.ffn), torch.bfloat16)}
         self.geom, self.L, self.E = geom, geom.layers, geom.experts
         self._own_tier = tier is None
         if tier is None:
-            self.layout = ExpertLayout([path], [f"layers.{li}" for li in range(geom.layers)], params, geom.experts)
+            self.layout = ExpertLayout([path], [f"layers.{li}" for li in range(geom.layers)], geom.params, geom.experts)
             tier = DiskTier(self.layout, direct=direct)
         self.tier, self.layout = tier, tier.layout
         self.device = getattr(tier, "device", torch.device("cpu"))

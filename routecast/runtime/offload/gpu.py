@@ -87,8 +87,7 @@ class PinnedTier:
     def __init__(self, geom, device: str | torch.device = "cuda", *, seed: int = 0) -> None:
         self.device = check_device(device)
         cuda = self.device.type == "cuda"
-        H, I, E = geom.hidden, geom.ffn, geom.experts
-        params = {"gate_up_proj": ((2 * I, H), torch.bfloat16), "down_proj": ((H, I), torch.bfloat16)}
+        E, params = geom.experts, geom.params
         self.layout = TierLayout(geom.layers, E, params)
         check_host_memory(geom)
         self.mode = "pinned->cuda" if cuda else "memory->cpu"
