@@ -26,6 +26,7 @@ def _f(x, fmt: str) -> str:
 
 BOUND_TOKENS = 400  # decode tokens of the eviction bound (a replay: no I/O, a second)
 MOE_INFINITY_S = 0.735  # MoE-Infinity's s per token for Mixtral-8x7B on an A5000 (24 GB, PCIe 4.0): issue 21's reference
+# (printed beside the Mixtral geometry only: it is that model's figure)
 
 
 def gpu_lines(geom, tier: dict, rows: list[dict], budgets: list[int]) -> list[str]:
@@ -47,9 +48,10 @@ def gpu_lines(geom, tier: dict, rows: list[dict], budgets: list[int]) -> list[st
         best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"], default=None)
         shown.append((f"best predictive@{pct}% ({best['config'].rsplit('@', 1)[0]})" if best else "", best))
     parts = [f"{k} {r['s_per_token'] * scale:.3f}" for k, r in shown if r is not None]
+    ref = (f"; MoE-Infinity reports {MOE_INFINITY_S} s per token on an A5000 (24 GB: about a quarter of the experts; "
+           "PCIe 4.0) - another GPU and link, not a measurement of it here") if geom.name == "mixtral-8x7b" else ""
     lines.append(f"scaled to {geom.name}'s {full} MoE layers (x{scale:g}, a what-if: measured on {geom.layers}), s per "
-                 f"token: {', '.join(parts)}; MoE-Infinity reports {MOE_INFINITY_S} s per token on an A5000 (24 GB: "
-                 "about a quarter of the experts; PCIe 4.0) - another GPU and link, not a measurement of it here")
+                 f"token: {', '.join(parts)}{ref}")
     return lines
 
 

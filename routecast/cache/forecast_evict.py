@@ -13,6 +13,14 @@ Two forecasts, both causal (they use only routing already observed and what the 
   SelectedForecast keeps a short and a long memory of these profiles and uses, each step, the one whose
   forecasts so far had the lower log-loss on the steps observed.
 
+- **the server's schedule** (optional, ``begin_step(upcoming=...)``): when the next steps batch other requests than
+  this one (a server that runs one decode token of each request in flight in turn), the steps of one period of the
+  schedule (the requests in flight, least recently served first, this step's last) each get
+  p_ik = 1 - prod_{r in step i} (1 - pi_rk), and a key's expected whole steps before the step that uses it is
+  E1_k = sum_{m=1..R} c_mk / (1 - c_Rk), c_mk = prod_{i<m} (1 - p_ik) (the schedule repeating); from a layer after
+  the running one, this step comes first: E0_k = (1 - p_0k)·(1 + E1_k). The distance is then off_k + L·E_k, and
+  with no schedule (every step the same requests, as a batching server) E1 = E0 = 1/q_k - 1 as above.
+
 - **from the router inputs** (optional, ReuseMix): a reuse probe (predict/reuse_probe.py) reads each request's
   token at layer l of this step and gives d̂_rk, the tokens until request r next uses key k; 1/d̂_rk is a
   per-token hazard of reuse, mixed with the profile: pi'_rk = a/d̂_rk + (1 - a)·pi_rk, q_k as above, one q per
@@ -42,7 +50,7 @@ nothing is prefetched: that is the measured regime of the built-in traces on h10
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,29 +180,36 @@ class SelectedForecast:
 
 class ReuseMix:
     """Per-layer next-step use probabilities from a reuse probe's log d̂ mixed with request profiles (module
-    docstring). start(pi (R, K), L) opens a step; row(l, logd (R, K)) -> q (K,) of layer l for the mix chosen now
-    (the runtime gives each row when its layer runs); probs(pi, logd (R, L, K)) -> q (L, K), every row at once (the
-    replay). observe(StepUse) scores every mix's forecasts made a step earlier (the mean over the rows made) against
-    the keys that step used, as SelectedForecast does: only the chosen mix is computed per row, the others when
-    scored, once per step."""
+    docstring). start(pi (R, K), L, requests) opens a step; row(l, logd (R, K)) -> q (K,) of layer l for the mix
+    chosen now (the runtime gives each row when its layer runs); probs(pi, logd (R, L, K), requests) -> q (L, K),
+    every row at once (the replay). observe(StepUse) scores every mix's forecasts made a step earlier (the mean over
+    the rows made) against the keys that step used, as SelectedForecast does: only the chosen mix is computed per
+    row, the others when scored, once per step. A step of other requests than the one before (a server running one
+    token of each request in turn) scores each request's forecast at that request's next step, against its own keys.
+    latest: request -> the hazards of its latest row (for its later turns; oldest dropped past KEEP requests)."""
 
     ALPHAS = (0.0, 0.5, 1.0)
+    KEEP = 1024
 
     def __init__(self) -> None:
         self.loss = np.zeros(len(self.ALPHAS))
         self._a = self.ALPHAS[0]
         self._pi: np.ndarray | None = None
         self._hz: np.ndarray | None = None  # (L, R, K) hazards 1/d̂ of this step's rows (NaN: a row not made)
-        self._due: tuple[np.ndarray, np.ndarray] | None = None  # (pi, hazards) made a step earlier, for this one
+        self._req: np.ndarray | None = None  # (R,) this step's requests
+        self._due: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # (pi, hazards, requests) a step earlier
+        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # request -> (pi (K,), rows made (M, K)) unscored
+        self.latest: dict[int, np.ndarray] = {}
 
     @property
     def chosen(self) -> int:
         return int(np.argmin(self.loss))
 
-    def start(self, pi_RK: np.ndarray, L: int) -> None:
+    def start(self, pi_RK: np.ndarray, L: int, requests: np.ndarray | None = None) -> None:
         self._a = self.ALPHAS[self.chosen]  # fixed within a step: the losses change only in observe
         self._pi = np.asarray(pi_RK, np.float64)
         self._hz = np.full((L, *self._pi.shape), np.nan)
+        self._req = None if requests is None else np.asarray(requests, np.int64).ravel()
 
     @staticmethod
     def _q(a, pi: np.ndarray, hz: np.ndarray) -> np.ndarray:
@@ -206,22 +221,46 @@ class ReuseMix:
         hz = self._hz[layer] = np.exp(np.negative(logd_RK, dtype=np.float64))
         return self._q(self._a, self._pi, hz)
 
-    def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray) -> np.ndarray:
-        self.start(pi_RK, logd_RLK.shape[1])
+    def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray, requests: np.ndarray | None = None) -> np.ndarray:
+        self.start(pi_RK, logd_RLK.shape[1], requests)
         return np.stack([self.row(lay, logd_RLK[:, lay]) for lay in range(logd_RLK.shape[1])])
 
+    def _score(self, pi: np.ndarray, made: np.ndarray, keys: np.ndarray) -> None:
+        """Add each mix's log-loss of the forecasts (pi (R, K), rows made (M, R, K)) against the keys used."""
+        used = np.zeros(made.shape[-1], bool)
+        used[keys] = True
+        a = np.asarray(self.ALPHAS)[:, None, None, None]
+        q = np.clip(self._q(a, pi, made).mean(1), 1e-4, 1 - 1e-4)  # (3, K)
+        self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+
     def observe(self, use: StepUse | None) -> None:
-        if use is not None and self._due is not None:
-            pi, hz = self._due
-            made = hz[~np.isnan(hz[:, 0, 0])]  # (rows made, R, K)
-            if len(made):
-                used = np.zeros(hz.shape[2], bool)
-                used[use.keys] = True
-                a = np.asarray(self.ALPHAS)[:, None, None, None]
-                q = np.clip(self._q(a, pi, made).mean(1), 1e-4, 1 - 1e-4)  # (3, K)
-                self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
-        self._due = None if self._hz is None else (self._pi, self._hz)
-        self._pi = self._hz = None
+        if use is not None:
+            due = self._due
+            if due is not None and (due[2] is None or np.array_equal(due[2], use.requests)):
+                made = due[1][~np.isnan(due[1][:, 0, 0])]  # (rows made, R, K): the same requests as the step before
+                if len(made):
+                    self._score(due[0], made, use.keys)
+                for r in [] if due[2] is None else due[2].tolist():
+                    self.pending.pop(r, None)
+            else:  # other requests than the step before: each request's forecast at its own next step
+                for i, r in enumerate(use.requests.tolist()):
+                    got = self.pending.pop(r, None)
+                    if got is not None:
+                        self._score(got[0][None], got[1][:, None], use.keys[use.off[i]:use.off[i + 1]])
+        self._due = None
+        if self._hz is not None:
+            self._due = (self._pi, self._hz, self._req)
+            made = np.flatnonzero(~np.isnan(self._hz[:, 0, 0]))
+            if len(made) and self._req is not None:
+                for i, r in enumerate(self._req.tolist()):
+                    for d in (self.pending, self.latest):
+                        d.pop(r, None)  # re-inserted last: the oldest go first past KEEP
+                    self.pending[r] = (self._pi[i], self._hz[made, i])
+                    self.latest[r] = self._hz[made[-1], i]
+                for d in (self.pending, self.latest):
+                    while len(d) > self.KEEP:
+                        del d[next(iter(d))]
+        self._pi = self._hz = self._req = None
 
 
 class ForecastEvictPolicy(BasePolicy):
@@ -246,6 +285,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.fset = np.zeros(L * E, bool)
         self.mix = ReuseMix()
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
+        self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
+        self._mine: np.ndarray | None = None  # (R,) bool: that step batches this step's requests again
         self._req: np.ndarray | None = None  # the step's requests (reuse_row's rows follow them)
         self.layer = 0
         self.cur: set[int] = set()
@@ -283,10 +324,15 @@ class ForecastEvictPolicy(BasePolicy):
             self.n -= 1
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None) -> None:
+                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None) -> None:
         """reuse_RLK: a reuse probe's log d̂ for the step's `requests` (same order); row l is read only from
-        layer l on (module docstring)."""
+        layer l on. upcoming: the requests of each step of one period of the server's schedule after this one
+        (this step's requests again where their turn comes back); None: every step batches `requests` (module
+        docstring)."""
         self.q = self.fc.next_step_probs(requests)
+        self._up, self._mine = None, None
+        if upcoming is not None and len(upcoming) and requests is not None and len(requests):
+            self._up, self._mine = schedule_probs(self._later_probs, upcoming, requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
         self.qL = None
         self._req = None if requests is None else np.asarray(requests)
@@ -294,9 +340,21 @@ class ForecastEvictPolicy(BasePolicy):
             if reuse_RLK.shape != (len(requests), self.L, self.L * self.E):
                 raise ValueError(f"fc-evict: reuse forecast has shape {reuse_RLK.shape}; expected "
                                  f"({len(requests)}, {self.L}, {self.L * self.E}), one row per request of the step.")
-            self.qL = self.mix.probs(self.fc.request_probs(requests), reuse_RLK)
+            self.qL = self.mix.probs(self.fc.request_probs(requests), reuse_RLK, requests)
         self.layer, self.cur = 0, set()
         self.ver += 1
+
+    def _later_probs(self, requests: np.ndarray) -> np.ndarray:
+        """(n, K) pi of requests at their next turns: the profiles, mixed as ReuseMix (the mix chosen now) with the
+        hazards of the reuse probe's last row at the request's latest token where it had one."""
+        pi = self.fc.request_probs(requests)
+        a = ReuseMix.ALPHAS[self.mix.chosen]
+        if a:
+            for i, r in enumerate(np.asarray(requests).tolist()):
+                hz = self.mix.latest.get(r)
+                if hz is not None:
+                    pi[i] = a * hz + (1.0 - a) * pi[i]
+        return pi
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """The reuse probe's row of `layer` for the step's requests (begin_step's order), given once the layer's router
@@ -308,7 +366,7 @@ class ForecastEvictPolicy(BasePolicy):
                              f"{self.L * self.E}), one row per request of the step.")
         if self.qL is None:
             self.qL = np.repeat(self.q[None], self.L, 0)
-            self.mix.start(self.fc.request_probs(self._req), self.L)
+            self.mix.start(self.fc.request_probs(self._req), self.L, self._req)
         self.qL[layer] = self.mix.row(layer, logd_RK)
         self.ver += 1  # the victim order's memo is stale
 
@@ -317,11 +375,22 @@ class ForecastEvictPolicy(BasePolicy):
             self.fc.observe(observed)
         self.mix.observe(observed if self.qL is not None else None)
 
+    def q_at(self, layer: int) -> np.ndarray:
+        """(K,) the next-use probability whose 1/q - 1 is a key's expected whole steps to its next use from layer
+        `layer` (module docstring): this step's q (with the reuse probe's row when given), through the schedule's
+        later steps when begin_step had one."""
+        q = self.q if self.qL is None else self.qL[layer]
+        if self._up is None:
+            return q
+        p_up = np.where(self._mine[:, None], q[None], self._up)  # this step's requests again: their sharper row
+        q0, q1 = schedule_q(q, p_up)
+        return np.where(np.arange(self.L * self.E) // self.E > layer, q0, q1)
+
     def next_use(self, keys: np.ndarray, layer: int) -> np.ndarray:
         """(n,) predicted next use of `keys`, in accesses from layer `layer` of this step."""
         lk = keys // self.E
         off = np.where(lk > layer, lk - layer, self.L - layer + lk).astype(np.float64)
-        q = self.q if self.qL is None else self.qL[layer]
+        q = self.q_at(layer)
         far = off + self.L * (1.0 / np.maximum(q[keys], 1e-9) - 1.0)
         return np.where(self.fset[keys] & (lk > layer), off, far)
 
@@ -344,7 +413,7 @@ class ForecastEvictPolicy(BasePolicy):
         """Resident keys farthest-then-least-recent from `layer` (next_use's distances; ties by key) -> memo.
         One compiled call (victim_order): as numpy it was about twenty small array operations, each costing the
         runtime's compute thread several µs cold inside a layer (benchmarks/offload.py)."""
-        q = self.q if self.qL is None else self.qL[layer]
+        q = self.q_at(layer)
         return layer, self.ver, victim_order(self.res, q, self.fset, self.last, layer, self.L, self.E).tolist()
 
     def _walk(self, order: list[int], pinned: Callable[[int], bool]) -> int:
@@ -360,6 +429,52 @@ class ForecastEvictPolicy(BasePolicy):
                 return k
         return -1
 
+
+
+def round_robin(request_T: np.ndarray) -> list[list[np.ndarray]]:
+    """The server's schedule as it stands at each decode token t of `request_T` (T,) (one token per step): the
+    requests in flight (served before or now, not yet finished: their last token is not before t), the others
+    least recently served first and t's own request last, each one step of one request -> per t, that period of
+    steps (fc-evict's begin_step(upcoming=...)). Causal: it reads who has been served and who has finished, never
+    a later token's routing. One request at a time (request order) gives [[its own id]] at every t."""
+    req = np.asarray(request_T, np.int64)
+    last = {int(r): int(t) for t, r in enumerate(req.tolist())}
+    served: dict[int, int] = {}
+    out = []
+    for t, r in enumerate(req.tolist()):
+        for q in [q for q in served if last[q] < t]:
+            del served[q]
+        served.pop(r, None)
+        out.append([np.array([q], np.int64) for q in sorted(served, key=served.get)] + [np.array([r], np.int64)])
+        served[r] = t
+    return out
+
+
+def schedule_probs(request_probs: Callable[[np.ndarray], np.ndarray], upcoming: Sequence[np.ndarray],
+                   requests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The schedule's next steps -> p (R, K): each step's probability of using each key, 1 - prod over its requests
+    of (1 - pi_rk) (request_probs: (n,) ids -> (n, K) pi); mine (R,) bool: the step batches exactly `requests`."""
+    steps = [np.asarray(u, np.int64).ravel() for u in upcoming]
+    n = np.array([len(u) for u in steps])
+    flat = np.concatenate(steps)
+    if not len(flat):
+        raise ValueError("fc-evict: every step of the schedule batches no request; expected at least one each.")
+    if (n == 0).any():
+        raise ValueError(f"fc-evict: step {int(np.argmin(n))} of the schedule batches no request; expected one or more.")
+    logs = np.log1p(-np.minimum(request_probs(flat), 0.999))
+    p = -np.expm1(np.add.reduceat(logs, np.r_[0, np.cumsum(n)[:-1]], axis=0))
+    me = np.sort(np.asarray(requests, np.int64).ravel())
+    mine = np.array([len(u) == len(me) and bool((np.sort(u) == me).all()) for u in steps])
+    return p, mine
+
+
+def schedule_q(q_now: np.ndarray, p_up: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q0, q1 (K,) whose 1/q - 1 are the expected whole steps to a key's next use (module docstring): q1 from the next
+    step on (p_up (R, K): one period of the schedule, repeating), q0 from this step on (q_now (K,) first)."""
+    c = np.cumprod(1.0 - p_up, axis=0)  # c_m, m = 1..R
+    e1 = c.sum(0) / np.maximum(1.0 - c[-1], 1e-12)
+    e0 = (1.0 - q_now) * (1.0 + e1)
+    return 1.0 / (1.0 + e0), 1.0 / (1.0 + e1)
 
 
 def admit_prefetch(p_use: float, xfer_s: float, window_s: float, victim_reuse: float) -> bool:

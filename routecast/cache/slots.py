@@ -208,11 +208,11 @@ class SlotCache:
         return released
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None) -> None:
-        """A forward step starts: the policies that use them get its requests, forecast sets and reuse forecasts
-        (fc-evict; forecast_evict.ForecastEvictPolicy.begin_step)."""
+                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None) -> None:
+        """A forward step starts: the policies that use them get its requests, forecast sets, reuse forecasts and
+        the schedule's next steps (fc-evict; forecast_evict.ForecastEvictPolicy.begin_step)."""
         for pol in self.policies:
-            pol.begin_step(requests, forecast_LE, reuse_RLK)
+            pol.begin_step(requests, forecast_LE, reuse_RLK, upcoming)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """A reuse probe's row of `layer` for the step's requests (fc-evict: ForecastEvictPolicy.reuse_row)."""
@@ -244,7 +244,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                  pred_SLE: np.ndarray | None = None, layer_ahead: bool = False, req_comp_s: np.ndarray | None = None,
                  dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1,
                  keep_per_layer: int = 0, policy: str = "lru", requests_S: np.ndarray | None = None,
-                 uses: Sequence[StepUse] | None = None, reuse: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
+                 uses: Sequence[StepUse] | None = None, reuse: Sequence[np.ndarray] | None = None,
+                 upcoming: Sequence[Sequence[np.ndarray]] | None = None) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -256,7 +257,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     depth, keep_per_layer, policy: as SlotCache (the runtime's OffloadConfig; top-k when it runs the fallback).
     requests_S (S,) the request of each step and uses (S StepUse) its routing: given, they reach the policies at
     begin_step / end_step as in the runtime (fc-evict's request profiles); reuse (S arrays (1, L, L·E)): each step's
-    reuse probe forecast for its request, given to begin_step with it.
+    reuse probe forecast for its request, given to begin_step with it; upcoming (S): each step's schedule of the
+    steps after it (fc-evict's begin_step(upcoming=...)), given with requests_S.
     """
     import heapq
 
@@ -314,12 +316,15 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
 
     if uses is not None and len(uses) != S:
         raise ConfigError(f"{len(uses)} step uses for {S} steps; expected one per step.")
+    if upcoming is not None and (requests_S is None or len(upcoming) != S):
+        raise ConfigError(f"schedules for {len(upcoming)} steps of {S}; expected one per step, with requests_S.")
     if reuse is not None and (requests_S is None or len(reuse) != S):
         raise ConfigError(f"reuse forecasts for {len(reuse)} steps of {S}; expected one per step, with requests_S.")
     t = 0.0
     for s in range(S):
         if requests_S is not None:
-            sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None, None if reuse is None else reuse[s])
+            sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None, None if reuse is None else reuse[s],
+                          None if upcoming is None else upcoming[s])
         if pred_SLE is not None and not layer_ahead:
             issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)

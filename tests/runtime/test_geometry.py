@@ -82,21 +82,24 @@ def test_weights_are_written_once_and_read_back_through_the_tier(weights) -> Non
         run.close()
 
 
-def routing(T: int, seed: int = 0) -> dict:
-    """A routing dict as trace_routing returns: 3 requests in turn, a forecast that is right half the time."""
+def routing(T: int, seed: int = 0, interleave: bool = False) -> dict:
+    """A routing dict as trace_routing returns: 3 requests one after the other (interleave: a token of each in turn,
+    the serving order, the last one joining late), a forecast that is right half the time."""
     rng = np.random.default_rng(seed)
     ids = np.stack([[rng.choice(TINY.experts, 2, replace=False) for _ in range(TINY.layers)] for _ in range(T)])
     pred = np.zeros((T, TINY.layers, TINY.experts), bool)
     np.put_along_axis(pred, np.where(rng.random(ids.shape) < 0.5, ids, (ids + 3) % TINY.experts), True, -1)
     return {"ids": ids, "w": np.full(ids.shape, 0.5, np.float32), "pred": pred, "predict_s": 1e-4, "tokens": T,
-            "request": np.repeat(np.arange(3), -(-T // 3))[:T]}
+            "request": np.r_[[0, 1, 0, 1], np.arange(T - 4) % 3] if interleave else np.repeat(np.arange(3), -(-T // 3))[:T]}
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lirs", "fc-evict"])
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_the_run_counts_only_timed_tokens_and_matches_the_replay(weights, policy: str, prefetch: bool) -> None:
+@pytest.mark.parametrize("interleave", [False, True])
+def test_the_run_counts_only_timed_tokens_and_matches_the_replay(weights, policy: str, prefetch: bool,
+                                                                 interleave: bool) -> None:
     T, warm = 14, 5
-    rt = routing(T)
+    rt = routing(T, interleave=interleave)
     fig = run_geometry(weights, TINY, rt, budget=6, policy=policy, prefetch=prefetch, warmup=warm, direct=False)
     timed = sum(len(np.unique(rt["ids"][t, g])) for t in range(warm, T) for g in range(TINY.layers))
     assert fig["hits"] + fig["misses"] == timed and fig["timed_tokens"] == T - warm
@@ -204,9 +207,10 @@ def test_map_reuse_reads_row_g_mod_l_and_the_least_of_each_groups_distances(seed
                 np.testing.assert_array_equal(got[:, g, g2 * geo_E + e], want)
 
 
-def test_fc_evict_reads_the_reuse_forecast_and_the_replay_makes_the_same_decisions(weights) -> None:
+@pytest.mark.parametrize("interleave", [False, True])
+def test_fc_evict_reads_the_reuse_forecast_and_the_replay_makes_the_same_decisions(weights, interleave: bool) -> None:
     T, warm = 14, 5
-    rt = routing(T, seed=2)
+    rt = routing(T, seed=2, interleave=interleave)
     rt.update(reuse=np.random.default_rng(2).uniform(0, 3, (T, TINY.layers, TINY.layers * TINY.experts)), reuse_s=1e-5)
     fig = run_geometry(weights, TINY, rt, budget=6, policy="fc-evict", warmup=warm, direct=False, reuse=True)
     rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)

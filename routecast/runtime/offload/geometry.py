@@ -180,14 +180,16 @@ class GeometryRun:
         return compute
 
     def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0,
-             reuse_LK: np.ndarray | None = None) -> None:
+             reuse_LK: np.ndarray | None = None, upcoming: list[np.ndarray] | None = None) -> None:
         """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
         of layers 1.. (row g reserves its slots when layer g-1 starts and is read after g-1's demand loads; row 0 is
-        never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on)."""
+        never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on);
+        upcoming: the server's schedule after this token (geometry_routing.round_robin) for fc-evict."""
         from routecast.cache.forecast_evict import StepUse
 
         if self.profiles:
-            self.store.begin_step(np.array([request], np.int64), None, None if reuse_LK is None else reuse_LK[None])
+            self.store.begin_step(np.array([request], np.int64), None, None if reuse_LK is None else reuse_LK[None],
+                                  upcoming)
         sets = np.zeros((self.L, self.E), bool)
         for g in range(self.L):
             if pred_LE is not None and g + 1 < self.L:
@@ -243,14 +245,17 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
         r.store.preload(np.arange(geom.layers * geom.experts))
     ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
     ru = routing["reuse"] if reuse else [None] * n
+    from routecast.cache.forecast_evict import round_robin
+
+    up = round_robin(req)  # who the server runs next: fc-evict's forecast of a key's next use spans those turns
     try:
         for t in range(warmup):
-            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t])
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t], up[t])
         r.store.drain()
         since = r.counters()
         t0 = time.perf_counter()
         for t in range(warmup, n):
-            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t])
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t], up[t])
         wall = time.perf_counter() - t0
     finally:
         r.close()
@@ -269,7 +274,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     replay_slots (the same policy object, fc-evict fed each token's request and routing as the run was) with reads of
     xfer_s seconds on one link and the run's measured compute per expert -> {'s_per_token', 'hit_ratio'} of the timed
     tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock)."""
-    from routecast.cache.forecast_evict import StepUse
+    from routecast.cache.forecast_evict import StepUse, round_robin
     from routecast.cache.slots import replay_slots
     from routecast.cache.zoo import split_name
     from routecast.runtime.offload.run import accesses_from_log
@@ -281,13 +286,15 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     fc = split_name(fig["policy"])[0] == "fc-evict"  # as GeometryRun: its request profiles get each step
     uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)] if fc else None
     reuse = [routing["reuse"][t][None] for t in range(n)] if fig.get("reuse") else None
+    up = round_robin(req) if fc else None
 
     def replay(steps: int) -> dict[str, Any]:
         cut = int(acc.req_off[steps * L])
         return replay_slots(acc.req_off[:steps * L + 1], acc.req_key[:cut], L, E, fig["budget"], policy=fig["policy"],
                             pred_SLE=fig["pred_sets"][:steps] if fig["prefetch"] else None, layer_ahead=True,
                             req_comp_s=comp[:cut], xfer_s=xfer_s, links=1, requests_S=req[:steps] if fc else None,
-                            uses=uses[:steps] if uses else None, reuse=reuse[:steps] if reuse else None)
+                            uses=uses[:steps] if uses else None, reuse=reuse[:steps] if reuse else None,
+                            upcoming=up[:steps] if up else None)
 
     full = replay(n)
     pre = replay(warm) if warm else {"sim_s": 0.0, "hits": 0, "misses": 0}

@@ -1,0 +1,135 @@
+"""fc-evict under a server's schedule (cache/forecast_evict.py): the expected wait through one period of the
+schedule against a brute-force sum, the schedule of a step that repeats itself changing nothing, the round-robin
+schedule read from who was served and who finished, and the golden case where only the schedule names the key that
+is needed next."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from routecast.cache.forecast_evict import ForecastEvictPolicy, StepUse, round_robin, schedule_probs, schedule_q
+from routecast.cache.slots import replay_slots
+from routecast.common.errors import ConfigError
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), R=st.integers(1, 6), K=st.integers(1, 5))
+def test_schedule_q_is_the_expected_wait_of_the_repeating_schedule(seed, R, K):
+    """1/q1 - 1 = sum over m >= 1 of P(no use in the first m steps), the schedule's steps repeating; q0 puts this
+    step's q_now first. Brute force: 4000 steps of the repeated schedule (probabilities >= 0.05: the tail is < 1e-80)."""
+    rng = np.random.default_rng(seed)
+    p_up, q_now = rng.uniform(0.05, 0.99, (R, K)), rng.uniform(0.05, 0.99, K)
+    q0, q1 = schedule_q(q_now, p_up)
+    surv = np.cumprod(1.0 - np.tile(p_up, (4000 // R + 1, 1)), 0)  # P(none of the first m steps uses k), m = 1..
+    np.testing.assert_allclose(1.0 / q1 - 1.0, surv.sum(0), rtol=1e-9)
+    np.testing.assert_allclose(1.0 / q0 - 1.0, (1.0 - q_now) * (1.0 + surv.sum(0)), rtol=1e-9)
+
+
+def test_a_schedule_of_one_step_is_the_geometric_wait():
+    q = np.array([0.1, 0.5, 0.9])
+    q0, q1 = schedule_q(q, q[None])
+    np.testing.assert_allclose(q0, q)
+    np.testing.assert_allclose(q1, q)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), L=st.integers(2, 4), E=st.integers(2, 8), steps=st.integers(1, 6),
+       probe=st.booleans())
+def test_a_schedule_that_repeats_the_step_changes_no_distance(seed, L, E, steps, probe):
+    """upcoming = [this step's requests] (one user at a time, or a batching server) gives the distances of no
+    schedule at every layer, with and without a reuse probe's rows."""
+    rng = np.random.default_rng(seed)
+    K = L * E
+    a, b = ForecastEvictPolicy(K, L=L, E=E), ForecastEvictPolicy(K, L=L, E=E)
+    keys = np.arange(K)
+    for _ in range(steps):
+        req = np.unique(rng.integers(0, 3, int(rng.integers(1, 3))))
+        ru = rng.uniform(0, 3, (len(req), L, K)) if probe else None
+        a.begin_step(req, None, ru)
+        b.begin_step(req, None, ru, [req])
+        for lay in range(L):
+            np.testing.assert_allclose(b.next_use(keys, lay), a.next_use(keys, lay), rtol=1e-9)
+        use = StepUse.from_routing(np.repeat(req, 2), rng.integers(0, E, (2 * len(req), L, 2)), E)
+        a.end_step(use)
+        b.end_step(use)
+
+
+def test_the_schedule_names_the_key_the_next_request_needs():
+    """Golden: A always uses key 0, B always key 1, in turn. At A's step, with key 2 coming in and one slot to free,
+    A's own profile says key 1 is never used (evict it); the schedule [B, A] says B needs key 1 next step: key 0 goes."""
+    L, E = 1, 3
+    for sched, want in ((None, 1), ([np.array([1]), np.array([0])], 0)):
+        pol = ForecastEvictPolicy(2, L=L, E=E)
+        for t in range(8):  # A, B, A, B, ...: both profiles learnt
+            r = t % 2
+            pol.begin_step(np.array([r]))
+            pol.admit(r) if r not in pol else pol.touch(r)
+            pol.end_step(StepUse.from_routing(np.array([r]), np.array([[[r]]]), E))
+        pol.begin_step(np.array([0]), None, None, sched)
+        pol.touch(0)  # A's token used key 0 at this layer; the next access needs key 2
+        pol.cur = set()  # a new layer's access (L = 1: the next step's)
+        assert pol.victim(lambda _k: False, None, 2) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40))
+def test_round_robin_holds_the_requests_in_flight_least_recently_served_first(req):
+    req = np.array(req)
+    out = round_robin(req)
+    assert len(out) == len(req)
+    for t, sched in enumerate(out):
+        ids = [int(s[0]) for s in sched]
+        assert all(len(s) == 1 for s in sched) and ids[-1] == req[t] and len(set(ids)) == len(ids)
+        seen_before = {int(r) for r in req[:t]}
+        last = {int(r): i for i, r in enumerate(req.tolist())}
+        assert set(ids[:-1]) == {r for r in seen_before if last[r] >= t and r != req[t]}  # in flight, not finished
+        served = [max(i for i in range(t) if req[i] == r) for r in ids[:-1]]
+        assert served == sorted(served)  # least recently served first
+
+
+def test_round_robin_of_a_strict_rotation_is_the_next_tokens_and_of_one_user_is_itself():
+    rot = np.arange(12) % 4
+    assert [[int(s[0]) for s in x] for x in round_robin(rot)[4:8]] == [
+        [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2], [0, 1, 2, 3]]
+    assert all(len(x) == 1 for x in round_robin(np.repeat(np.arange(3), 4)))
+
+
+def test_schedule_probs_combines_each_steps_requests_and_refuses_an_empty_step():
+    pi = {0: np.array([0.5, 0.0]), 1: np.array([0.5, 1.0])}
+    p, mine = schedule_probs(lambda ids: np.stack([pi[int(r)] for r in ids]), [np.array([0, 1]), np.array([1])],
+                             np.array([1, 0]))
+    np.testing.assert_allclose(p, [[0.75, 0.999], [0.5, 0.999]])  # probabilities capped at 0.999, as next_step_probs
+    assert mine.tolist() == [True, False]
+    with pytest.raises(ValueError, match="batches no request"):
+        schedule_probs(lambda ids: np.zeros((len(ids), 2)), [np.array([0]), np.array([], np.int64)], np.array([0]))
+
+
+def test_replay_refuses_a_schedule_per_step_of_another_length():
+    off, key = np.arange(5), np.arange(4)
+    with pytest.raises(ConfigError, match="one per step"):
+        replay_slots(off, key, 1, 4, 2, policy="fc-evict", requests_S=np.zeros(4, np.int64),
+                     upcoming=round_robin(np.zeros(3, np.int64)))
+
+
+def test_reuse_mix_scores_each_request_at_its_own_next_step_when_requests_take_turns():
+    """A and B in turn, each with a perfect reuse probe for its own key: scored at each request's next step against
+    its own keys, the probe alone (a = 1) wins; scored against the next step's (the other request's) keys it would
+    lose every time. Each forecast is scored once."""
+    from routecast.cache.forecast_evict import ReuseMix
+
+    L, E = 1, 4
+    pol = ForecastEvictPolicy(2, L=L, E=E)
+    for t in range(12):
+        r = t % 2
+        logd = np.full((1, L, L * E), np.log(1000.0))
+        logd[0, 0, r] = 0.0  # d̂ = 1: the request's next token uses its key
+        pol.begin_step(np.array([r]), None, logd, [np.array([1 - r]), np.array([r])])
+        before = pol.mix.loss.copy()
+        pol.end_step(StepUse.from_routing(np.array([r]), np.array([[[r]]]), E))
+        assert (pol.mix.loss > before).all() == (t >= 2)  # scored from each request's second step on
+        assert set(pol.mix.pending) == ({0} if t == 0 else {0, 1})
+    assert pol.mix.chosen == ReuseMix.ALPHAS.index(1.0)
+    np.testing.assert_allclose(pol.mix.latest[1], np.exp(-logd[0, 0]))
