@@ -184,8 +184,9 @@ class ReuseMix:
     chosen now (the runtime gives each row when its layer runs); probs(pi, logd (R, L, K), requests) -> q (L, K),
     every row at once (the replay). observe(StepUse) scores every mix's forecasts made a step earlier (the mean over
     the rows made) against the keys that step used, as SelectedForecast does: only the chosen mix is computed per
-    row, the others when scored, once per step. A step of other requests than the one before (a server running one
-    token of each request in turn) scores each request's forecast at that request's next step, against its own keys.
+    row, the others when scored, once per step. A step that shares no request with the one before (a server running
+    one token of each request in turn) scores each request's forecast at that request's next step, against its own
+    keys.
     latest: request -> the hazards of its latest row (for its later turns; oldest dropped past KEEP requests)."""
 
     ALPHAS = (0.0, 0.5, 1.0)
@@ -236,13 +237,13 @@ class ReuseMix:
     def observe(self, use: StepUse | None) -> None:
         if use is not None:
             due = self._due
-            if due is not None and (due[2] is None or np.array_equal(due[2], use.requests)):
+            if due is not None and (due[2] is None or np.isin(due[2], use.requests).any()):
                 made = due[1][~np.isnan(due[1][:, 0, 0])]  # (rows made, R, K): the same requests as the step before
                 if len(made):
                     self._score(due[0], made, use.keys)
                 for r in [] if due[2] is None else due[2].tolist():
                     self.pending.pop(r, None)
-            else:  # other requests than the step before: each request's forecast at its own next step
+            else:  # none of the step before's requests (turns): each request's forecast at its own next step
                 for i, r in enumerate(use.requests.tolist()):
                     got = self.pending.pop(r, None)
                     if got is not None:
