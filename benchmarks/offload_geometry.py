@@ -6,7 +6,7 @@ standard 'fine' trace (runtime/offload/geometry.py): every demand policy, fc-evi
 --geometry-prefetch policies at each budget, after a warm-up; the loader threads at the fastest measured count of
 reads in flight; each run's s/token against the replay's prediction (replay_slots, one link at the read time
 measured before every run (median), the run's compute); the eviction bound (cache kernel: LRU, LFU, Belady misses)
-over BOUND_TOKENS decode tokens; out/bench/offload_geometry_NAME.json.
+over BOUND_TOKENS decode tokens (or all of a --routing-file's, when fewer); out/bench/offload_geometry_NAME.json.
 """
 
 from __future__ import annotations
@@ -169,9 +169,10 @@ def main_geometry(a) -> None:
           flush=True)
     slots = {pct: max(geom.top_k, int(round(pct / 100 * n))) for pct in budgets}
     bounds = {}
+    n_bound = min(BOUND_TOKENS, long["tokens"])  # a --routing-file may hold only the tokens driven
     for pct in budgets:
-        m = bounds[pct] = eviction_bound(geom, first_tokens(long, BOUND_TOKENS), slots[pct])
-        print(f"eviction bound at {pct}% (cache kernel over {BOUND_TOKENS} decode tokens, no I/O): misses LRU "
+        m = bounds[pct] = eviction_bound(geom, first_tokens(long, n_bound), slots[pct])
+        print(f"eviction bound at {pct}% (cache kernel over {n_bound} decode tokens, no I/O): misses LRU "
               f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
               f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
     configs = [("on-demand", geom.top_k, "lru", False, False)]
@@ -264,6 +265,7 @@ def main_geometry(a) -> None:
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
                       "warmup": warm, "order": a.geometry_order, "eviction_bound": {str(k): v for k, v in bounds.items()},
+                      "eviction_bound_tokens": n_bound,
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s",
                                                                             "reuse_s", "reuse_train_tokens")},
                       "rounds": done, "rows": rows, "wall_s": time.time() - t_start})
