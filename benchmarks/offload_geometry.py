@@ -261,7 +261,8 @@ def main_geometry(a) -> None:
     name = f"offload_geometry_{geom.name}" + ("" if a.geometry_order == "step" else f"-{a.geometry_order}") + (
         f"-{shared.device.type}" if gpu else "")
     on = f", {tier['device']} ({tier['mode']})" if gpu else ""
-    write_bench(name, title=f"Offloading in the I/O-bound regime: {geom.name} geometry, {a.geometry_order} order{on}",
+    at = f", budget {','.join(map(str, budgets))}%" if a.budgets else ""
+    write_bench(name, title=f"Offloading in the I/O-bound regime: {geom.name} geometry, {a.geometry_order} order{on}{at}",
                 headline=head, quick=q, tables=[table(f"s per token ({geom.name} geometry, random weights, real routing)", rows)],
                 data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "tier": tier, "tokens": tokens,
                       "warmup": warm, "order": a.geometry_order, "eviction_bound": {str(k): v for k, v in bounds.items()},
