@@ -219,8 +219,9 @@ class ReuseMix:
         return mix[..., 0, :] if mix.shape[-2] == 1 else -np.expm1(np.log1p(-mix).sum(-2))
 
     def row(self, layer: int, logd_RK: np.ndarray) -> np.ndarray:
-        hz = self._hz[layer] = np.exp(np.negative(logd_RK, dtype=np.float64))
-        return self._q(self._a, self._pi, hz)
+        hz, q = mix_row(np.asarray(logd_RK), self._pi, self._a)  # one compiled call: it runs inside a layer
+        self._hz[layer] = hz
+        return q
 
     def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray, requests: np.ndarray | None = None) -> np.ndarray:
         self.start(pi_RK, logd_RLK.shape[1], requests)
@@ -295,6 +296,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.ver = 0  # bumped when the step or the running layer changes (victim's memo is valid within one)
         self._memo: tuple[int, int, list[int]] | None = None  # (layer, ver, order)
         victim_order(self.res, self.q, self.fset, self.last, 0, L, E)  # compiled (or loaded) now, not at a miss
+        for dt in (np.float32, np.float64):  # the reuse probe's rows: float32 from the runtime, float64 in replays
+            mix_row(np.zeros((1, 1), dt), np.zeros((1, 1)), 0.5)
 
     def __len__(self) -> int:
         return self.n
@@ -544,3 +547,25 @@ def victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.ndar
             j += 1
     by_last = np.argsort(lst, kind="mergesort")
     return keys[by_last[np.argsort(-d[by_last], kind="mergesort")]]
+
+
+@njit(cache=True, nogil=True)
+def mix_row(logd_RK: np.ndarray, pi_RK: np.ndarray, a: float) -> tuple[np.ndarray, np.ndarray]:
+    """ReuseMix.row's arithmetic in one pass: hazards hz = exp(-log d̂) (R, K) float64 and q (K,) = ReuseMix._q(a, pi,
+    hz): pi' = min(a·hz + (1 - a)·pi, 0.999), q = pi' for one request, else 1 - prod_r (1 - pi'_r)."""
+    R, K = logd_RK.shape
+    hz = np.empty((R, K))
+    q = np.empty(K)
+    for k in range(K):
+        s = 0.0
+        for r in range(R):
+            h = np.exp(-np.float64(logd_RK[r, k]))
+            hz[r, k] = h
+            m = min(a * h + (1.0 - a) * pi_RK[r, k], 0.999)
+            if R == 1:
+                q[k] = m
+            else:
+                s += np.log1p(-m)
+        if R > 1:
+            q[k] = -np.expm1(s)
+    return hz, q

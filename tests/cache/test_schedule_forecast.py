@@ -10,7 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from routecast.cache.forecast_evict import ForecastEvictPolicy, StepUse, round_robin, schedule_probs, schedule_q
+from routecast.cache.forecast_evict import (
+    ForecastEvictPolicy,
+    StepUse,
+    round_robin,
+    schedule_probs,
+    schedule_q,
+)
 from routecast.cache.slots import replay_slots
 from routecast.common.errors import ConfigError
 
@@ -133,3 +139,19 @@ def test_reuse_mix_scores_each_request_at_its_own_next_step_when_requests_take_t
         assert set(pol.mix.pending) == ({0} if t == 0 else {0, 1})
     assert pol.mix.chosen == ReuseMix.ALPHAS.index(1.0)
     np.testing.assert_allclose(pol.mix.latest[1], np.exp(-logd[0, 0]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), R=st.integers(1, 4), K=st.integers(1, 40), a=st.sampled_from([0.0, 0.5, 1.0]),
+       f32=st.booleans())
+def test_mix_row_is_reuse_mix_arithmetic_in_one_call(seed, R, K, a, f32):
+    """The compiled row (ReuseMix.row inside a layer) equals the numpy form of ReuseMix._q to rounding."""
+    from routecast.cache.forecast_evict import ReuseMix, mix_row
+
+    rng = np.random.default_rng(seed)
+    logd = rng.uniform(0, 4, (R, K)).astype(np.float32 if f32 else np.float64)
+    pi = rng.uniform(0, 1, (R, K))
+    hz, q = mix_row(logd, pi, a)
+    want_hz = np.exp(np.negative(logd, dtype=np.float64))
+    np.testing.assert_allclose(hz, want_hz, rtol=1e-14)
+    np.testing.assert_allclose(q, ReuseMix._q(a, pi, want_hz), rtol=1e-12, atol=1e-15)
