@@ -14,7 +14,7 @@ Per access (step s, layer l), as kernel.replay_window with demand loads queued F
    ones are queued behind the demand loads and W shrinks by a transfer each.
 
 Before each step the policies get begin_step(requests, the step's forecast sets, reuse forecasts); after it end_step(the step's
-routing per request, a forecast_evict.StepUse). Without prefetches the decisions and the time are the kernel's
+routing per request, a reuse.StepUse). Without prefetches the decisions and the time are the kernel's
 for lru and lfu, exactly (tests/cache/test_zoo.py).
 """
 
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from routecast.cache.forecast_evict import PrefetchAdmission, StepUse, admit_prefetch
+from routecast.cache.forecast_evict import PrefetchAdmission, admit_prefetch
+from routecast.cache.reuse import StepUse
 from routecast.cache.zoo import make_policy, split_name
 from routecast.common.errors import ConfigError
 from routecast.trace import Trace

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from routecast.cache.forecast_evict import StepUse
 from routecast.cache.policy import BasePolicy
+from routecast.cache.reuse import StepUse
 from routecast.cache.zoo import make_policy
 from routecast.common.errors import ConfigError
 

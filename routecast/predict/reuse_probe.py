@@ -3,7 +3,7 @@
 Legend: T tokens, L MoE layers, E experts per layer, K = L·E keys (layer·E + expert), H hidden size, n rows,
 R requests of one step.
 
-The cache's beyond-step forecast (cache/forecast_evict.py) knows a request's recent experts; it does not know
+The cache's beyond-step forecast (cache/reuse.py) knows a request's recent experts; it does not know
 where the text goes next. The router inputs of the token a request is decoding carry that: the next token is
 sampled from them. For each layer l, a ridge regression maps the router inputs of layers 0..l of a request's
 token t (concatenated, with a bias) to log d_k, d_k = positions from t to the request's next token routed to
@@ -14,7 +14,7 @@ key k, capped at `cap` (also when the request ends first):
 Row l needs only the router inputs up to layer l, so a cache evicting at layer l of a step reads row l of the
 step's forecast and nothing it could not know yet (DESIGN's causality rule). Fitted on training documents
 only; the replay reads the held-out ones. 1/d̂ is then a per-token hazard of reuse, which the cache mixes with
-the request's profile (forecast_evict.ReuseMix).
+the request's profile (cache/reuse.py ReuseMix).
 
     fit_reuse_probe(trace, rows=None, cap=32, lam=1.0) -> ReuseProbe
     ReuseProbe.predict(hidden_nLH) -> log d̂ (n, L, K)

@@ -1,4 +1,4 @@
-"""fc-evict under a server's schedule (cache/forecast_evict.py): the expected wait through one period of the
+"""fc-evict under a server's schedule (cache/reuse.py, cache/forecast_evict.py): the expected wait through one period of the
 schedule against a brute-force sum, the schedule of a step that repeats itself changing nothing, the round-robin
 schedule read from who was served and who finished, and the golden case where only the schedule names the key that
 is needed next."""
@@ -10,13 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from routecast.cache.forecast_evict import (
-    ForecastEvictPolicy,
-    StepUse,
-    round_robin,
-    schedule_probs,
-    schedule_q,
-)
+from routecast.cache.forecast_evict import ForecastEvictPolicy
+from routecast.cache.reuse import StepUse, round_robin, schedule_probs, schedule_q
 from routecast.cache.slots import replay_slots
 from routecast.common.errors import ConfigError
 
@@ -124,7 +119,7 @@ def test_reuse_mix_scores_each_request_at_its_own_next_step_when_requests_take_t
     """A and B in turn, each with a perfect reuse probe for its own key: scored at each request's next step against
     its own keys, the probe alone (a = 1) wins; scored against the next step's (the other request's) keys it would
     lose every time. Each forecast is scored once."""
-    from routecast.cache.forecast_evict import ReuseMix
+    from routecast.cache.reuse import ReuseMix
 
     L, E = 1, 4
     pol = ForecastEvictPolicy(2, L=L, E=E)
@@ -146,7 +141,7 @@ def test_reuse_mix_scores_each_request_at_its_own_next_step_when_requests_take_t
        f32=st.booleans())
 def test_mix_row_is_reuse_mix_arithmetic_in_one_call(seed, R, K, a, f32):
     """The compiled row (ReuseMix.row inside a layer) equals the numpy form of ReuseMix._q to rounding."""
-    from routecast.cache.forecast_evict import ReuseMix, mix_row
+    from routecast.cache.reuse import ReuseMix, mix_row
 
     rng = np.random.default_rng(seed)
     logd = rng.uniform(0, 4, (R, K)).astype(np.float32 if f32 else np.float64)

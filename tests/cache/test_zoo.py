@@ -10,17 +10,11 @@ from hypothesis import strategies as st
 
 from routecast.cache.arc import ARCPolicy
 from routecast.cache.compare import compare_policies
-from routecast.cache.forecast_evict import (
-    ForecastEvictPolicy,
-    ReuseForecast,
-    ReuseMix,
-    SelectedForecast,
-    StepUse,
-    admit_prefetch,
-)
+from routecast.cache.forecast_evict import ForecastEvictPolicy, admit_prefetch
 from routecast.cache.lirs import LIRSPolicy
 from routecast.cache.objreplay import replay_objects, step_uses
 from routecast.cache.replay import ReplayConfig, build_accesses, compute_seconds, run_policy, true_sets
+from routecast.cache.reuse import ReuseForecast, ReuseMix, SelectedForecast, StepUse
 from routecast.cache.s3fifo import S3FIFOPolicy
 from routecast.cache.slots import SlotCache
 from routecast.cache.zoo import make_policy

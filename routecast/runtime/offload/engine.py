@@ -135,7 +135,7 @@ def _batch_sets(fc, num_tokens: int, top: int = 0, min_prob: float = 0.0) -> np.
 def step_use_from_ids(ids_L: list[torch.Tensor | None], first: int, B: int, S: int, E: int):
     """A step's top-k ids per layer ((B·S, K) tensors; None: the layer did not run) -> its StepUse: requests
     first..first+B-1 (one per batch row), each row's distinct layer·E + expert keys and token counts."""
-    from routecast.cache.forecast_evict import StepUse
+    from routecast.cache.reuse import StepUse
 
     keys_R, counts_R = [], []
     for r in range(B):
@@ -153,7 +153,7 @@ def step_use_from_log(step_log: list[tuple[int, np.ndarray, np.ndarray]], reques
     """One request's step from its access-log entries ((layer, distinct experts ascending, tokens per expert), one per
     layer run, layers ascending) -> the same StepUse as step_use_from_ids, without a unique over every token's ids
     (a decode step's dozen cold numpy calls become three)."""
-    from routecast.cache.forecast_evict import StepUse
+    from routecast.cache.reuse import StepUse
 
     keys = np.concatenate([li * E + u for li, u, _ in step_log]).astype(np.int64)
     return StepUse(requests=np.array([request], np.int64), off=np.array([0, len(keys)], np.int64), keys=keys,
@@ -445,7 +445,7 @@ class OffloadedModel:
         return hook
 
     def _step_use(self):
-        """The step's routing per request (batch row) as a cache.forecast_evict.StepUse (fc-evict's profiles)."""
+        """The step's routing per request (batch row) as a cache.reuse.StepUse (fc-evict's profiles)."""
         B, S = self._shape
         if B == 1:  # one request: the step's access-log entries (one per layer run) are its use, already unique
             ran = sum(x is not None for x in self._step_ids)

@@ -185,7 +185,7 @@ class GeometryRun:
         of layers 1.. (row g reserves its slots when layer g-1 starts and is read after g-1's demand loads; row 0 is
         never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on);
         upcoming: the server's schedule after this token (geometry_routing.round_robin) for fc-evict."""
-        from routecast.cache.forecast_evict import StepUse
+        from routecast.cache.reuse import StepUse
 
         if self.profiles:
             t0 = time.perf_counter()
@@ -251,7 +251,7 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
         r.store.preload(np.arange(geom.layers * geom.experts))
     ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
     ru = routing["reuse"] if reuse else [None] * n
-    from routecast.cache.forecast_evict import round_robin
+    from routecast.cache.reuse import round_robin
 
     up = round_robin(req)  # who the server runs next: fc-evict's forecast of a key's next use spans those turns
     try:
@@ -280,7 +280,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     replay_slots (the same policy object, fc-evict fed each token's request and routing as the run was) with reads of
     xfer_s seconds on one link and the run's measured compute per expert -> {'s_per_token', 'hit_ratio'} of the timed
     tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock)."""
-    from routecast.cache.forecast_evict import StepUse, round_robin
+    from routecast.cache.reuse import StepUse, round_robin
     from routecast.cache.slots import replay_slots
     from routecast.cache.zoo import split_name
     from routecast.runtime.offload.run import accesses_from_log

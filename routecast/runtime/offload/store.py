@@ -275,7 +275,7 @@ class ExpertStore:
 
     def end_step(self, observed=None) -> None:
         """The forward step finished: its forecast marks are dropped (reads already issued go on); observed (a
-        cache.forecast_evict.StepUse, the step's routing per request) updates the policies' request profiles."""
+        cache.reuse.StepUse, the step's routing per request) updates the policies' request profiles."""
         with self.cond:
             self._release()
             self.slots.end_step(observed)

@@ -1,0 +1,315 @@
+"""The forecasts of a key's next use that fc-evict (cache/forecast_evict.py) and +admit read.
+
+Its forecasts, all causal (they use only routing already observed and what the request horizon allows):
+
+- **within the step**: the predictor's batch sets for the step's layers (e.g. conditional-token), given
+  before the step (``begin_step(forecast_LE=...)``);
+- **beyond the step** (ReuseForecast): each active request's exponentially decayed expert profile
+  (decay per token of that request, smoothed towards the trace-wide share of request-steps using each key: a
+  prefill counts once, as it is one access of each of its keys) gives, for each key, the
+  probability q_k that the next step's batch uses it: q_k = 1 - prod_r (1 - pi_rk), pi_rk the share of
+  request r's recent tokens routed to k. A key's expected next use, in accesses from layer l of this step,
+  is then off_k + L·(1/q_k - 1) (geometric over steps; off_k = layers until the key's layer comes round).
+  SelectedForecast keeps a short and a long memory of these profiles and uses, each step, the one whose
+  forecasts so far had the lower log-loss on the steps observed.
+
+- **the server's schedule** (optional, ``begin_step(upcoming=...)``): when the next steps batch other requests than
+  this one (a server that runs one decode token of each request in flight in turn), the steps of one period of the
+  schedule (the requests in flight, least recently served first, this step's last) each get
+  p_ik = 1 - prod_{r in step i} (1 - pi_rk), and a key's expected whole steps before the step that uses it is
+  E1_k = sum_{m=1..R} c_mk / (1 - c_Rk), c_mk = prod_{i<m} (1 - p_ik) (the schedule repeating); from a layer after
+  the running one, this step comes first: E0_k = (1 - p_0k)·(1 + E1_k). The distance is then off_k + L·E_k, and
+  with no schedule (every step the same requests, as a batching server) E1 = E0 = 1/q_k - 1 as above.
+
+- **from the router inputs** (optional, ReuseMix): a reuse probe (predict/reuse_probe.py) reads each request's
+  token at layer l of this step and gives d̂_rk, the tokens until request r next uses key k; 1/d̂_rk is a
+  per-token hazard of reuse, mixed with the profile: pi'_rk = a/d̂_rk + (1 - a)·pi_rk, q_k as above, one q per
+  layer (row l only once layer l has run). a is chosen each step among 0, 1/2 and 1 by the log-loss of the
+  forecasts each made one step earlier for the step that followed, so a probe that does not transfer (text of
+  another task) falls back to the profiles by itself.
+
+round_robin gives the schedule of a server that serves one token of each request in flight in turn; schedule_probs and
+schedule_q turn it into the distances above; mix_row is ReuseMix.row's arithmetic compiled (it runs inside a layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit  # a dependency, as in cache/kernel.py
+
+
+@dataclass(frozen=True)
+class StepUse:
+    """One forward step's routing per request: requests (R,) int64 ids; off (R+1,) CSR into keys (n,) int64
+    (layer·E + expert) and counts (n,) tokens of the request routed there; tokens (R,) its tokens in the step."""
+
+    requests: np.ndarray
+    off: np.ndarray
+    keys: np.ndarray
+    counts: np.ndarray
+    tokens: np.ndarray
+
+    @classmethod
+    def from_routing(cls, request_T: np.ndarray, experts_TLK: np.ndarray, E: int) -> StepUse:
+        """One step's StepUse from its tokens' request ids (T,) and routed experts (T, L, K) (-1 = dropped slot):
+        what the runtime hands SlotCache.end_step after a forward step."""
+        req = np.asarray(request_T, np.int64)
+        ex = np.asarray(experts_TLK, np.int64)
+        T, L, _ = ex.shape
+        reqs, r_idx, tok = np.unique(req, return_inverse=True, return_counts=True)
+        ok = ex >= 0
+        keys = (np.arange(L, dtype=np.int64)[None, :, None] * E + ex)[ok]
+        rows = np.broadcast_to(r_idx.reshape(T, 1, 1), ex.shape)[ok]
+        u, cnt = np.unique(rows * (L * E) + keys, return_counts=True)
+        off = np.searchsorted(u // (L * E), np.arange(len(reqs) + 1)).astype(np.int64)
+        return cls(requests=reqs, off=off, keys=u % (L * E), counts=cnt.astype(np.float64), tokens=tok)
+
+
+class ReuseForecast:
+    """Per-request decayed expert profiles over K keys -> next-step use probability q (K,) (module docstring).
+
+    decay: weight kept per token of the same request (0.9: about the last ten tokens dominate); prior: tokens'
+    worth of trace-wide frequency mixed into each profile; forget_steps: a request unseen that long is dropped.
+    """
+
+    def __init__(self, K: int, decay: float = 0.9, prior: float = 1.0, forget_steps: int = 64) -> None:
+        self.K, self.decay, self.prior, self.forget = K, decay, prior, forget_steps
+        self.prof: dict[int, np.ndarray] = {}
+        self.mass: dict[int, float] = {}
+        self.seen: dict[int, int] = {}
+        self.glob = np.zeros(K)
+        self.glob_tokens = 0.0
+        self.step = 0
+
+    def next_step_probs(self, requests: np.ndarray | None) -> np.ndarray:
+        """(K,) probability that a step batching `requests` uses each key (trace-wide share for unknown ones)."""
+        if requests is None or len(requests) == 0:
+            return np.clip(self._glob(), 0.0, 1.0)
+        return -np.expm1(np.log1p(-np.minimum(self.request_probs(requests), 0.999)).sum(0))
+
+    def _glob(self) -> np.ndarray:
+        return self.glob / self.glob_tokens if self.glob_tokens > 0 else np.zeros(self.K)
+
+    def request_probs(self, requests: np.ndarray) -> np.ndarray:
+        """(R, K) pi_rk: each request's share of recent tokens routed to each key (the trace-wide share mixed in)."""
+        gp = self._glob()
+        out = np.empty((len(requests), self.K))
+        for i, r in enumerate(np.asarray(requests).tolist()):
+            c = self.prof.get(r)
+            out[i] = gp if c is None else (c + self.prior * gp) / (self.mass[r] + self.prior)
+        return out
+
+    def observe(self, use: StepUse) -> None:
+        """Fold one step's routing into the profiles (decay by the request's tokens in the step first)."""
+        self.step += 1
+        for i, r in enumerate(use.requests.tolist()):
+            n = float(use.tokens[i])
+            d = self.decay ** n
+            c = self.prof.get(r)
+            if c is None:
+                c = self.prof[r] = np.zeros(self.K)
+                self.mass[r] = 0.0
+            c *= d
+            ks, cs = use.keys[use.off[i]:use.off[i + 1]], use.counts[use.off[i]:use.off[i + 1]]
+            c[ks] += cs
+            self.mass[r] = self.mass[r] * d + n
+            self.seen[r] = self.step
+            self.glob[ks] += 1.0  # trace-wide: the share of request-steps that use each key (a prefill counts once)
+            self.glob_tokens += 1.0
+        for r in [r for r, s in self.seen.items() if self.step - s > self.forget]:
+            del self.prof[r], self.mass[r], self.seen[r]
+
+
+class SelectedForecast:
+    """ReuseForecasts of several memories ((decay, prior) each) -> each step, the forecast of the one whose earlier
+    forecasts had the lowest total log-loss on the steps observed (each key used or not in a step: a Bernoulli of
+    probability q_k, clipped to [1e-4, 1 - 1e-4]); ties go to the first. Short memory (0.9: a request's last ten
+    tokens) suits text whose experts drift within a request (builtin-fine: it is picked there on every held-out
+    part); long memory (0.99, 16 tokens of trace-wide prior) suits stationary routing (the mixtral-8x7b preset)."""
+
+    def __init__(self, K: int, memories: tuple[tuple[float, float], ...] = ((0.9, 1.0), (0.99, 16.0))) -> None:
+        self.K = K
+        self.subs = [ReuseForecast(K, decay=d, prior=p) for d, p in memories]
+        self.loss = np.zeros(len(self.subs))
+        self._q: list[np.ndarray] | None = None
+
+    @property
+    def chosen(self) -> int:
+        return int(np.argmin(self.loss))
+
+    def next_step_probs(self, requests: np.ndarray | None) -> np.ndarray:
+        self._q = [f.next_step_probs(requests) for f in self.subs]
+        return self._q[self.chosen]
+
+    def request_probs(self, requests: np.ndarray) -> np.ndarray:
+        """(R, K) per-request shares of the memory chosen now (ReuseForecast.request_probs)."""
+        return self.subs[self.chosen].request_probs(requests)
+
+    def observe(self, use: StepUse) -> None:
+        if self._q is not None:  # score the forecasts made for this step, then learn from it
+            used = np.zeros(self.K, bool)
+            used[use.keys] = True
+            for i, q in enumerate(self._q):
+                q = np.clip(q, 1e-4, 1 - 1e-4)
+                self.loss[i] -= np.log(np.where(used, q, 1.0 - q)).sum()
+            self._q = None
+        for f in self.subs:
+            f.observe(use)
+
+
+class ReuseMix:
+    """Per-layer next-step use probabilities from a reuse probe's log d̂ mixed with request profiles (module
+    docstring). start(pi (R, K), L, requests) opens a step; row(l, logd (R, K)) -> q (K,) of layer l for the mix
+    chosen now (the runtime gives each row when its layer runs); probs(pi, logd (R, L, K), requests) -> q (L, K),
+    every row at once (the replay). observe(StepUse) scores every mix's forecasts made a step earlier (the mean over
+    the rows made) against the keys that step used, as SelectedForecast does: only the chosen mix is computed per
+    row, the others when scored, once per step. A step that shares no request with the one before (a server running
+    one token of each request in turn) scores each request's forecast at that request's next step, against its own
+    keys.
+    latest: request -> the hazards of its latest row (for its later turns; oldest dropped past KEEP requests)."""
+
+    ALPHAS = (0.0, 0.5, 1.0)
+    KEEP = 1024
+
+    def __init__(self) -> None:
+        self.loss = np.zeros(len(self.ALPHAS))
+        self._a = self.ALPHAS[0]
+        self._pi: np.ndarray | None = None
+        self._hz: np.ndarray | None = None  # (L, R, K) hazards 1/d̂ of this step's rows (NaN: a row not made)
+        self._req: np.ndarray | None = None  # (R,) this step's requests
+        self._due: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # (pi, hazards, requests) a step earlier
+        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # request -> (pi (K,), rows made (M, K)) unscored
+        self.latest: dict[int, np.ndarray] = {}
+
+    @property
+    def chosen(self) -> int:
+        return int(np.argmin(self.loss))
+
+    def start(self, pi_RK: np.ndarray, L: int, requests: np.ndarray | None = None) -> None:
+        self._a = self.ALPHAS[self.chosen]  # fixed within a step: the losses change only in observe
+        self._pi = np.asarray(pi_RK, np.float64)
+        self._hz = np.full((L, *self._pi.shape), np.nan)
+        self._req = None if requests is None else np.asarray(requests, np.int64).ravel()
+
+    @staticmethod
+    def _q(a, pi: np.ndarray, hz: np.ndarray) -> np.ndarray:
+        """P(a step of these requests uses each key): 1 - prod_r (1 - pi'_rk), pi' = a·hz + (1 - a)·pi; axis -2 = r."""
+        mix = np.minimum(a * hz + (1.0 - a) * pi, 0.999)
+        return mix[..., 0, :] if mix.shape[-2] == 1 else -np.expm1(np.log1p(-mix).sum(-2))
+
+    def row(self, layer: int, logd_RK: np.ndarray) -> np.ndarray:
+        hz, q = mix_row(np.asarray(logd_RK), self._pi, self._a)  # one compiled call: it runs inside a layer
+        self._hz[layer] = hz
+        return q
+
+    def probs(self, pi_RK: np.ndarray, logd_RLK: np.ndarray, requests: np.ndarray | None = None) -> np.ndarray:
+        self.start(pi_RK, logd_RLK.shape[1], requests)
+        return np.stack([self.row(lay, logd_RLK[:, lay]) for lay in range(logd_RLK.shape[1])])
+
+    def _score(self, pi: np.ndarray, made: np.ndarray, keys: np.ndarray) -> None:
+        """Add each mix's log-loss of the forecasts (pi (R, K), rows made (M, R, K)) against the keys used."""
+        used = np.zeros(made.shape[-1], bool)
+        used[keys] = True
+        a = np.asarray(self.ALPHAS)[:, None, None, None]
+        q = np.clip(self._q(a, pi, made).mean(1), 1e-4, 1 - 1e-4)  # (3, K)
+        self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+
+    def observe(self, use: StepUse | None) -> None:
+        if use is not None:
+            due = self._due
+            if due is not None and (due[2] is None or np.isin(due[2], use.requests).any()):
+                made = due[1][~np.isnan(due[1][:, 0, 0])]  # (rows made, R, K): the same requests as the step before
+                if len(made):
+                    self._score(due[0], made, use.keys)
+                for r in [] if due[2] is None else due[2].tolist():
+                    self.pending.pop(r, None)
+            else:  # none of the step before's requests (turns): each request's forecast at its own next step
+                for i, r in enumerate(use.requests.tolist()):
+                    got = self.pending.pop(r, None)
+                    if got is not None:
+                        self._score(got[0][None], got[1][:, None], use.keys[use.off[i]:use.off[i + 1]])
+        self._due = None
+        if self._hz is not None:
+            self._due = (self._pi, self._hz, self._req)
+            made = np.flatnonzero(~np.isnan(self._hz[:, 0, 0]))
+            if len(made) and self._req is not None:
+                for i, r in enumerate(self._req.tolist()):
+                    for d in (self.pending, self.latest):
+                        d.pop(r, None)  # re-inserted last: the oldest go first past KEEP
+                    self.pending[r] = (self._pi[i], self._hz[made, i])
+                    self.latest[r] = self._hz[made[-1], i]
+                for d in (self.pending, self.latest):
+                    while len(d) > self.KEEP:
+                        del d[next(iter(d))]
+        self._pi = self._hz = self._req = None
+
+
+def round_robin(request_T: np.ndarray) -> list[list[np.ndarray]]:
+    """The server's schedule as it stands at each decode token t of `request_T` (T,) (one token per step): the
+    requests in flight (served before or now, not yet finished: their last token is not before t), the others
+    least recently served first and t's own request last, each one step of one request -> per t, that period of
+    steps (fc-evict's begin_step(upcoming=...)). Causal: it reads who has been served and who has finished, never
+    a later token's routing. One request at a time (request order) gives [[its own id]] at every t."""
+    req = np.asarray(request_T, np.int64)
+    last = {int(r): int(t) for t, r in enumerate(req.tolist())}
+    served: dict[int, int] = {}
+    out = []
+    for t, r in enumerate(req.tolist()):
+        for q in [q for q in served if last[q] < t]:
+            del served[q]
+        served.pop(r, None)
+        out.append([np.array([q], np.int64) for q in sorted(served, key=served.get)] + [np.array([r], np.int64)])
+        served[r] = t
+    return out
+
+
+def schedule_probs(request_probs: Callable[[np.ndarray], np.ndarray], upcoming: Sequence[np.ndarray],
+                   requests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The schedule's next steps -> p (R, K): each step's probability of using each key, 1 - prod over its requests
+    of (1 - pi_rk) (request_probs: (n,) ids -> (n, K) pi); mine (R,) bool: the step batches exactly `requests`."""
+    steps = [np.asarray(u, np.int64).ravel() for u in upcoming]
+    n = np.array([len(u) for u in steps])
+    flat = np.concatenate(steps)
+    if not len(flat):
+        raise ValueError("fc-evict: every step of the schedule batches no request; expected at least one each.")
+    if (n == 0).any():
+        raise ValueError(f"fc-evict: step {int(np.argmin(n))} of the schedule batches no request; expected one or more.")
+    logs = np.log1p(-np.minimum(request_probs(flat), 0.999))
+    p = -np.expm1(np.add.reduceat(logs, np.r_[0, np.cumsum(n)[:-1]], axis=0))
+    me = np.sort(np.asarray(requests, np.int64).ravel())
+    mine = np.array([len(u) == len(me) and bool((np.sort(u) == me).all()) for u in steps])
+    return p, mine
+
+
+def schedule_q(q_now: np.ndarray, p_up: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q0, q1 (K,) whose 1/q - 1 are the expected whole steps to a key's next use (module docstring): q1 from the next
+    step on (p_up (R, K): one period of the schedule, repeating), q0 from this step on (q_now (K,) first)."""
+    c = np.cumprod(1.0 - p_up, axis=0)  # c_m, m = 1..R
+    e1 = c.sum(0) / np.maximum(1.0 - c[-1], 1e-12)
+    e0 = (1.0 - q_now) * (1.0 + e1)
+    return 1.0 / (1.0 + e0), 1.0 / (1.0 + e1)
+
+
+@njit(cache=True, nogil=True)
+def mix_row(logd_RK: np.ndarray, pi_RK: np.ndarray, a: float) -> tuple[np.ndarray, np.ndarray]:
+    """ReuseMix.row's arithmetic in one pass: hazards hz = exp(-log d̂) (R, K) float64 and q (K,) = ReuseMix._q(a, pi,
+    hz): pi' = min(a·hz + (1 - a)·pi, 0.999), q = pi' for one request, else 1 - prod_r (1 - pi'_r)."""
+    R, K = logd_RK.shape
+    hz = np.empty((R, K))
+    q = np.empty(K)
+    for k in range(K):
+        s = 0.0
+        for r in range(R):
+            h = np.exp(-np.float64(logd_RK[r, k]))
+            hz[r, k] = h
+            m = min(a * h + (1.0 - a) * pi_RK[r, k], 0.999)
+            if R == 1:
+                q[k] = m
+            else:
+                s += np.log1p(-m)
+        if R > 1:
+            q[k] = -np.expm1(s)
+    return hz, q
