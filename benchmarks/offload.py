@@ -130,6 +130,9 @@ def main() -> None:
                     "written by --save-routing instead of the standard trace (a machine without the trace)")
     ap.add_argument("--save-routing", default=None, help="geometry mode: write the routing of --geometry's layers to "
                     "this .npz and exit (for --routing-file on another machine)")
+    ap.add_argument("--geometry-replay", default=None, metavar="READ_MS,COMPUTE_MS",
+                    help="geometry mode: no run; the replay's table with reads of READ_MS (one link) and COMPUTE_MS per "
+                    "expert, fc-evict also without the server's schedule (a what-if, e.g. with a GPU run's measured times)")
     ap.add_argument("--quick", action="store_true", help="a reduced run (make bench)")
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()

@@ -11,6 +11,7 @@ over BOUND_TOKENS decode tokens (or all of a --routing-file's, when fewer); out/
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -53,6 +54,94 @@ def gpu_lines(geom, tier: dict, rows: list[dict], budgets: list[int]) -> list[st
     lines.append(f"scaled to {geom.name}'s {full} MoE layers (x{scale:g}, a what-if: measured on {geom.layers}), s per "
                  f"token: {', '.join(parts)}{ref}")
     return lines
+
+
+def geometry_configs(geom, budgets: list[int], policies: list[str], combined: list[str], probed: bool,
+                     floor: bool) -> list[tuple[str, int, str, bool, bool]]:
+    """(label, slots, policy, lookahead prefetch, reuse probe) of every run: on-demand, the all-resident floor (floor:
+    a GPU run), then per budget each policy, fc-evict reading the reuse probe (probed) and lookahead with `combined`."""
+    n = geom.layers * geom.experts
+    configs = [("on-demand", geom.top_k, "lru", False, False)] + ([("all-resident", n, "lru", False, False)] if floor else [])
+    for pct in budgets:
+        b = max(geom.top_k, int(round(pct / 100 * n)))
+        configs += [(f"{pol}@{pct}%", b, pol, False, False) for pol in policies]
+        configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True)] if probed else []
+        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False) for pol in combined]
+    return configs
+
+
+def parse_replay(text: str) -> tuple[float, float]:
+    """--geometry-replay READ_MS,COMPUTE_MS -> (read ms, compute ms), or one sentence (checked before any trace is read)."""
+    try:
+        read_ms, comp_ms = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--geometry-replay is {text!r}; expected READ_MS,COMPUTE_MS (two numbers: milliseconds per "
+                          "expert read and per expert computed).") from None
+    if not (read_ms > 0 and comp_ms >= 0 and math.isfinite(read_ms + comp_ms)):
+        raise ConfigError(f"--geometry-replay is {text!r}; expected a positive read time and a compute time of 0 or "
+                          "more (finite milliseconds).")
+    return read_ms, comp_ms
+
+
+def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], warm: int, tokens: int) -> None:
+    """--geometry-replay READ_MS,COMPUTE_MS: no run; the replay's s per token for every configuration with reads of
+    READ_MS on one link and COMPUTE_MS per expert (a what-if for a device measured elsewhere, e.g. a GPU run's JSON:
+    tier.replay_read_s and the rows' compute_s_per_expert), fc-evict rows also without the server's schedule ->
+    out/bench/offload_geometry_NAME[-order]-replay.json."""
+    import numpy as np
+
+    from routecast.runtime.offload.geometry import WEIGHT_NOTE, replay_geometry
+
+    read_ms, comp_ms = parse_replay(a.geometry_replay)
+    ids, n = routing["ids"], routing["tokens"]
+    log = [(g, *np.unique(ids[t, g][ids[t, g] >= 0], return_counts=True)) for t in range(n) for g in range(geom.layers)]
+    pred = np.array(routing["pred"], bool)
+    pred[:, 0] = False  # GeometryRun never forecasts layer 0
+    none = np.zeros_like(pred)
+    step = a.geometry_order == "step"
+    rows, lru = [], {}
+    for label, b, pol, pf, ru in configs:
+        fig = {"log": log, "pred_sets": pred if pf else none, "compute_s_per_expert": comp_ms / 1e3, "policy": pol,
+               "budget": b, "prefetch": pf, "reuse": ru, "warmup": warm}
+        rep = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3)
+        alone = (replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3, schedule=False)
+                 if pol == "fc-evict" and step else None)
+        pct = label.rsplit("@", 1)[1] if "@" in label else None
+        if pol == "lru" and not pf and pct:
+            lru[pct] = rep["s_per_token"]
+        rows.append({"config": label, "budget": b, "prediction": pf or pol == "fc-evict",
+                     "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
+                     "without_schedule_s_per_token": alone["s_per_token"] if alone else None,
+                     "without_schedule_hit_ratio": alone["hit_ratio"] if alone else None, "pct": pct})
+    for r in rows:
+        base = lru.get(r.pop("pct"))
+        r["x_lru"] = base / r["replay_s_per_token"] if base else None
+        r["without_schedule_x_lru"] = (base / r["without_schedule_s_per_token"]
+                                       if base and r["without_schedule_s_per_token"] else None)
+    print(" | ".join(("config", "replay s/token", "hit", "x LRU", "without the schedule: s/token", "hit", "x LRU")))
+    for r in rows:
+        print(" | ".join((r["config"], f"{r['replay_s_per_token']:.4f}", f"{r['replay_hit_ratio']:.3f}",
+                          _f(r["x_lru"], ".2f"), _f(r["without_schedule_s_per_token"], ".4f"),
+                          _f(r["without_schedule_hit_ratio"], ".3f"), _f(r["without_schedule_x_lru"], ".2f"))))
+    head = [f"replay only (no run): {geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} tokens in "
+            f"{a.geometry_order} order, reads {read_ms:g} ms on one link, compute {comp_ms:g} ms per expert; {WEIGHT_NOTE}"]
+    for pct in budgets:
+        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
+        best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru"])
+        plain = max((r for r in at if not r["prediction"]), key=lambda r: r["x_lru"])
+        alone = [r["without_schedule_x_lru"] for r in at if r["without_schedule_x_lru"] is not None]
+        head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} {best['x_lru']:.2f}x LRU "
+                    f"tokens/s, best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru']:.2f}x"
+                    + (f"; fc-evict rows without the server's schedule at most {max(alone):.2f}x" if alone else ""))
+    for line in head:
+        print(line)
+    name = f"offload_geometry_{geom.name}" + ("" if step else f"-{a.geometry_order}") + "-replay"
+    write_bench(name, title=f"The replay's I/O-bound table: {geom.name} geometry, {a.geometry_order} order, "
+                f"{read_ms:g} ms reads, {comp_ms:g} ms compute", headline=head, quick=a.quick,
+                tables=[table(f"replayed s per token ({geom.name} geometry, real routing)", rows)],
+                data={"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "read_ms": read_ms,
+                      "compute_ms": comp_ms, "tokens": tokens, "warmup": warm, "order": a.geometry_order, "rows": rows})
+    print(f"wrote out/bench/{name}.json")
 
 
 def main_geometry(a) -> None:
@@ -98,6 +187,13 @@ def main_geometry(a) -> None:
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
     check_order(a.geometry_order)
+    if a.geometry_replay is not None and (a.geometry_device is not None or a.save_routing is not None):
+        raise ConfigError("--geometry-replay runs nothing and writes no routing: expected neither --geometry-device nor "
+                          "--save-routing with it.")
+    if a.geometry_replay is not None and "lru" not in policies:
+        raise ConfigError("--geometry-replay gives each row against LRU's: expected lru among --policies.")
+    if a.geometry_replay is not None:
+        parse_replay(a.geometry_replay)
     if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
     if a.geometry_device is not None:
@@ -135,6 +231,10 @@ def main_geometry(a) -> None:
               f"({geom.layers} layers); --routing-file reads it")
         return
     routing = first_tokens(long, warm + tokens)
+    if a.geometry_replay is not None:
+        replay_table(a, geom, routing, geometry_configs(geom, budgets, policies, combined, probed, floor=False),
+                     budgets, warm, tokens)
+        return
     gpu = a.geometry_device is not None
     flight = (1, 2) if gpu else (1, 2, 4)
     if gpu:  # every expert in pinned host memory, copied to GPU slots: no weights file
@@ -167,21 +267,14 @@ def main_geometry(a) -> None:
           f"{routing['trace_layers']}; "
           f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
           flush=True)
-    slots = {pct: max(geom.top_k, int(round(pct / 100 * n))) for pct in budgets}
     bounds = {}
     n_bound = min(BOUND_TOKENS, long["tokens"])  # a --routing-file may hold only the tokens driven
     for pct in budgets:
-        m = bounds[pct] = eviction_bound(geom, first_tokens(long, n_bound), slots[pct])
+        m = bounds[pct] = eviction_bound(geom, first_tokens(long, n_bound), max(geom.top_k, int(round(pct / 100 * n))))
         print(f"eviction bound at {pct}% (cache kernel over {n_bound} decode tokens, no I/O): misses LRU "
               f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
               f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
-    configs = [("on-demand", geom.top_k, "lru", False, False)]
-    if gpu:  # the floor: every expert in GPU memory, preloaded (run_geometry), no copy in the timed tokens
-        configs.append(("all-resident", n, "lru", False, False))
-    for pct, b in slots.items():
-        configs += [(f"{pol}@{pct}%", b, pol, False, False) for pol in policies]
-        configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True)] if probed else []
-        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False) for pol in combined]
+    configs = geometry_configs(geom, budgets, policies, combined, probed, floor=gpu)
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     stop = None if a.geometry_minutes is None else t_start + 60 * a.geometry_minutes
     done, t_round = 0, 0.0

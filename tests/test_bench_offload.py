@@ -88,6 +88,11 @@ def test_rounds_keep_the_reference_first_and_permute_the_rest():
     (["--save-routing", "r.npz/x.npz"], "is a regular file, not a directory"),
     (["--save-routing", "s.npz", "--routing-file", "r.npz"], "expected one or the other"),
     (["--geometry-device", "cpu", "--geometry-layers", "100000"], "expected fewer --geometry-layers"),
+    (["--geometry-replay", "6.5"], "expected READ_MS,COMPUTE_MS"),
+    (["--geometry-replay", "0,1"], "expected a positive read time"),
+    (["--geometry-replay", "1,nan"], "expected a positive read time"),
+    (["--geometry-replay", "1,1", "--geometry-device", "cpu"], "expected neither --geometry-device"),
+    (["--geometry-replay", "1,1", "--policies", "lfu"], "expected lru among --policies"),
 ])
 def test_geometry_flags_are_one_sentence_before_anything_is_written(args, needle, tmp_path):
     import subprocess
@@ -109,3 +114,40 @@ def test_geometry_flags_are_one_sentence_before_anything_is_written(args, needle
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1 and needle in err[0], p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["r.npz"]  # no weights, no trace, no bench JSON
+
+
+def test_geometry_replay_prices_every_row_and_fc_evict_with_and_without_the_schedule(tmp_path):
+    """--geometry-replay runs nothing (no weights written) and gives the replay's rows: LRU at 1.00x, fc-evict also
+    without the server's schedule in step order, the same as replay_geometry's."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from routecast.runtime.offload.geometry import geometry, replay_geometry
+    from routecast.runtime.offload.geometry_routing import save_routing
+
+    geom = geometry("mixtral-8x7b", 2)
+    T, rng = 20, np.random.default_rng(0)
+    ids = np.stack([[rng.choice(8, 2, replace=False) for _ in range(2)] for _ in range(T)])
+    rt = {"ids": ids, "w": np.full((T, 2, 2), 0.5, np.float32), "request": np.arange(T) % 4,
+          "pred": rng.random((T, 2, 8)) < 0.3, "tokens": T, "order": "step", "trace": "t", "trace_layers": 2,
+          "predict_s": 1e-4, "reuse": rng.uniform(0, 3, (T, 2, 16)).astype(np.float32), "reuse_s": 1e-5}
+    save_routing(tmp_path / "r.npz", rt, geom)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "offload.py"), "--geometry", "mixtral-8x7b", "--geometry-layers",
+           "2", "--routing-file", "r.npz", "--geometry-warmup", "8", "--geometry-tokens", "12", "--budgets", "50",
+           "--policies", "lru,fc-evict", "--geometry-prefetch", "fc-evict", "--geometry-replay", "5,0.5"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads((tmp_path / "out/bench/offload_geometry_mixtral-8x7b-replay.json").read_text())["data"]
+    rows = {r["config"]: r for r in out["rows"]}
+    assert set(rows) == {"on-demand", "lru@50%", "fc-evict@50%", "fc-evict+probe@50%", "lookahead+fc-evict@50%"}
+    assert rows["lru@50%"]["x_lru"] == 1.0 and rows["lru@50%"]["without_schedule_s_per_token"] is None
+    assert not (tmp_path / "out/geometry").exists()  # no weights: nothing ran
+    log = [(g, *np.unique(ids[t, g], return_counts=True)) for t in range(T) for g in range(2)]
+    fig = {"log": log, "pred_sets": np.zeros((T, 2, 8), bool), "compute_s_per_expert": 5e-4, "policy": "fc-evict",
+           "budget": 8, "prefetch": False, "reuse": True, "warmup": 8}
+    for sched, key in ((True, "replay_s_per_token"), (False, "without_schedule_s_per_token")):
+        want = replay_geometry(fig, geom, {**rt, "reuse": rt["reuse"]}, xfer_s=5e-3, schedule=sched)["s_per_token"]
+        assert rows["fc-evict+probe@50%"][key] == pytest.approx(want)

@@ -275,11 +275,13 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     return fig
 
 
-def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any], *, xfer_s: float) -> dict[str, Any]:
+def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any], *, xfer_s: float,
+                    schedule: bool = True) -> dict[str, Any]:
     """The replay's prediction of one run_geometry result: its accesses and forecast sets through cache/slots.py
     replay_slots (the same policy object, fc-evict fed each token's request and routing as the run was) with reads of
     xfer_s seconds on one link and the run's measured compute per expert -> {'s_per_token', 'hit_ratio'} of the timed
-    tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock)."""
+    tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock).
+    schedule=False: fc-evict without the server's schedule (each step's own requests only), for comparison."""
     from routecast.cache.reuse import StepUse, round_robin
     from routecast.cache.slots import replay_slots
     from routecast.cache.zoo import split_name
@@ -292,7 +294,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     fc = split_name(fig["policy"])[0] == "fc-evict"  # as GeometryRun: its request profiles get each step
     uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)] if fc else None
     reuse = [routing["reuse"][t][None] for t in range(n)] if fig.get("reuse") else None
-    up = round_robin(req) if fc else None
+    up = round_robin(req) if fc and schedule else None
 
     def replay(steps: int) -> dict[str, Any]:
         cut = int(acc.req_off[steps * L])
