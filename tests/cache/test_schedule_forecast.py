@@ -115,25 +115,29 @@ def test_replay_refuses_a_schedule_per_step_of_another_length():
                      upcoming=round_robin(np.zeros(3, np.int64)))
 
 
-def test_reuse_mix_scores_each_request_at_its_own_next_step_when_requests_take_turns():
-    """A and B in turn, each with a perfect reuse probe for its own key: scored at each request's next step against
-    its own keys, the probe alone (a = 1) wins; scored against the next step's (the other request's) keys it would
-    lose every time. Each forecast is scored once."""
+def test_each_requests_latest_probe_hazards_forecast_its_later_turns():
+    """A and B in turn, each with a reuse probe for its own key: the mix keeps each request's latest row, and the
+    schedule's steps of that request read it as ReuseMix mixes it (a·hazard + (1 - a)·profile, a the mix chosen)."""
     from routecast.cache.reuse import ReuseMix
 
     L, E = 1, 4
     pol = ForecastEvictPolicy(2, L=L, E=E)
-    for t in range(12):
+    rows = {}
+    for t in range(6):
         r = t % 2
         logd = np.full((1, L, L * E), np.log(1000.0))
         logd[0, 0, r] = 0.0  # d̂ = 1: the request's next token uses its key
+        rows[r] = np.exp(-logd[0, 0])
         pol.begin_step(np.array([r]), None, logd, [np.array([1 - r]), np.array([r])])
-        before = pol.mix.loss.copy()
         pol.end_step(StepUse.from_routing(np.array([r]), np.array([[[r]]]), E))
-        assert (pol.mix.loss > before).all() == (t >= 2)  # scored from each request's second step on
-        assert set(pol.mix.pending) == ({0} if t == 0 else {0, 1})
-    assert pol.mix.chosen == ReuseMix.ALPHAS.index(1.0)
-    np.testing.assert_allclose(pol.mix.latest[1], np.exp(-logd[0, 0]))
+    for r in (0, 1):
+        np.testing.assert_allclose(pol.mix.latest[r], rows[r])
+    prof = pol.fc.request_probs(np.array([0, 1]))
+    for i, a in enumerate(ReuseMix.ALPHAS):
+        pol.mix.loss[:] = 1.0
+        pol.mix.loss[i] = 0.0  # this mix chosen
+        np.testing.assert_allclose(pol._later_probs(np.array([0, 1])),
+                                   a * np.stack([rows[0], rows[1]]) + (1 - a) * prof)
 
 
 @settings(max_examples=40, deadline=None)
