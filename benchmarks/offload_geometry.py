@@ -56,6 +56,13 @@ def gpu_lines(geom, tier: dict, rows: list[dict], budgets: list[int]) -> list[st
     return lines
 
 
+def best_at(rows: list[dict], pct: int, key: str) -> tuple[dict, dict]:
+    """The fastest prediction-driven row and the fastest row without prediction at budget pct% (by `key`, x LRU)."""
+    at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
+    return (max((r for r in at if r["prediction"]), key=lambda r: r[key]),
+            max((r for r in at if not r["prediction"]), key=lambda r: r[key]))
+
+
 def geometry_configs(geom, budgets: list[int], policies: list[str], combined: list[str], probed: bool,
                      floor: bool) -> list[tuple[str, int, str, bool, bool]]:
     """(label, slots, policy, lookahead prefetch, reuse probe) of every run: on-demand, the all-resident floor (floor:
@@ -126,10 +133,9 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
     head = [f"replay only (no run): {geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} tokens in "
             f"{a.geometry_order} order, reads {read_ms:g} ms on one link, compute {comp_ms:g} ms per expert; {WEIGHT_NOTE}"]
     for pct in budgets:
-        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
-        best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru"])
-        plain = max((r for r in at if not r["prediction"]), key=lambda r: r["x_lru"])
-        alone = [r["without_schedule_x_lru"] for r in at if r["without_schedule_x_lru"] is not None]
+        best, plain = best_at(rows, pct, "x_lru")
+        alone = [r["without_schedule_x_lru"] for r in rows
+                 if r["config"].endswith(f"@{pct}%") and r["without_schedule_x_lru"] is not None]
         head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} {best['x_lru']:.2f}x LRU "
                     f"tokens/s, best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru']:.2f}x"
                     + (f"; fc-evict rows without the server's schedule at most {max(alone):.2f}x" if alone else ""))
@@ -335,9 +341,7 @@ def main_geometry(a) -> None:
     head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens in {a.geometry_order} "
             f"order; {WEIGHT_NOTE}"]
     for pct in budgets:
-        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
-        best = max((r for r in at if r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
-        plain = max((r for r in at if not r["prediction"]), key=lambda r: r["x_lru_tokens_per_s"])
+        best, plain = best_at(rows, pct, "x_lru_tokens_per_s")
         head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} "
                     f"{best['x_lru_tokens_per_s']:.2f}x LRU tokens/s ({best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), "
                     f"best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru_tokens_per_s']:.2f}x; "
