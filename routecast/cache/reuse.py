@@ -19,7 +19,9 @@ Its forecasts, all causal (they use only routing already observed and what the r
   p_ik = 1 - prod_{r in step i} (1 - pi_rk), and a key's expected whole steps before the step that uses it is
   E1_k = sum_{m=1..R} c_mk / (1 - c_Rk), c_mk = prod_{i<m} (1 - p_ik) (the schedule repeating); from a layer after
   the running one, this step comes first: E0_k = (1 - p_0k)·(1 + E1_k). The distance is then off_k + L·E_k, and
-  with no schedule (every step the same requests, as a batching server) E1 = E0 = 1/q_k - 1 as above.
+  with no schedule (every step the same requests, as a batching server) E1 = E0 = 1/q_k - 1 as above. A request's
+  pi in a later step of the schedule is mixed with the reuse probe's hazards of its latest token (ReuseMix.latest),
+  as below, when the probe is read.
 
 - **from the router inputs** (optional, ReuseMix): a reuse probe (predict/reuse_probe.py) reads each request's
   token at layer l of this step and gives d̂_rk, the tokens until request r next uses key k; 1/d̂_rk is a
