@@ -90,18 +90,17 @@ def parse_replay(text: str) -> tuple[float, float]:
     return read_ms, comp_ms
 
 
-def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], warm: int, tokens: int) -> None:
+def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], warm: int, tokens: int,
+                 read_ms: float, comp_ms: float) -> None:
     """--geometry-replay READ_MS,COMPUTE_MS: no run; the replay's s per token for every configuration with reads of
     READ_MS on one link and COMPUTE_MS per expert (a what-if for a device measured elsewhere, e.g. a GPU run's JSON:
     tier.replay_read_s and the rows' compute_s_per_expert), fc-evict rows also without the server's schedule ->
     out/bench/offload_geometry_NAME[-order]-replay.json."""
     import numpy as np
 
-    from routecast.runtime.offload.geometry import WEIGHT_NOTE, replay_geometry
+    from routecast.runtime.offload.geometry import WEIGHT_NOTE, replay_geometry, routing_log
 
-    read_ms, comp_ms = parse_replay(a.geometry_replay)
-    ids, n = routing["ids"], routing["tokens"]
-    log = [(g, *np.unique(ids[t, g][ids[t, g] >= 0], return_counts=True)) for t in range(n) for g in range(geom.layers)]
+    log = routing_log(routing)
     pred = np.array(routing["pred"], bool)
     pred[:, 0] = False  # GeometryRun never forecasts layer 0
     none = np.zeros_like(pred)
@@ -193,13 +192,14 @@ def main_geometry(a) -> None:
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
     check_order(a.geometry_order)
-    if a.geometry_replay is not None and (a.geometry_device is not None or a.save_routing is not None):
-        raise ConfigError("--geometry-replay runs nothing and writes no routing: expected neither --geometry-device nor "
-                          "--save-routing with it.")
-    if a.geometry_replay is not None and "lru" not in policies:
-        raise ConfigError("--geometry-replay gives each row against LRU's: expected lru among --policies.")
+    replay_ms = None  # --geometry-replay: (read, compute) milliseconds; nothing runs
     if a.geometry_replay is not None:
-        parse_replay(a.geometry_replay)
+        if a.geometry_device is not None or a.save_routing is not None:
+            raise ConfigError("--geometry-replay runs nothing and writes no routing: expected neither --geometry-device "
+                              "nor --save-routing with it.")
+        if "lru" not in policies:
+            raise ConfigError("--geometry-replay gives each row against LRU's: expected lru among --policies.")
+        replay_ms = parse_replay(a.geometry_replay)
     if a.geometry_threads is not None and not 1 <= a.geometry_threads <= 16:
         raise ConfigError(f"--geometry-threads is {a.geometry_threads}; expected 1 to 16 loader threads.")
     if a.geometry_device is not None:
@@ -237,9 +237,9 @@ def main_geometry(a) -> None:
               f"({geom.layers} layers); --routing-file reads it")
         return
     routing = first_tokens(long, warm + tokens)
-    if a.geometry_replay is not None:
+    if replay_ms is not None:
         replay_table(a, geom, routing, geometry_configs(geom, budgets, policies, combined, probed, floor=False),
-                     budgets, warm, tokens)
+                     budgets, warm, tokens, *replay_ms)
         return
     gpu = a.geometry_device is not None
     flight = (1, 2) if gpu else (1, 2, 4)

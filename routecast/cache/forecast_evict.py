@@ -67,6 +67,7 @@ class ForecastEvictPolicy(BasePolicy):
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
         self._mine: np.ndarray | None = None  # (R,) bool: that step batches this step's requests again
+        self._layer_of = np.arange(L * E) // E  # each key's layer
         self._req: np.ndarray | None = None  # the step's requests (reuse_row's rows follow them)
         self.layer = 0
         self.cur: set[int] = set()
@@ -127,16 +128,9 @@ class ForecastEvictPolicy(BasePolicy):
         self.ver += 1
 
     def _later_probs(self, requests: np.ndarray) -> np.ndarray:
-        """(n, K) pi of requests at their next turns: the profiles, mixed as ReuseMix (the mix chosen now) with the
-        hazards of the reuse probe's last row at the request's latest token where it had one."""
-        pi = self.fc.request_probs(requests)
-        a = ReuseMix.ALPHAS[self.mix.chosen]
-        if a:
-            for i, r in enumerate(np.asarray(requests).tolist()):
-                hz = self.mix.latest.get(r)
-                if hz is not None:
-                    pi[i] = a * hz + (1.0 - a) * pi[i]
-        return pi
+        """(n, K) pi of requests at their next turns: the profiles, with each request's latest probe hazards mixed in
+        (ReuseMix.later)."""
+        return self.mix.later(self.fc.request_probs(requests), requests)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """The reuse probe's row of `layer` for the step's requests (begin_step's order), given once the layer's router
@@ -166,7 +160,7 @@ class ForecastEvictPolicy(BasePolicy):
             return q
         p_up = np.where(self._mine[:, None], q[None], self._up)  # this step's requests again: their sharper row
         q0, q1 = schedule_q(q, p_up)
-        return np.where(np.arange(self.L * self.E) // self.E > layer, q0, q1)
+        return np.where(self._layer_of > layer, q0, q1)
 
     def next_use(self, keys: np.ndarray, layer: int) -> np.ndarray:
         """(n,) predicted next use of `keys`, in accesses from layer `layer` of this step."""

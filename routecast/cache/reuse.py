@@ -209,6 +209,17 @@ class ReuseMix:
         self.start(pi_RK, logd_RLK.shape[1], requests)
         return np.stack([self.row(lay, logd_RLK[:, lay]) for lay in range(logd_RLK.shape[1])])
 
+    def later(self, pi_nK: np.ndarray, requests: np.ndarray) -> np.ndarray:
+        """(n, K) pi of `requests` at their later turns (pi_nK: their profiles, changed in place): a·hz + (1 - a)·pi
+        with each one's latest hazards where it has them, a the mix chosen now (the cap at 0.999 is the reader's)."""
+        a = self.ALPHAS[self.chosen]
+        if a:
+            for i, r in enumerate(np.asarray(requests).tolist()):
+                hz = self.latest.get(r)
+                if hz is not None:
+                    pi_nK[i] = a * hz + (1.0 - a) * pi_nK[i]
+        return pi_nK
+
     def _score(self, pi: np.ndarray, made: np.ndarray, keys: np.ndarray) -> None:
         """Add each mix's log-loss of the forecasts (pi (R, K), rows made (M, R, K)) against the keys used."""
         used = np.zeros(made.shape[-1], bool)

@@ -184,7 +184,7 @@ class GeometryRun:
         """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
         of layers 1.. (row g reserves its slots when layer g-1 starts and is read after g-1's demand loads; row 0 is
         never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on);
-        upcoming: the server's schedule after this token (geometry_routing.round_robin) for fc-evict."""
+        upcoming: the server's schedule after this token (cache/reuse.py round_robin) for fc-evict."""
         from routecast.cache.reuse import StepUse
 
         if self.profiles:
@@ -313,6 +313,14 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
             "hits": hits, "misses": misses}
 
 
+def routing_log(routing: dict[str, Any]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """The access log a GeometryRun of `routing` writes, without running it: per token and layer (layer, its distinct
+    experts, their token counts); dropped slots (-1) route nothing."""
+    ids = routing["ids"]
+    return [(g, *np.unique(ids[t, g][ids[t, g] >= 0], return_counts=True))
+            for t in range(routing["tokens"]) for g in range(ids.shape[1])]
+
+
 def eviction_bound(geom: Geometry, routing: dict[str, Any], budget: int) -> dict[str, float]:
     """Misses of LRU, LFU and Belady (the cache kernel, clock-free) on every token of `routing` at `budget` slots:
     in this I/O-bound regime the time follows the reads, so LRU / Belady misses bounds what any eviction rule
@@ -321,12 +329,6 @@ def eviction_bound(geom: Geometry, routing: dict[str, Any], budget: int) -> dict
     from routecast.runtime.offload.run import accesses_from_log
     from routecast.sim.hardware import load_hardware
 
-    ids = routing["ids"]
-    log = []
-    for t in range(routing["tokens"]):
-        for g in range(geom.layers):
-            u, c = np.unique(ids[t, g][ids[t, g] >= 0], return_counts=True)
-            log.append((g, u, c))
-    acc = accesses_from_log(log, geom.layers, geom.experts, routing["tokens"])
+    acc = accesses_from_log(routing_log(routing), geom.layers, geom.experts, routing["tokens"])
     cfg = ReplayConfig(budget=budget, hardware=load_hardware("h100-sxm"), expert_bytes=geom.expert_bytes)
     return {p: float(run_policy(acc, p, cfg)["demand_loads"]) for p in ("lru", "lfu", "belady")}
