@@ -52,6 +52,7 @@ class ForecastEvictPolicy(BasePolicy):
     """
 
     name = "fc-evict"
+    PREFIX = 48  # victim(): keys of the order built at a miss (the whole order only when these run out)
 
     def __init__(self, capacity: int, L: int, E: int, forecaster: ReuseForecast | SelectedForecast | None = None) -> None:
         super().__init__(capacity)
@@ -73,8 +74,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.cur: set[int] = set()
         self.n = 0
         self.ver = 0  # bumped when the step or the running layer changes (victim's memo is valid within one)
-        self._memo: tuple[int, int, list[int]] | None = None  # (layer, ver, order)
-        victim_order(self.res, self.q, self.fset, self.last, 0, L, E)  # compiled (or loaded) now, not at a miss
+        self._memo: tuple[int, int, list[int], bool] | None = None  # (layer, ver, order's head, complete)
+        victim_order(self.res, self.q, self.fset, self.last, 0, L, E, 0)  # compiled (or loaded) now, not at a miss
         for dt in (np.float32, np.float64):  # the reuse probe's rows: float32 from the runtime, float64 in replays
             mix_row(np.zeros((1, 1), dt), np.zeros((1, 1)), 0.5)
 
@@ -174,23 +175,30 @@ class ForecastEvictPolicy(BasePolicy):
         layer = incoming // self.E if incoming >= 0 else self.layer
         # Farthest first, then least recent. Within one step and running layer (one `ver`) a key's distance is fixed
         # and only keys used in it (self.cur, never victims) change recency, so the order built at the first miss
-        # holds for every later one: it is memoised and walked, skipping keys gone since.
+        # holds for every later one: it is memoised and walked, skipping keys gone since. Only its head is built
+        # (PREFIX keys and the ties at its end: an exact prefix of the whole order); the whole order when the head
+        # runs out.
         memo = self._memo
         if memo is None or memo[0] != layer or memo[1] != self.ver:
-            memo = self._memo = self._order(layer)
+            memo = self._memo = self._order(layer, self.PREFIX)
         k = self._walk(memo[2], pinned)
+        if k < 0 and not memo[3]:
+            memo = self._memo = self._order(layer, 0)
+            k = self._walk(memo[2], pinned)
         if k >= 0:
             return k
         # a pool smaller than the access: a computed key of it goes (the driver pins the others); the order is built
         # afresh, as keys admitted since the memo (all in self.cur) are candidates now
-        return self._first_free(self._order(layer)[2], pinned, False)
+        return self._first_free(self._order(layer, 0)[2], pinned, False)
 
-    def _order(self, layer: int) -> tuple[int, int, list[int]]:
-        """Resident keys farthest-then-least-recent from `layer` (next_use's distances; ties by key) -> memo.
+    def _order(self, layer: int, head: int) -> tuple[int, int, list[int], bool]:
+        """Resident keys farthest-then-least-recent from `layer` (next_use's distances; ties by key), the first `head`
+        of them and every key tied with the last (0: all) -> memo (layer, ver, keys, whether that is all of them).
         One compiled call (victim_order): as numpy it was about twenty small array operations, each costing the
         runtime's compute thread several µs cold inside a layer (benchmarks/offload.py)."""
         q = self.q_at(layer)
-        return layer, self.ver, victim_order(self.res, q, self.fset, self.last, layer, self.L, self.E).tolist()
+        order = victim_order(self.res, q, self.fset, self.last, layer, self.L, self.E, head)
+        return layer, self.ver, order.tolist(), head <= 0 or len(order) >= self.n
 
     def _walk(self, order: list[int], pinned: Callable[[int], bool]) -> int:
         res, cur = self.res, self.cur
@@ -252,9 +260,11 @@ class PrefetchAdmission:
 
 @njit(cache=True, nogil=True)
 def victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.ndarray, layer: int, L: int,
-                 E: int) -> np.ndarray:
+                 E: int, head: int) -> np.ndarray:
     """Resident keys (res bool (K,)) ordered by ForecastEvictPolicy.next_use from `layer` descending, then `last`
-    ascending, then key ascending: np.lexsort((last, -d)) of flatnonzero(res), in one pass and two stable sorts."""
+    ascending, then key ascending: np.lexsort((last, -d)) of flatnonzero(res). head > 0: only the first `head` of
+    that order and every key whose distance ties the last of them (an exact prefix: the rest all come later), found
+    by one partition, so a miss costs O(resident keys), not a sort of them all; head <= 0: the whole order."""
     n = 0
     for k in range(res.size):
         if res[k]:
@@ -271,5 +281,9 @@ def victim_order(res: np.ndarray, q: np.ndarray, fset: np.ndarray, last: np.ndar
             keys[j] = k
             lst[j] = last[k]
             j += 1
+    if 0 < head < n:
+        cut = -np.partition(-d, head - 1)[head - 1]  # the head-th farthest distance: keep every key at least as far
+        sel = np.flatnonzero(d >= cut)
+        keys, d, lst = keys[sel], d[sel], lst[sel]
     by_last = np.argsort(lst, kind="mergesort")
     return keys[by_last[np.argsort(-d[by_last], kind="mergesort")]]

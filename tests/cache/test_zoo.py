@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from routecast.cache.arc import ARCPolicy
 from routecast.cache.compare import compare_policies
-from routecast.cache.forecast_evict import ForecastEvictPolicy, admit_prefetch
+from routecast.cache.forecast_evict import ForecastEvictPolicy, admit_prefetch, victim_order
 from routecast.cache.lirs import LIRSPolicy
 from routecast.cache.objreplay import replay_objects, step_uses
 from routecast.cache.replay import ReplayConfig, build_accesses, compute_seconds, run_policy, true_sets
@@ -200,6 +200,26 @@ def test_fc_evict_victim_equals_the_full_order(seed, L, E, ties):
     want = next((k for k in order if k not in pol.cur and k not in pinned_set),
                 next((k for k in order if k not in pinned_set), -1))
     assert pol.victim(lambda k: k in pinned_set, incoming=incoming) == want
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), L=st.integers(1, 6), E=st.integers(1, 48), head=st.integers(1, 80),
+       ties=st.booleans())
+def test_victim_order_head_is_an_exact_prefix_of_the_whole_order(seed, L, E, head, ties):
+    """victim_order(head) gives the first `head` keys of the whole order and every key tied with the last of them
+    (no fewer, unless fewer are resident): the head a victim walk reads is the whole order's start."""
+    rng = np.random.default_rng(seed)
+    K = L * E
+    res = rng.random(K) < 0.8
+    q = rng.choice([0.0, 0.25, 0.5], K) if ties else rng.random(K)
+    fset = rng.random(K) < 0.2
+    last = rng.choice(4, K).astype(float) if ties else rng.permutation(K).astype(float)
+    layer = int(rng.integers(L))
+    whole = victim_order(res, q, fset, last, layer, L, E, 0)
+    part = victim_order(res, q, fset, last, layer, L, E, head)
+    assert len(whole) == res.sum()
+    assert np.array_equal(part, whole[:len(part)])
+    assert len(part) >= min(head, len(whole))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

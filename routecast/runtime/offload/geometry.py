@@ -157,7 +157,8 @@ class GeometryRun:
         self.x = torch.randn(1, geom.hidden, generator=torch.Generator().manual_seed(0)).bfloat16().to(self.device)
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.pred_sets: list[np.ndarray] = []
-        self.compute_s: list[float] = []  # seconds per expert computed (on a GPU: until its kernels finished)
+        self.compute_s: list[float] = []  # seconds per expert computed: a round's time (on a GPU, until its kernels
+        # finished) shared evenly by its experts
         self.predict_s = 0.0  # fc-evict's upkeep of its forecasts (begin_step / end_step), as the engine counts it
         self.profiles = split_name(policy)[0] == "fc-evict"  # its request profiles need each step's routing
 
@@ -170,13 +171,16 @@ class GeometryRun:
         gu, dn, I = self.store.pools["gate_up_proj"], self.store.pools["down_proj"], self.geom.ffn
 
         def compute(exps: np.ndarray, slots: np.ndarray) -> None:
+            t0 = time.perf_counter()
             for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
-                t0 = time.perf_counter()
                 h = self.x @ gu[s].T  # (1, 2I)
                 y = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T
                 out[0] = out[0] + float(w_E[e]) * y.float()
-                sync(self.device)  # a GPU's kernels done: the time is the expert's, and its slot may be refilled after
-                self.compute_s.append(time.perf_counter() - t0)
+            # one wait per round, not per expert: a GPU's kernels of the round queue back to back (a wait after each
+            # expert made every expert pay a launch-and-sync round trip); they must be done before the store unpins
+            # the round's slots, which a loader may then refill
+            sync(self.device)
+            self.compute_s += [(time.perf_counter() - t0) / max(len(exps), 1)] * len(exps)
         return compute
 
     def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0,
