@@ -40,6 +40,7 @@ from routecast.cache.reuse import (
     mix_row,
     schedule_probs,
     schedule_q,
+    schedule_q_at,
 )
 
 
@@ -68,6 +69,7 @@ class ForecastEvictPolicy(BasePolicy):
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
         self._mine: np.ndarray | None = None  # (R,) bool: that step batches this step's requests again
+        self._q01: tuple[np.ndarray, np.ndarray] | None = None  # q_at's q0, q1 of this step without the probe's rows
         self._layer_of = np.arange(L * E) // E  # each key's layer
         self._req: np.ndarray | None = None  # the step's requests (reuse_row's rows follow them)
         self.layer = 0
@@ -78,6 +80,7 @@ class ForecastEvictPolicy(BasePolicy):
         victim_order(self.res, self.q, self.fset, self.last, 0, L, E, 0)  # compiled (or loaded) now, not at a miss
         for dt in (np.float32, np.float64):  # the reuse probe's rows: float32 from the runtime, float64 in replays
             mix_row(np.zeros((1, 1), dt), np.zeros((1, 1)), 0.5)
+        schedule_q_at(np.zeros(1), np.zeros((1, 1)), np.zeros(1, bool), self._layer_of[:1], 0)
 
     def __len__(self) -> int:
         return self.n
@@ -114,7 +117,7 @@ class ForecastEvictPolicy(BasePolicy):
         (this step's requests again where their turn comes back); None: every step batches `requests` (module
         docstring)."""
         self.q = self.fc.next_step_probs(requests)
-        self._up, self._mine = None, None
+        self._up, self._mine, self._q01 = None, None, None
         if upcoming is not None and len(upcoming) and requests is not None and len(requests):
             self._up, self._mine = schedule_probs(self._later_probs, upcoming, requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
@@ -156,12 +159,13 @@ class ForecastEvictPolicy(BasePolicy):
         """(K,) the next-use probability whose 1/q - 1 is a key's expected whole steps to its next use from layer
         `layer` (module docstring): this step's q (with the reuse probe's row when given), through the schedule's
         later steps when begin_step had one."""
-        q = self.q if self.qL is None else self.qL[layer]
         if self._up is None:
-            return q
-        p_up = np.where(self._mine[:, None], q[None], self._up)  # this step's requests again: their sharper row
-        q0, q1 = schedule_q(q, p_up)
-        return np.where(self._layer_of > layer, q0, q1)
+            return self.q if self.qL is None else self.qL[layer]
+        if self.qL is not None:  # this step's requests again in the schedule: their sharper row, layer by layer
+            return schedule_q_at(self.qL[layer], self._up, self._mine, self._layer_of, layer)
+        if self._q01 is None:  # without the probe's rows q0, q1 hold for the whole step: computed once
+            self._q01 = schedule_q(self.q, np.where(self._mine[:, None], self.q[None], self._up))
+        return np.where(self._layer_of > layer, *self._q01)
 
     def next_use(self, keys: np.ndarray, layer: int) -> np.ndarray:
         """(n,) predicted next use of `keys`, in accesses from layer `layer` of this step."""

@@ -31,7 +31,7 @@ Its forecasts, all causal (they use only routing already observed and what the r
   another task) falls back to the profiles by itself.
 
 round_robin gives the schedule of a server that serves one token of each request in flight in turn; schedule_probs and
-schedule_q turn it into the distances above; mix_row is ReuseMix.row's arithmetic compiled (it runs inside a layer).
+schedule_q turn it into the distances above (schedule_q_at: the same, compiled, for one layer); mix_row is ReuseMix.row's arithmetic compiled (it runs inside a layer).
 """
 
 from __future__ import annotations
@@ -290,6 +290,25 @@ def schedule_q(q_now: np.ndarray, p_up: np.ndarray) -> tuple[np.ndarray, np.ndar
     e1 = c.sum(0) / np.maximum(1.0 - c[-1], 1e-12)
     e0 = (1.0 - q_now) * (1.0 + e1)
     return 1.0 / (1.0 + e0), 1.0 / (1.0 + e1)
+
+
+@njit(cache=True, nogil=True)
+def schedule_q_at(q_now: np.ndarray, up_RK: np.ndarray, mine_R: np.ndarray, layer_K: np.ndarray,
+                  layer: int) -> np.ndarray:
+    """ForecastEvictPolicy.q_at's arithmetic in one pass (it runs inside a layer, once per layer and reuse row): p_up =
+    up_RK with q_now in the rows of this step's requests (mine_R), then schedule_q's q0 for keys of a layer after
+    `layer` (layer_K (K,) each key's layer), q1 for the others (the sums in turn, not pairwise: equal to rounding)."""
+    R, K = up_RK.shape
+    out = np.empty(K)
+    for k in range(K):
+        c = 1.0
+        s = 0.0
+        for m in range(R):
+            c *= 1.0 - (q_now[k] if mine_R[m] else up_RK[m, k])
+            s += c
+        e1 = s / max(1.0 - c, 1e-12)
+        out[k] = 1.0 / (1.0 + (1.0 - q_now[k]) * (1.0 + e1)) if layer_K[k] > layer else 1.0 / (1.0 + e1)
+    return out
 
 
 @njit(cache=True, nogil=True)

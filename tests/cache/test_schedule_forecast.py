@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from routecast.cache.forecast_evict import ForecastEvictPolicy
-from routecast.cache.reuse import StepUse, round_robin, schedule_probs, schedule_q
+from routecast.cache.reuse import StepUse, round_robin, schedule_probs, schedule_q, schedule_q_at
 from routecast.cache.slots import replay_slots
 from routecast.common.errors import ConfigError
 
@@ -154,3 +154,17 @@ def test_mix_row_is_reuse_mix_arithmetic_in_one_call(seed, R, K, a, f32):
     want_hz = np.exp(np.negative(logd, dtype=np.float64))
     np.testing.assert_allclose(hz, want_hz, rtol=1e-14)
     np.testing.assert_allclose(q, ReuseMix._q(a, pi, want_hz), rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), R=st.integers(1, 12), L=st.integers(1, 6), E=st.integers(1, 9))
+def test_schedule_q_at_is_schedule_q_for_one_layer(seed, R, L, E):
+    """The compiled q_at of one layer gives schedule_q's q0 for the keys of later layers and q1 for the others, with
+    this step's own requests' rows replaced by q_now (to rounding: numpy sums the rows pairwise, the loop in turn)."""
+    rng = np.random.default_rng(seed)
+    K = L * E
+    q, up = rng.uniform(0.0, 0.999, K), rng.uniform(0.0, 0.999, (R, K))
+    mine, layer_K, layer = rng.random(R) < 0.3, np.arange(K) // E, int(rng.integers(L))
+    q0, q1 = schedule_q(q, np.where(mine[:, None], q[None], up))
+    np.testing.assert_allclose(schedule_q_at(q, up, mine, layer_K, layer), np.where(layer_K > layer, q0, q1),
+                               rtol=1e-12, atol=0)
