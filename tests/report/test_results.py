@@ -79,3 +79,20 @@ def test_absolute_paths_rendered_portable():
                   "keep": ["docs/results/x.md", "3/4", "http://h/a/b"]})
     assert d["command"] == "python b.py --hardware LOCAL/cal.toml --trace LOCAL/fine"
     assert d["rows"] == [{"p": "LOCAL/c.json"}] and d["keep"] == ["docs/results/x.md", "3/4", "http://h/a/b"]
+
+
+def test_readme_summary_lists_every_results_page_and_links_it():
+    """The README's summary has the rows of docs/results/index.md (links into docs/results/), and every linked page
+    exists: a render into a scratch folder spliced in by hand cannot drop rows or leave a dangling link."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    region = readme[readme.index("<!-- results:summary -->"):readme.index("<!-- /results -->")]
+    got = [ln for ln in region.splitlines() if ln.startswith("| [")]
+    index = [ln for ln in (root / "docs/results/index.md").read_text().splitlines() if ln.startswith("| [")]
+    assert got == [re.sub(r"\]\(([^)]+)\)", r"](docs/results/\1)", ln, count=1) for ln in index]
+    pages = {p.stem for p in (root / "docs/results").glob("*.md")} - {"index"}
+    linked = [re.match(r"\| \[[^\]]+\]\(([^)]+)\.md\)", ln).group(1) for ln in index]
+    assert sorted(linked) == sorted(pages)
