@@ -94,8 +94,8 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
                  read_ms: float, comp_ms: float) -> None:
     """--geometry-replay READ_MS,COMPUTE_MS: no run; the replay's s per token for every configuration with reads of
     READ_MS on one link and COMPUTE_MS per expert (a what-if for a device measured elsewhere, e.g. a GPU run's JSON:
-    tier.replay_read_s and the rows' compute_s_per_expert), fc-evict rows also without the server's schedule ->
-    out/bench/offload_geometry_NAME[-order]-replay.json."""
+    tier.replay_read_s and the rows' compute_s_per_expert), fc-evict rows also without the server's schedule and
+    without the waiting requests' next-token forecasts -> out/bench/offload_geometry_NAME[-order]-replay.json."""
     import numpy as np
 
     from routecast.runtime.offload.geometry import WEIGHT_NOTE, replay_geometry, routing_log
@@ -105,39 +105,48 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
     pred[:, 0] = False  # GeometryRun never forecasts layer 0
     none = np.zeros_like(pred)
     step = a.geometry_order == "step"
+    tok = step and "token_use" in routing
     rows, lru = [], {}
     for label, b, pol, pf, ru in configs:
         fig = {"log": log, "pred_sets": pred if pf else none, "compute_s_per_expert": comp_ms / 1e3, "policy": pol,
                "budget": b, "prefetch": pf, "reuse": ru, "warmup": warm}
         rep = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3)
-        alone = (replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3, schedule=False)
-                 if pol == "fc-evict" and step else None)
+        fc = pol == "fc-evict" and step
+        alone = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3, schedule=False) if fc else None
+        no_tok = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3, next_tokens=False) if fc and tok else None
         pct = label.rsplit("@", 1)[1] if "@" in label else None
         if pol == "lru" and not pf and pct:
             lru[pct] = rep["s_per_token"]
         rows.append({"config": label, "budget": b, "prediction": pf or pol == "fc-evict",
                      "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
+                     "without_next_tokens_s_per_token": no_tok["s_per_token"] if no_tok else None,
+                     "without_next_tokens_hit_ratio": no_tok["hit_ratio"] if no_tok else None,
                      "without_schedule_s_per_token": alone["s_per_token"] if alone else None,
                      "without_schedule_hit_ratio": alone["hit_ratio"] if alone else None, "pct": pct})
     for r in rows:
         base = lru.get(r.pop("pct"))
         r["x_lru"] = base / r["replay_s_per_token"] if base else None
-        r["without_schedule_x_lru"] = (base / r["without_schedule_s_per_token"]
-                                       if base and r["without_schedule_s_per_token"] else None)
-    print(" | ".join(("config", "replay s/token", "hit", "x LRU", "without the schedule: s/token", "hit", "x LRU")))
+        for k in ("without_next_tokens", "without_schedule"):
+            r[f"{k}_x_lru"] = base / r[f"{k}_s_per_token"] if base and r[f"{k}_s_per_token"] else None
+    print(" | ".join(("config", "replay s/token", "hit", "x LRU", "without next tokens: s/token", "hit", "x LRU",
+                      "without the schedule: s/token", "hit", "x LRU")))
     for r in rows:
         print(" | ".join((r["config"], f"{r['replay_s_per_token']:.4f}", f"{r['replay_hit_ratio']:.3f}",
-                          _f(r["x_lru"], ".2f"), _f(r["without_schedule_s_per_token"], ".4f"),
-                          _f(r["without_schedule_hit_ratio"], ".3f"), _f(r["without_schedule_x_lru"], ".2f"))))
+                          _f(r["x_lru"], ".2f"), *(_f(r[f"{k}_{c}"], f) for k in ("without_next_tokens",
+                                                                                "without_schedule")
+                                                   for c, f in (("s_per_token", ".4f"), ("hit_ratio", ".3f"),
+                                                                ("x_lru", ".2f"))))))
     head = [f"replay only (no run): {geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} tokens in "
             f"{a.geometry_order} order, reads {read_ms:g} ms on one link, compute {comp_ms:g} ms per expert; {WEIGHT_NOTE}"]
     for pct in budgets:
         best, plain = best_at(rows, pct, "x_lru")
-        alone = [r["without_schedule_x_lru"] for r in rows
-                 if r["config"].endswith(f"@{pct}%") and r["without_schedule_x_lru"] is not None]
+        at = [r for r in rows if r["config"].endswith(f"@{pct}%")]
+        alone = [r["without_schedule_x_lru"] for r in at if r["without_schedule_x_lru"] is not None]
+        no_tok = [r["without_next_tokens_x_lru"] for r in at if r["without_next_tokens_x_lru"] is not None]
         head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} {best['x_lru']:.2f}x LRU "
                     f"tokens/s, best without prediction {plain['config'].rsplit('@', 1)[0]} {plain['x_lru']:.2f}x"
-                    + (f"; fc-evict rows without the server's schedule at most {max(alone):.2f}x" if alone else ""))
+                    + (f"; fc-evict rows without the next-token forecasts at most {max(no_tok):.2f}x" if no_tok else "")
+                    + (f"; without the server's schedule at most {max(alone):.2f}x" if alone else ""))
     for line in head:
         print(line)
     name = f"offload_geometry_{geom.name}" + ("" if step else f"-{a.geometry_order}") + "-replay"

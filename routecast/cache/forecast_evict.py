@@ -26,17 +26,19 @@ nothing is prefetched: that is the measured regime of the built-in traces on h10
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from numba import njit  # a dependency, as in cache/kernel.py
 
 from routecast.cache.policy import BasePolicy, Rank
 from routecast.cache.reuse import (
+    NextTokenMix,
     ReuseForecast,
     ReuseMix,
     SelectedForecast,
     StepUse,
+    check_next_use,
     mix_row,
     schedule_probs,
     schedule_q,
@@ -66,6 +68,8 @@ class ForecastEvictPolicy(BasePolicy):
         self.q = np.zeros(L * E)
         self.fset = np.zeros(L * E, bool)
         self.mix = ReuseMix()
+        self.tok = NextTokenMix()
+        self._next_use: Mapping[int, np.ndarray] | None = None  # waiting requests' next-token forecasts (begin_step)
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
         self._mine: np.ndarray | None = None  # (R,) bool: that step batches this step's requests again
@@ -111,18 +115,23 @@ class ForecastEvictPolicy(BasePolicy):
             self.n -= 1
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None) -> None:
+                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None,
+                   next_use: Mapping[int, np.ndarray] | None = None) -> None:
         """reuse_RLK: a reuse probe's log d̂ for the step's `requests` (same order); row l is read only from
         layer l on. upcoming: the requests of each step of one period of the server's schedule after this one
         (this step's requests again where their turn comes back); None: every step batches `requests` (module
-        docstring)."""
+        docstring). next_use: waiting request id -> (K,) the forecast of its next step from its next input token
+        (cache/reuse.py NextTokenMix; read with `upcoming`; a request of this step never gets one)."""
         self.q = self.fc.next_step_probs(requests)
         self._up, self._mine, self._q01 = None, None, None
+        if next_use:
+            check_next_use(next_use, self.L * self.E)
+        self._next_use = next_use or None
+        self._req = None if requests is None else np.asarray(requests)
         if upcoming is not None and len(upcoming) and requests is not None and len(requests):
             self._up, self._mine = schedule_probs(self._later_probs, upcoming, requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
         self.qL = None
-        self._req = None if requests is None else np.asarray(requests)
         if reuse_RLK is not None and requests is not None and len(requests):
             if reuse_RLK.shape != (len(requests), self.L, self.L * self.E):
                 raise ValueError(f"fc-evict: reuse forecast has shape {reuse_RLK.shape}; expected "
@@ -133,8 +142,12 @@ class ForecastEvictPolicy(BasePolicy):
 
     def _later_probs(self, requests: np.ndarray) -> np.ndarray:
         """(n, K) pi of requests at their next turns: the profiles, with each request's latest probe hazards mixed in
-        (ReuseMix.later)."""
-        return self.mix.later(self.fc.request_probs(requests), requests)
+        (ReuseMix.later) and, for a waiting request, its next input token's forecast (NextTokenMix)."""
+        pi = self.mix.later(self.fc.request_probs(requests), requests)
+        if self._next_use is None:
+            return pi
+        running = set() if self._req is None else set(np.asarray(self._req).tolist())
+        return self.tok.mix(pi, requests, self._next_use, running)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """The reuse probe's row of `layer` for the step's requests (begin_step's order), given once the layer's router
@@ -153,6 +166,8 @@ class ForecastEvictPolicy(BasePolicy):
     def end_step(self, observed: StepUse | None = None) -> None:
         if observed is not None and self.owns_fc:
             self.fc.observe(observed)
+        if observed is not None and self.tok.pending:
+            self.tok.observe(observed)
         self.mix.observe(observed if self.qL is not None else None)
 
     def q_at(self, layer: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,8 @@ class BasePolicy(ABC):
         return []
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None) -> None:
+                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None,
+                   next_use: Mapping[int, np.ndarray] | None = None) -> None:
         return None
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:

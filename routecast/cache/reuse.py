@@ -23,6 +23,15 @@ Its forecasts, all causal (they use only routing already observed and what the r
   pi in a later step of the schedule is mixed with the reuse probe's hazards of its latest token (ReuseMix.latest),
   as below, when the probe is read.
 
+- **from a waiting request's next token** (optional, NextTokenMix; ``begin_step(next_use=...)``): under a schedule,
+  a request waiting for its turn already has its next input token (sampled when its last step ended); a token table
+  (predict/frequency.py's conditional-token, fitted on other text) gives nu_rk, the probability that a step of that
+  token uses key k, and the request's pi_rk at its next turn becomes a·nu_rk + (1 - a)·pi_rk, a chosen among 0, 1/4,
+  1/2 and 3/4 by the log-loss each mix had on the waiting requests' steps scored so far (0 to start: no token
+  forecast until one is seen to pay). Never 1: a token table knows nothing of the request's context, and with 1
+  allowed the first steps' log-loss chose it and the evictions got worse (Mixtral serving-order replay, 80 tokens:
+  1.48x LRU at 50% against 1.61x). The running request's own next token is not known yet: it never gets one.
+
 - **from the router inputs** (optional, ReuseMix): a reuse probe (predict/reuse_probe.py) reads each request's
   token at layer l of this step and gives d̂_rk, the tokens until request r next uses key k; 1/d̂_rk is a
   per-token hazard of reuse, mixed with the profile: pi'_rk = a/d̂_rk + (1 - a)·pi_rk, q_k as above, one q per
@@ -36,7 +45,7 @@ schedule_q turn it into the distances above (schedule_q_at: the same, compiled, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -244,6 +253,93 @@ class ReuseMix:
                 while len(self.latest) > self.KEEP:
                     del self.latest[next(iter(self.latest))]
         self._pi = self._hz = self._req = None
+
+
+class NextTokenMix:
+    """Waiting requests' next-turn use probabilities mixed with their next input token's forecast (module docstring).
+
+    mix(pi_nK, requests, next_use, running) -> pi_nK changed in place: each request with a forecast nu (K,) in
+    next_use (request id -> nu) and not among `running` gets a·nu + (1 - a)·pi, a = ALPHAS[chosen]; its (pi, nu) is
+    kept until its own step ends. observe(StepUse) scores every kept pair of the requests that step ran against the
+    keys each used (Bernoulli log-loss of each mix, q clipped to [1e-4, 1 - 1e-4]), then drops them.
+    """
+
+    ALPHAS = (0.0, 0.25, 0.5, 0.75)
+    KEEP = 1024
+
+    def __init__(self) -> None:
+        self.loss = np.zeros(len(self.ALPHAS))
+        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def chosen(self) -> int:
+        return int(np.argmin(self.loss))
+
+    def mix(self, pi_nK: np.ndarray, requests: np.ndarray, next_use: Mapping[int, np.ndarray],
+            running: set[int]) -> np.ndarray:
+        a = self.ALPHAS[self.chosen]
+        for i, r in enumerate(np.asarray(requests).tolist()):
+            nu = next_use.get(r)
+            if nu is None or r in running:  # the running request's next token is sampled only when its step ends
+                continue
+            self.pending.pop(r, None)  # re-inserted last: the oldest go first past KEEP
+            self.pending[r] = (pi_nK[i].copy(), nu)
+            if a:
+                pi_nK[i] = a * nu + (1.0 - a) * pi_nK[i]
+        while len(self.pending) > self.KEEP:
+            del self.pending[next(iter(self.pending))]
+        return pi_nK
+
+    def observe(self, use: StepUse) -> None:
+        alphas = np.asarray(self.ALPHAS)[:, None]
+        for i, r in enumerate(use.requests.tolist()):
+            got = self.pending.pop(r, None)
+            if got is None:
+                continue
+            pi, nu = got
+            used = np.zeros(pi.shape[0], bool)
+            used[use.keys[use.off[i]:use.off[i + 1]]] = True
+            q = np.clip(alphas * nu + (1.0 - alphas) * pi, 1e-4, 1 - 1e-4)
+            self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+
+
+def check_next_use(next_use: Mapping[int, np.ndarray], K: int) -> None:
+    """begin_step(next_use=...): request id -> (K,) probabilities in [0, 1]; one sentence naming the request otherwise."""
+    for r, nu in next_use.items():
+        nu = np.asarray(nu)
+        if nu.shape != (K,) or nu.dtype.kind != "f" or not (np.isfinite(nu).all() and (nu >= 0).all() and (nu <= 1).all()):
+            raise ValueError(f"fc-evict: the next-token forecast of request {r} has shape {nu.shape} (dtype {nu.dtype}, "
+                             f"values in [0, 1]: {bool(np.isfinite(nu).all() and (nu >= 0).all() and (nu <= 1).all())}); "
+                             f"expected ({K},) probabilities in [0, 1].")
+
+
+def next_turns(request_T: np.ndarray) -> np.ndarray:
+    """(T,) the index of each token's request's next token (-1 for its last): where a waiting request's next input
+    token, known since its last turn, is found (its next-token forecast at any step before that index)."""
+    req = np.asarray(request_T, np.int64)
+    out = np.full(len(req), -1, np.int64)
+    seen: dict[int, int] = {}
+    for t in range(len(req) - 1, -1, -1):
+        r = int(req[t])
+        out[t] = seen.get(r, -1)
+        seen[r] = t
+    return out
+
+
+def waiting_next_use(request_T: np.ndarray, use_TK: np.ndarray) -> list[dict[int, np.ndarray]]:
+    """Per decode token t of `request_T` (one token per step), the next-token forecast (use_TK[j], j the request's
+    next token) of every request that has run before t and is not finished, except t's own: begin_step(next_use=...)
+    under round_robin's schedule. Causal: a request's next input token is known once its previous step ended."""
+    req = np.asarray(request_T, np.int64)
+    nxt = next_turns(req)
+    pending: dict[int, int] = {}  # request -> its next token's index, once it has run
+    out = []
+    for t, r in enumerate(req.tolist()):
+        pending.pop(r, None)
+        out.append({q: use_TK[j] for q, j in pending.items()})
+        if nxt[t] >= 0:
+            pending[r] = int(nxt[t])
+    return out
 
 
 def round_robin(request_T: np.ndarray) -> list[list[np.ndarray]]:

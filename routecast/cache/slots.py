@@ -25,7 +25,7 @@ Decisions, in call order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -208,11 +208,13 @@ class SlotCache:
         return released
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None) -> None:
-        """A forward step starts: the policies that use them get its requests, forecast sets, reuse forecasts and
-        the schedule's next steps (fc-evict; forecast_evict.ForecastEvictPolicy.begin_step)."""
+                   reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None,
+                   next_use: Mapping[int, np.ndarray] | None = None) -> None:
+        """A forward step starts: the policies that use them get its requests, forecast sets, reuse forecasts, the
+        schedule's next steps and the waiting requests' next-token forecasts (fc-evict;
+        forecast_evict.ForecastEvictPolicy.begin_step)."""
         for pol in self.policies:
-            pol.begin_step(requests, forecast_LE, reuse_RLK, upcoming)
+            pol.begin_step(requests, forecast_LE, reuse_RLK, upcoming, next_use)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """A reuse probe's row of `layer` for the step's requests (fc-evict: ForecastEvictPolicy.reuse_row)."""
@@ -245,7 +247,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                  dense_s: float = 0.0, xfer_s: float = 0.0, links: int = 1, depth: int = 1,
                  keep_per_layer: int = 0, policy: str = "lru", requests_S: np.ndarray | None = None,
                  uses: Sequence[StepUse] | None = None, reuse: Sequence[np.ndarray] | None = None,
-                 upcoming: Sequence[Sequence[np.ndarray]] | None = None) -> dict[str, Any]:
+                 upcoming: Sequence[Sequence[np.ndarray]] | None = None,
+                 next_use: Sequence[Mapping[int, np.ndarray]] | None = None) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -258,7 +261,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     requests_S (S,) the request of each step and uses (S StepUse) its routing: given, they reach the policies at
     begin_step / end_step as in the runtime (fc-evict's request profiles); reuse (S arrays (1, L, L·E)): each step's
     reuse probe forecast for its request, given to begin_step with it; upcoming (S): each step's schedule of the
-    steps after it (fc-evict's begin_step(upcoming=...)), given with requests_S.
+    steps after it (fc-evict's begin_step(upcoming=...)), given with requests_S; next_use (S): each step's waiting
+    requests' next-token forecasts (begin_step(next_use=...)), given with upcoming.
     """
     import heapq
 
@@ -318,13 +322,15 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
         raise ConfigError(f"{len(uses)} step uses for {S} steps; expected one per step.")
     if upcoming is not None and (requests_S is None or len(upcoming) != S):
         raise ConfigError(f"schedules for {len(upcoming)} steps of {S}; expected one per step, with requests_S.")
+    if next_use is not None and (upcoming is None or len(next_use) != S):
+        raise ConfigError(f"next-token forecasts for {len(next_use)} steps of {S}; expected one per step, with upcoming.")
     if reuse is not None and (requests_S is None or len(reuse) != S):
         raise ConfigError(f"reuse forecasts for {len(reuse)} steps of {S}; expected one per step, with requests_S.")
     t = 0.0
     for s in range(S):
         if requests_S is not None:
             sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None, None if reuse is None else reuse[s],
-                          None if upcoming is None else upcoming[s])
+                          None if upcoming is None else upcoming[s], None if next_use is None else next_use[s])
         if pred_SLE is not None and not layer_ahead:
             issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)

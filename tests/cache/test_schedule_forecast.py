@@ -168,3 +168,92 @@ def test_schedule_q_at_is_schedule_q_for_one_layer(seed, R, L, E):
     q0, q1 = schedule_q(q, np.where(mine[:, None], q[None], up))
     np.testing.assert_allclose(schedule_q_at(q, up, mine, layer_K, layer), np.where(layer_K > layer, q0, q1),
                                rtol=1e-12, atol=0)
+
+
+def test_waiting_next_use_gives_each_served_unfinished_requests_next_token_but_never_the_running_ones():
+    """waiting_next_use: at token t, every request that ran before t and has a later token, except t's own, with the
+    forecast of that later token (its next input, known since its last turn); a request that has not started, or
+    has finished, is absent."""
+    from routecast.cache.reuse import next_turns, waiting_next_use
+
+    req = np.array([5, 7, 5, 9, 7, 5, 9])
+    use = np.arange(len(req), dtype=float)[:, None] * np.ones((1, 3))
+    assert next_turns(req).tolist() == [2, 4, 5, 6, -1, -1, -1]
+    got = [{r: int(v[0]) for r, v in d.items()} for d in waiting_next_use(req, use)]
+    assert got == [{}, {5: 2}, {7: 4}, {5: 5, 7: 4}, {5: 5, 9: 6}, {9: 6}, {}]
+
+
+def test_next_token_mix_is_chosen_by_log_loss_and_skips_the_running_request():
+    """NextTokenMix: no token forecast (a = 0) until one is scored; a forecast that names the keys a waiting request
+    then uses wins the log-loss and is mixed in at its next turns; the running request never gets one."""
+    from routecast.cache.reuse import NextTokenMix
+
+    K = 6
+    mix = NextTokenMix()
+    pi = np.full((2, K), 0.3)
+    nu = {1: np.array([0.95, 0.95, 0.01, 0.01, 0.01, 0.01]), 2: np.full(K, 0.5)}
+    out = mix.mix(pi.copy(), np.array([1, 2]), nu, running={2})
+    np.testing.assert_array_equal(out, pi)  # a = 0 to start
+    assert set(mix.pending) == {1}  # request 2 runs now: its next token is not known
+    mix.observe(StepUse.from_routing(np.array([1]), np.array([[[0, 1]]]), K))  # request 1 used keys 0 and 1
+    assert mix.chosen == len(mix.ALPHAS) - 1 and not mix.pending
+    a = mix.ALPHAS[mix.chosen]
+    out = mix.mix(pi.copy(), np.array([1, 2]), nu, running=set())
+    np.testing.assert_allclose(out[0], a * nu[1] + (1 - a) * pi[0])
+    np.testing.assert_allclose(out[1], a * nu[2] + (1 - a) * pi[1])
+
+
+def test_fc_evict_keeps_the_expert_a_waiting_requests_next_token_needs():
+    """Golden case: two requests take turns; both profiles are flat, so without the token forecast the victim is the
+    least recently used key; request 1's next token is known to use key 1, and once the forecasts have paid (a > 0)
+    fc-evict keeps key 1 and evicts key 0 instead. A malformed forecast is refused in one sentence."""
+    L, E = 1, 4
+    pol = ForecastEvictPolicy(2, L=L, E=E)
+    pol.tok.loss[:] = [1.0, 1.0, 1.0, 0.0]  # the token forecasts have paid so far
+    for k in (1, 0):  # key 1 used first: least recent
+        pol.admit(k)
+    nu = {1: np.array([0.01, 0.99, 0.01, 0.01])}
+    pol.begin_step(np.array([0]), None, None, [np.array([1]), np.array([0])], nu)
+    assert pol.victim(lambda k: False, incoming=2) == 0
+    pol.begin_step(np.array([0]), None, None, [np.array([1]), np.array([0])], None)
+    assert pol.victim(lambda k: False, incoming=2) == 1  # no forecast: least recent
+    with pytest.raises(ValueError, match="next-token forecast of request 1"):
+        pol.begin_step(np.array([0]), None, None, [np.array([1])], {1: np.array([0.5, np.nan, 0.1, 0.1])})
+    with pytest.raises(ValueError, match="expected \\(4,\\)"):
+        pol.begin_step(np.array([0]), None, None, [np.array([1])], {1: np.zeros(3)})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), budget=st.integers(1, 10))
+def test_the_runtime_store_and_the_replay_agree_with_next_token_forecasts(seed, budget):
+    """replay_slots with next_use makes the decisions a SlotCache driven step by step with the same begin_step makes
+    (the runtime's path), and no policy holds more keys than its slots."""
+    from routecast.cache.reuse import waiting_next_use
+    from routecast.cache.slots import SlotCache
+
+    rng = np.random.default_rng(seed)
+    L, E, S = 2, 6, 30
+    req = rng.integers(0, 4, S)
+    ids = rng.integers(0, E, (S, L, 2))
+    use = rng.uniform(0, 1, (S, L * E))
+    up = round_robin(req)
+    nu = waiting_next_use(req, use)
+    uses = [StepUse.from_routing(req[s:s + 1], ids[s][None], E) for s in range(S)]
+    off, keys = [0], []
+    for s in range(S):
+        for lay in range(L):
+            ks = sorted({lay * E + int(e) for e in ids[s, lay]})
+            keys += ks
+            off.append(len(keys))
+    rep = replay_slots(np.array(off), np.array(keys), L, E, budget, policy="fc-evict", requests_S=req, uses=uses,
+                       upcoming=up, next_use=nu)
+    sc = SlotCache(L, E, budget, False, 1, 0, "fc-evict")
+    for s in range(S):
+        sc.begin_step(req[s:s + 1], None, None, up[s], nu[s])
+        for lay in range(L):
+            ks = keys[off[s * L + lay]:off[s * L + lay + 1]]
+            sc.access(lay, ks)
+            sc.unpin(ks)
+            assert sum(len(p) for p in sc.policies) <= budget
+        sc.end_step(uses[s])
+    assert (rep["hits"], rep["misses"]) == (sc.stats["hits"], sc.stats["misses"])

@@ -229,3 +229,28 @@ def test_fc_evict_reads_the_reuse_forecast_and_the_replay_makes_the_same_decisio
         run_geometry(weights, TINY, rt, budget=6, policy="lru", direct=False, reuse=True)
     with pytest.raises(ConfigError, match="without reuse forecasts"):
         run_geometry(weights, TINY, routing(T), budget=6, policy="fc-evict", direct=False, reuse=True)
+
+
+def test_fc_evict_reads_the_waiting_requests_next_tokens_and_the_replay_makes_the_same_decisions(weights) -> None:
+    """Serving order with routing['token_use']: fc-evict's runs get each waiting request's next-token forecast (their
+    seconds charged), the replay makes the same decisions, and replay_geometry(next_tokens=False) leaves them out;
+    LRU never reads them."""
+    from routecast.runtime.offload.geometry import next_token_forecasts
+
+    T, warm = 14, 5
+    rt = routing(T, seed=3, interleave=True)
+    rng = np.random.default_rng(3)
+    rt.update(token_use=rng.uniform(0, 1, (T, TINY.layers * TINY.experts)), token_s=2e-5)
+    nu = next_token_forecasts(rt, "fc-evict")
+    assert nu is not None and any(nu) and next_token_forecasts(rt, "lru") is None
+    assert all(int(rt["request"][t]) not in nu[t] for t in range(T))  # never the running request's own
+    fig = run_geometry(weights, TINY, rt, budget=6, policy="fc-evict", warmup=warm, direct=False)
+    rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)
+    assert fig["next_tokens"] and (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])
+    assert fig["predict_s"] > 2e-5 * (T - warm)
+    plain = replay_geometry(fig, TINY, rt, xfer_s=1e-3, next_tokens=False)
+    assert plain["hits"] + plain["misses"] == rep["hits"] + rep["misses"]
+    one = routing(T, seed=3)  # one request at a time: none ever waits
+    one.update(token_use=rt["token_use"], token_s=2e-5)
+    assert next_token_forecasts(one, "fc-evict") is None
+    assert not run_geometry(weights, TINY, one, budget=6, policy="fc-evict", warmup=warm, direct=False)["next_tokens"]

@@ -108,6 +108,9 @@ def test_reuse_probe_is_fitted_on_the_documents_not_driven_and_read_by_fc_evict(
     write_trace(build_small_trace(num_requests=8, decode_len=6, num_layers=2, hidden=16, seed=3), path)
     rt = trace_routing(path, TINY, 12, forecast=False, order="request", reuse_probe=True)
     assert rt["reuse"].shape == (12, TINY.layers, TINY.layers * TINY.experts) and rt["reuse_s"] > 0
+    use = rt["token_use"]  # the token table's forecast of each token, fitted on the same documents
+    assert use.shape == (12, TINY.layers * TINY.experts) and rt["token_s"] > 0
+    assert ((use >= 0) & (use <= 0.99)).all() and np.isfinite(use).all()
     tr = read_trace(path)
     driven = set(np.asarray(tr.tokens["document"])[np.asarray(tr.request) == rt["request"][0]].tolist())
     assert rt["reuse_train_tokens"] <= tr.num_tokens - sum(np.isin(tr.tokens["document"], list(driven)))

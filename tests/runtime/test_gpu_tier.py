@@ -98,17 +98,19 @@ def test_cuda_copies_land_on_the_device_from_pinned_memory_on_a_side_stream() ->
 
 
 def _saved(tmp_path, T: int = 10):
-    rt = routing(T) | {"trace": "t", "trace_layers": 2, "order": "step", "reuse_s": 2e-4,
-                       "reuse": np.zeros((T, TINY.layers, TINY.layers * TINY.experts), np.float32)}
+    rt = routing(T) | {"trace": "t", "trace_layers": 2, "order": "step", "reuse_s": 2e-4, "token_s": 3e-6,
+                       "reuse": np.zeros((T, TINY.layers, TINY.layers * TINY.experts), np.float32),
+                       "token_use": np.full((T, TINY.layers * TINY.experts), 0.25)}
     return rt, save_routing(tmp_path / "r.npz", rt, TINY)
 
 
 def test_a_saved_routing_reads_back_equal(tmp_path) -> None:
     rt, path = _saved(tmp_path)
     got = load_routing(path, TINY)
-    for k in ("ids", "w", "request", "pred", "reuse"):
+    for k in ("ids", "w", "request", "pred", "reuse", "token_use"):
         assert np.array_equal(got[k], rt[k])
     assert got["tokens"] == 10 and got["predict_s"] == rt["predict_s"] and got["reuse_s"] == 2e-4
+    assert got["token_s"] == 3e-6
     fig = run_geometry(None, TINY, got, budget=6, warmup=2, tier=PinnedTier(TINY, "cpu"), reuse=True, policy="fc-evict")
     assert fig["timed_tokens"] == 8
 
@@ -124,7 +126,8 @@ def test_a_routing_of_another_geometry_or_shape_is_refused(tmp_path) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["ids", "w", "request", "pred", "reuse"]), st.sampled_from(["shape", "nan", "range", "drop"]),
+@given(st.sampled_from(["ids", "w", "request", "pred", "reuse", "token_use"]),
+       st.sampled_from(["shape", "nan", "range", "drop"]),
        st.integers(0, 2**31 - 1))
 def test_a_damaged_routing_file_is_one_sentence_naming_it(tmp_path_factory, key, damage, seed) -> None:
     rt, _ = _saved(tmp_path_factory.mktemp("r"))
@@ -139,12 +142,13 @@ def test_a_damaged_routing_file_is_one_sentence_naming_it(tmp_path_factory, key,
         a.reshape(-1)[rng.integers(0, a.size)] = np.nan
         rt[key] = a
     elif damage == "range":
-        if key != "ids":
+        if key not in ("ids", "token_use"):
             return
         a = a.copy()
-        a.reshape(-1)[rng.integers(0, a.size)] = int(rng.choice([-2, TINY.experts, 1 << 20]))
+        bad = [-2, TINY.experts, 1 << 20] if key == "ids" else [-0.5, 1.5]
+        a.reshape(-1)[rng.integers(0, a.size)] = rng.choice(bad)
         rt[key] = a
-    elif key != "reuse":  # reuse is optional: dropping it is a valid file
+    elif key not in ("reuse", "token_use"):  # both optional: dropping one is a valid file
         rt.pop(key)
     else:
         return

@@ -184,17 +184,19 @@ class GeometryRun:
         return compute
 
     def step(self, ids_LK: np.ndarray, w_LK: np.ndarray, pred_LE: np.ndarray | None = None, request: int = 0,
-             reuse_LK: np.ndarray | None = None, upcoming: list[np.ndarray] | None = None) -> None:
+             reuse_LK: np.ndarray | None = None, upcoming: list[np.ndarray] | None = None,
+             next_use: dict[int, np.ndarray] | None = None) -> None:
         """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
         of layers 1.. (row g reserves its slots when layer g-1 starts and is read after g-1's demand loads; row 0 is
         never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on);
-        upcoming: the server's schedule after this token (cache/reuse.py round_robin) for fc-evict."""
+        upcoming: the server's schedule after this token (cache/reuse.py round_robin) and next_use the waiting
+        requests' next-token forecasts (cache/reuse.py waiting_next_use), for fc-evict."""
         from routecast.cache.reuse import StepUse
 
         if self.profiles:
             t0 = time.perf_counter()
             self.store.begin_step(np.array([request], np.int64), None, None if reuse_LK is None else reuse_LK[None],
-                                  upcoming)
+                                  upcoming, next_use)
             self.predict_s += time.perf_counter() - t0
         sets = np.zeros((self.L, self.E), bool)
         for g in range(self.L):
@@ -230,6 +232,19 @@ class GeometryRun:
         return s
 
 
+def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int, np.ndarray]] | None:
+    """Per token, the waiting requests' next-token forecasts fc-evict reads under the server's schedule
+    (cache/reuse.py waiting_next_use over routing['token_use']); None for another policy, a routing without them or
+    one where no request ever waits (request order)."""
+    from routecast.cache.reuse import waiting_next_use
+    from routecast.cache.zoo import split_name
+
+    if split_name(policy)[0] != "fc-evict" or "token_use" not in routing:
+        return None
+    nu = waiting_next_use(routing["request"], routing["token_use"])
+    return nu if any(nu) else None  # one request at a time: none is ever waiting
+
+
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
                  prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0,
                  reuse: bool = False, tier=None) -> dict[str, Any]:
@@ -239,8 +254,9 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     cost, added to the wall time: their matmul ran once before the timed loop; plus fc-evict's upkeep of its
     profiles, timed inside the wall, as the engine counts it); the access log and forecast sets of
     every token (warm-up included) for the replay. reuse: fc-evict reads routing['reuse'] (trace_routing's
-    reuse_probe), its measured seconds per token added as the forecast's are. tier: a shared slow tier (GeometryRun;
-    path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run)."""
+    reuse_probe), its measured seconds per token added as the forecast's are. fc-evict also reads the waiting requests'
+    next-token forecasts when the routing has them (routing['token_use']; their seconds added too). tier: a shared
+    slow tier (GeometryRun; path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run)."""
     from routecast.cache.zoo import check_reuse_policy
 
     n = routing["tokens"]
@@ -258,34 +274,39 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     from routecast.cache.reuse import round_robin
 
     up = round_robin(req)  # who the server runs next: fc-evict's forecast of a key's next use spans those turns
+    nu = next_token_forecasts(routing, policy) or [None] * n
     try:
         for t in range(warmup):
-            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t], up[t])
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t], up[t], nu[t])
         r.store.drain()
         since, upkeep0 = r.counters(), r.predict_s
         t0 = time.perf_counter()
         for t in range(warmup, n):
-            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t], up[t])
+            r.step(ids[t], w[t], pred[t] if prefetch else None, int(req[t]), ru[t], up[t], nu[t])
         wall = time.perf_counter() - t0
     finally:
         r.close()
     fig = r.figures(since)
     timed = n - warmup
-    pred_s = (routing["predict_s"] * timed if prefetch else 0.0) + (routing["reuse_s"] * timed if reuse else 0.0)
+    tokens = nu[0] is not None
+    pred_s = ((routing["predict_s"] * timed if prefetch else 0.0) + (routing["reuse_s"] * timed if reuse else 0.0)
+              + (routing.get("token_s", 0.0) * timed if tokens else 0.0))
     wall += pred_s  # computed before the run (the trace's forecasts): added; fc-evict's upkeep is inside the wall
     fig.update(wall_s=wall, s_per_token=wall / timed, predict_s=pred_s + r.predict_s - upkeep0, budget=budget, policy=policy,
-               prefetch=prefetch, reuse=reuse, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
+               prefetch=prefetch, reuse=reuse, next_tokens=tokens, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
                read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
     return fig
 
 
 def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any], *, xfer_s: float,
-                    schedule: bool = True) -> dict[str, Any]:
+                    schedule: bool = True, next_tokens: bool = True) -> dict[str, Any]:
     """The replay's prediction of one run_geometry result: its accesses and forecast sets through cache/slots.py
     replay_slots (the same policy object, fc-evict fed each token's request and routing as the run was) with reads of
     xfer_s seconds on one link and the run's measured compute per expert -> {'s_per_token', 'hit_ratio'} of the timed
     tokens (the warm-up prefix replayed alone and subtracted: the decisions do not depend on the clock).
-    schedule=False: fc-evict without the server's schedule (each step's own requests only), for comparison."""
+    schedule=False: fc-evict without the server's schedule (each step's own requests only); next_tokens=False: without
+    the waiting requests' next-token forecasts (as run_geometry, fc-evict reads them when the routing has them); both
+    for comparison."""
     from routecast.cache.reuse import StepUse, round_robin
     from routecast.cache.slots import replay_slots
     from routecast.cache.zoo import split_name
@@ -299,6 +320,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     uses = [StepUse.from_routing(req[t:t + 1], routing["ids"][t][None], E) for t in range(n)] if fc else None
     reuse = [routing["reuse"][t][None] for t in range(n)] if fig.get("reuse") else None
     up = round_robin(req) if fc and schedule else None
+    nu = next_token_forecasts(routing, fig["policy"]) if up is not None and next_tokens else None
 
     def replay(steps: int) -> dict[str, Any]:
         cut = int(acc.req_off[steps * L])
@@ -306,12 +328,13 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
                             pred_SLE=fig["pred_sets"][:steps] if fig["prefetch"] else None, layer_ahead=True,
                             req_comp_s=comp[:cut], xfer_s=xfer_s, links=1, requests_S=req[:steps] if fc else None,
                             uses=uses[:steps] if uses else None, reuse=reuse[:steps] if reuse else None,
-                            upcoming=up[:steps] if up else None)
+                            upcoming=up[:steps] if up else None, next_use=nu[:steps] if nu else None)
 
     full = replay(n)
     pre = replay(warm) if warm else {"sim_s": 0.0, "hits": 0, "misses": 0}
     hits, misses = full["hits"] - pre["hits"], full["misses"] - pre["misses"]
-    pred_s = (routing["predict_s"] if fig["prefetch"] else 0.0) + (routing["reuse_s"] if fig.get("reuse") else 0.0)
+    pred_s = ((routing["predict_s"] if fig["prefetch"] else 0.0) + (routing["reuse_s"] if fig.get("reuse") else 0.0)
+              + (routing.get("token_s", 0.0) if nu else 0.0))
     pred_s *= n - warm
     return {"s_per_token": (full["sim_s"] - pre["sim_s"] + pred_s) / (n - warm), "hit_ratio": hits / max(hits + misses, 1),
             "hits": hits, "misses": misses}

@@ -9,7 +9,10 @@ keeps the first two distinct groups in the router's weight order (top-2, weights
 frozen-gate lookahead of builtin-fine applied to the trace's recorded router input of layer g (the next trace layer's
 gate, one matmul), mapped to the geometry's ids as the routing is. With ``reuse_probe``, the reuse probe's forecast
 (predict/reuse_probe.py, fitted on the trace's documents that are not driven): row g from the recorded router inputs
-of trace layers 0..g mod L_trace, a geometry expert's distance the least of its trace experts' (``map_reuse``).
+of trace layers 0..g mod L_trace, a geometry expert's distance the least of its trace experts' (``map_reuse``);
+and the token table's forecast of each token from its token id (``token_use``: predict/frequency.py's
+conditional-token, fitted on the same documents; a geometry expert's share the sum of its trace experts', its
+probability of use top-k times that share, at most 0.99), which fc-evict reads for a waiting request's next token.
 
 ``save_routing`` / ``load_routing`` write and read one such routing as a single .npz (arrays plus a JSON header):
 a machine that holds the trace computes it, and one that does not (a lent GPU machine) drives its layers with it;
@@ -96,7 +99,9 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     turn), 'request' = each request's decode tokens in a row, one request after the other (one user at a time,
     as an offloading runtime on one machine serves them and as benchmarks/offload.py's builtin-fine runs do).
     reuse_probe: also 'reuse' (T, L, L·E) the reuse probe's log d̂ per token (map_reuse), the probe fitted on every
-    token of the documents none of the driven tokens comes from, and 'reuse_s' its seconds per token."""
+    token of the documents none of the driven tokens comes from, and 'reuse_s' its seconds per token; and
+    'token_use' (T, L·E) the token table's probability that each token uses each key (fitted on the same documents),
+    'token_s' its seconds per token: fc-evict's forecasts."""
     check_order(order)
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
@@ -115,6 +120,7 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
             "trace": str(trace_path), "trace_layers": spec.num_layers, "order": order}
     if reuse_probe:
         base.update(_reuse(trace, rows, geom, trace_path))
+        base.update(_token_use(trace, rows, geom))
     if not forecast:
         return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
     if trace.hidden_TLH is None:
@@ -165,16 +171,36 @@ def _reuse(trace, rows: np.ndarray, geom: Geometry, trace_path: str | Path) -> d
             "reuse_train_tokens": int(train.sum())}
 
 
+def _token_use(trace, rows: np.ndarray, geom: Geometry) -> dict[str, Any]:
+    """trace_routing's 'token_use' and 'token_s': the conditional-token table fitted on the documents the driven rows
+    do not come from, each row's forecast mapped to the geometry's keys (module docstring)."""
+    from routecast.predict.frequency import ConditionalPredictor
+
+    doc = np.asarray(trace.tokens["document"])
+    table = ConditionalPredictor(trace.spec).fit_rows(trace, ~np.isin(doc, doc[rows]))
+    tok = np.asarray(trace.token_id)[rows].astype(np.int64)
+    t0 = time.perf_counter()
+    keys = table.keys_U
+    at = np.minimum(np.searchsorted(keys, tok), max(len(keys) - 1, 0))
+    found = keys[at] == tok if len(keys) else np.zeros(len(tok), bool)
+    share = np.where(found[:, None, None], table.probs_ULE[at] if len(keys) else 0.0, table.global_LE[None])
+    token_s = (time.perf_counter() - t0) / len(rows)
+    n, Lt, Et = share.shape
+    groups = share.reshape(n, Lt, geom.experts, Et // geom.experts).sum(-1)[:, np.arange(geom.layers) % Lt]
+    use = np.minimum(geom.top_k * groups.astype(np.float64), 0.99).reshape(n, geom.layers * geom.experts)
+    return {"token_use": use, "token_s": token_s}
+
+
 def first_tokens(routing: dict[str, Any], n: int) -> dict[str, Any]:
     """The first n tokens of a trace_routing result (n <= its tokens)."""
     if not 1 <= n <= routing["tokens"]:
         raise ConfigError(f"{n} geometry tokens asked of a routing of {routing['tokens']}; expected 1..{routing['tokens']}.")
-    keys = [k for k in ("ids", "w", "pred", "request", "reuse") if k in routing]
+    keys = [k for k in _ARRAYS if k in routing]
     return {**routing, **{k: routing[k][:n] for k in keys}, "tokens": n}
 
 
-_ARRAYS = ("ids", "w", "request", "pred", "reuse")
-_META = ("tokens", "trace", "trace_layers", "order", "predict_s", "reuse_s", "reuse_train_tokens")
+_ARRAYS = ("ids", "w", "request", "pred", "reuse", "token_use")
+_META = ("tokens", "trace", "trace_layers", "order", "predict_s", "reuse_s", "reuse_train_tokens", "token_s")
 
 
 def save_routing(path: str | Path, routing: dict[str, Any], geom: Geometry) -> Path:
@@ -212,7 +238,8 @@ def load_routing(path: str | Path, geom: Geometry) -> dict[str, Any]:
                           f"expected {want}.")
     T = meta.get("tokens")
     L, E, K = geom.layers, geom.experts, geom.top_k
-    shapes = {"ids": (T, L, K), "w": (T, L, K), "request": (T,), "pred": (T, L, E), "reuse": (T, L, L * E)}
+    shapes = {"ids": (T, L, K), "w": (T, L, K), "request": (T,), "pred": (T, L, E), "reuse": (T, L, L * E),
+              "token_use": (T, L * E)}
     for k in ("ids", "w", "request", "pred"):
         if k not in got:
             raise ConfigError(f"--routing-file {path}: no {k!r} array; expected ids, w, request and pred.")
@@ -221,6 +248,8 @@ def load_routing(path: str | Path, geom: Geometry) -> dict[str, Any]:
             raise ConfigError(f"--routing-file {path}: {k!r} has shape {a.shape}; expected {shapes[k]}.")
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise ConfigError(f"--routing-file {path}: {k!r} holds NaN or infinite values; expected finite ones.")
+    if "token_use" in got and ((got["token_use"] < 0) | (got["token_use"] > 1)).any():
+        raise ConfigError(f"--routing-file {path}: 'token_use' holds values outside [0, 1]; expected probabilities.")
     ids = got["ids"]
     if ((ids < -1) | (ids >= E)).any():
         raise ConfigError(f"--routing-file {path}: expert ids outside -1..{E - 1}; expected the geometry's ids.")

@@ -262,11 +262,11 @@ class ExpertStore:
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True, hold=hold)
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None, upcoming=None) -> None:
-        """A forward step starts: its requests, forecast sets, reuse forecasts and the schedule's next steps go to
-        the policies that use them (fc-evict)."""
+                   reuse_RLK: np.ndarray | None = None, upcoming=None, next_use=None) -> None:
+        """A forward step starts: its requests, forecast sets, reuse forecasts, the schedule's next steps and the
+        waiting requests' next-token forecasts go to the policies that use them (fc-evict)."""
         with self.cond:
-            self.slots.begin_step(requests, forecast_LE, reuse_RLK, upcoming)
+            self.slots.begin_step(requests, forecast_LE, reuse_RLK, upcoming, next_use)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """A reuse probe's row of `layer`, computed inside that layer's MoE block, to the policies (fc-evict)."""
