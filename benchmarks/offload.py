@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--geometry-warmup", type=int, default=None,
                     help="decode tokens run untimed first to warm the fast tier (default 16, --quick 8)")
     ap.add_argument("--geometry-prefetch", default=None,
-                    help="demand policies combined with lookahead prefetch (default lru,fc-evict,lfu)")
+                    help="demand policies combined with lookahead prefetch (default lru,fc-evict,lfu; '' none)")
     ap.add_argument("--geometry-order", default="step", help="decode tokens in the trace's serving order (step) or "
                     "one request after the other (request); geometry.trace_routing")
     ap.add_argument("--geometry-threads", type=int, default=None,

@@ -197,7 +197,7 @@ def main_geometry(a) -> None:
     if len(budgets) != len(text.split(",")) or not all(1 <= b <= 100 for b in budgets):
         raise ConfigError(f"--budgets {text!r}: expected comma-separated whole percents of the experts, 1 to 100.")
     policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
-    combined = (a.geometry_prefetch or "lru,fc-evict,lfu").split(",")
+    combined = [c for c in ("lru,fc-evict,lfu" if a.geometry_prefetch is None else a.geometry_prefetch).split(",") if c]
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
     check_order(a.geometry_order)
