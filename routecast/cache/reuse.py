@@ -79,6 +79,13 @@ class StepUse:
         return cls(requests=reqs, off=off, keys=u % (L * E), counts=cnt.astype(np.float64), tokens=tok)
 
 
+def log_loss(q: np.ndarray, used: np.ndarray) -> np.ndarray | float:
+    """Bernoulli log-loss of use probabilities q (..., K) against the keys used (K,) bool, summed over K (one value per
+    leading row): each forecaster's score (SelectedForecast, ReuseMix, NextTokenMix); q clipped to [1e-4, 1 - 1e-4]."""
+    q = np.clip(q, 1e-4, 1 - 1e-4)
+    return -np.log(np.where(used, q, 1.0 - q)).sum(-1)
+
+
 class ReuseForecast:
     """Per-request decayed expert profiles over K keys -> next-step use probability q (K,) (module docstring).
 
@@ -164,8 +171,7 @@ class SelectedForecast:
             used = np.zeros(self.K, bool)
             used[use.keys] = True
             for i, q in enumerate(self._q):
-                q = np.clip(q, 1e-4, 1 - 1e-4)
-                self.loss[i] -= np.log(np.where(used, q, 1.0 - q)).sum()
+                self.loss[i] += log_loss(q, used)
             self._q = None
         for f in self.subs:
             f.observe(use)
@@ -234,8 +240,7 @@ class ReuseMix:
         used = np.zeros(made.shape[-1], bool)
         used[keys] = True
         a = np.asarray(self.ALPHAS)[:, None, None, None]
-        q = np.clip(self._q(a, pi, made).mean(1), 1e-4, 1 - 1e-4)  # (3, K)
-        self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+        self.loss += log_loss(self._q(a, pi, made).mean(1), used)  # q (3, K)
 
     def observe(self, use: StepUse | None) -> None:
         if use is not None and self._due is not None:
@@ -299,8 +304,7 @@ class NextTokenMix:
             pi, nu = got
             used = np.zeros(pi.shape[0], bool)
             used[use.keys[use.off[i]:use.off[i + 1]]] = True
-            q = np.clip(alphas * nu + (1.0 - alphas) * pi, 1e-4, 1 - 1e-4)
-            self.loss -= np.log(np.where(used, q, 1.0 - q)).sum(1)
+            self.loss += log_loss(alphas * nu + (1.0 - alphas) * pi, used)
 
 
 def check_next_use(next_use: Mapping[int, np.ndarray], K: int) -> None:

@@ -232,6 +232,13 @@ class GeometryRun:
         return s
 
 
+def forecast_s(routing: dict[str, Any], prefetch: bool, reuse: bool, tokens: bool) -> float:
+    """Seconds per token of the forecasts computed before a run from the trace (PROBE's lookahead, the reuse probe,
+    the token table), as measured where they ran: charged to the runs and replays that read them."""
+    return ((routing["predict_s"] if prefetch else 0.0) + (routing["reuse_s"] if reuse else 0.0)
+            + (routing.get("token_s", 0.0) if tokens else 0.0))
+
+
 def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int, np.ndarray]] | None:
     """Per token, the waiting requests' next-token forecasts fc-evict reads under the server's schedule
     (cache/reuse.py waiting_next_use over routing['token_use']); None for another policy, a routing without them or
@@ -289,8 +296,7 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     fig = r.figures(since)
     timed = n - warmup
     tokens = nu[0] is not None
-    pred_s = ((routing["predict_s"] * timed if prefetch else 0.0) + (routing["reuse_s"] * timed if reuse else 0.0)
-              + (routing.get("token_s", 0.0) * timed if tokens else 0.0))
+    pred_s = forecast_s(routing, prefetch, reuse, tokens) * timed
     wall += pred_s  # computed before the run (the trace's forecasts): added; fc-evict's upkeep is inside the wall
     fig.update(wall_s=wall, s_per_token=wall / timed, predict_s=pred_s + r.predict_s - upkeep0, budget=budget, policy=policy,
                prefetch=prefetch, reuse=reuse, next_tokens=tokens, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
@@ -333,9 +339,7 @@ def replay_geometry(fig: dict[str, Any], geom: Geometry, routing: dict[str, Any]
     full = replay(n)
     pre = replay(warm) if warm else {"sim_s": 0.0, "hits": 0, "misses": 0}
     hits, misses = full["hits"] - pre["hits"], full["misses"] - pre["misses"]
-    pred_s = ((routing["predict_s"] if fig["prefetch"] else 0.0) + (routing["reuse_s"] if fig.get("reuse") else 0.0)
-              + (routing.get("token_s", 0.0) if nu else 0.0))
-    pred_s *= n - warm
+    pred_s = forecast_s(routing, fig["prefetch"], fig.get("reuse", False), nu is not None) * (n - warm)
     return {"s_per_token": (full["sim_s"] - pre["sim_s"] + pred_s) / (n - warm), "hit_ratio": hits / max(hits + misses, 1),
             "hits": hits, "misses": misses}
 
