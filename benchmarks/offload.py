@@ -61,7 +61,6 @@ from the runs it is judged on; medians over the fit rounds, as one round on a lo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -75,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
 from routecast.cache.zoo import uses_forecast  # noqa: E402
-from routecast.common.bench import round_order, table, write_bench  # noqa: E402
+from routecast.common.bench import read_bench, round_order, table, write_bench  # noqa: E402
 from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
 from routecast.runtime.offload.run import (  # noqa: E402
@@ -137,9 +136,17 @@ def main() -> None:
     ap.add_argument("--report", default=None, help="print the tables of a saved run's JSON and exit")
     a = ap.parse_args()
     if a.report:  # a saved out/bench/offload.json: its tables, the headline recomputed from its rows
-        out = json.loads(Path(a.report).read_text())["data"]
-        out["headline"] = headline(out)
-        print_report(out)
+        try:
+            out = read_bench(a.report)["data"]
+            out["headline"] = headline(out)
+            print_report(out)
+        except ConfigError as e:
+            print(f"benchmarks/offload.py: --report {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError) as e:
+            print(f"benchmarks/offload.py: --report {a.report} is not a saved run of this benchmark's non-geometry "
+                  f"mode ({type(e).__name__}: {e}).", file=sys.stderr)
+            raise SystemExit(2) from None
         return
     if a.geometry:
         from offload_geometry import main_geometry  # benchmarks/ (sys.path[0] when run as a script)

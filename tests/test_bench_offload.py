@@ -151,3 +151,23 @@ def test_geometry_replay_prices_every_row_and_fc_evict_with_and_without_the_sche
     for sched, key in ((True, "replay_s_per_token"), (False, "without_schedule_s_per_token")):
         want = replay_geometry(fig, geom, {**rt, "reuse": rt["reuse"]}, xfer_s=5e-3, schedule=sched)["s_per_token"]
         assert rows["fc-evict+probe@50%"][key] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "cannot be read as benchmark JSON"),
+    ("{not json", "cannot be read as benchmark JSON"),
+    ('{"benchmark": "x", "title": "t", "headline": [], "tables": [], "machine": {}, "data": {"rows": []}}',
+     "is not a saved run of this benchmark's non-geometry mode"),
+])
+def test_report_of_a_missing_or_foreign_file_is_one_sentence(content, needle, tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "saved.json"
+    if content is not None:
+        p.write_text(content)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "offload.py"), "--report", str(p)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and needle in err[0], r.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ([] if content is None else ["saved.json"])
