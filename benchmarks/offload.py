@@ -118,6 +118,9 @@ def main() -> None:
                     help="demand policies combined with lookahead prefetch (default lru,fc-evict,lfu; '' none)")
     ap.add_argument("--geometry-order", default="step", help="decode tokens in the trace's serving order (step) or "
                     "one request after the other (request); geometry.trace_routing")
+    ap.add_argument("--geometry-wait-all", action="store_true",
+                    help="geometry mode: a layer computes only once every expert it needs is in its slot (the timing "
+                    "before StoreConfig.early: resident experts no longer computed while the misses are read)")
     ap.add_argument("--geometry-threads", type=int, default=None,
                     help="loader threads (reads in flight) in geometry mode (default: the fastest of 1/2/4, measured)")
     ap.add_argument("--geometry-device", default=None,

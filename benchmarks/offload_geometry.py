@@ -305,7 +305,7 @@ def main_geometry(a) -> None:
             near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
                                        threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
             r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads,
-                             reuse=ru, tier=shared)
+                             reuse=ru, tier=shared, early=not a.geometry_wait_all)
             r["tier_read_s"] = near
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
@@ -347,8 +347,10 @@ def main_geometry(a) -> None:
                           _f(r["replay_s_per_token"], ".4f"), _f(r["replay_hit_ratio"], ".3f"),
                           _f(r["measured_vs_replay"], "+.1%"), f"{r['predictor_share']:.2%}")))
     lo, hi = min(loads), max(loads)
+    when = ("each layer computed once all its experts were in (--geometry-wait-all)" if a.geometry_wait_all else
+            "each layer's resident experts computed while its misses were read")
     head = [f"{geom.name} geometry, {geom.layers} MoE layers, {warm} warm-up + {tokens} timed tokens in {a.geometry_order} "
-            f"order; {WEIGHT_NOTE}"]
+            f"order; {WEIGHT_NOTE}; {when}"]
     for pct in budgets:
         best, plain = best_at(rows, pct, "x_lru_tokens_per_s")
         head.append(f"budget {pct}%: best prediction-driven {best['config'].rsplit('@', 1)[0]} "
@@ -375,5 +377,5 @@ def main_geometry(a) -> None:
                       "eviction_bound_tokens": n_bound,
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s",
                                                                             "reuse_s", "reuse_train_tokens")},
-                      "rounds": done, "rows": rows, "wall_s": time.time() - t_start})
+                      "rounds": done, "early": not a.geometry_wait_all, "rows": rows, "wall_s": time.time() - t_start})
     print(f"wrote out/bench/{name}.json")

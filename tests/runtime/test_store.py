@@ -175,10 +175,10 @@ class SlowTier(MemTier):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(2, 14), st.booleans(), st.booleans(), st.integers(1, 3), st.integers(0, 1), st.integers(0, 2**31 - 1),
-       st.booleans())
+       st.booleans(), st.booleans())
 def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget: int, per_layer: bool, ahead: bool,
                                                                          depth: int, keep: int, seed: int,
-                                                                         hold: bool) -> None:
+                                                                         hold: bool, early: bool) -> None:
     L, E, S = 3, 6, 5
     budget = max(budget, L) if per_layer or keep else budget
     rng = np.random.default_rng(seed)
@@ -188,7 +188,7 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
     routing = [[sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist()) for _ in range(L)]
                for _ in range(S)]
     store = ExpertStore(SlowTier(L, E, seed), StoreConfig(budget=budget, per_layer=per_layer, check=True, depth=depth,
-                                                                keep_per_layer=keep))
+                                                                keep_per_layer=keep, early=early))
     try:
         for s in range(S):
             if not ahead:
@@ -244,3 +244,32 @@ def test_a_held_forecast_is_read_after_the_running_layers_demand_loads() -> None
     finally:
         store.close()
 
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_early_computes_the_resident_experts_while_the_misses_are_read(early: bool) -> None:
+    """StoreConfig.early: an access computes its hits before its misses' reads end (here a read waits until the hits
+    were computed, so without early it could not finish); each expert once, from the right slot, in two rounds."""
+    L, E = 1, 4
+    gate = threading.Event()
+    store = ExpertStore(MemTier(L, E), StoreConfig(budget=3, check=True, early=early))
+    try:
+        run_accesses(store, L, E, [(0, [0, 1])])  # 0 and 1 resident
+        store.tier.gate = gate
+        rounds: list[list[int]] = []
+
+        def compute(exps: np.ndarray, slots: np.ndarray) -> None:
+            for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
+                assert torch.all(store.pools["w"][s] == e)
+            rounds.append(exps.tolist())
+            if exps.tolist() == [0, 1]:
+                gate.set()  # the hits computed: the miss's read may end
+
+        if not early:
+            gate.set()  # one round after every read: nothing to wait for
+        store.access(0, [0, 1, 2], compute)
+        assert rounds == ([[0, 1], [2]] if early else [[0, 1, 2]])
+        store.check()
+        assert store.slots.pins.sum() == 0  # every key unpinned after the access
+    finally:
+        store.close()

@@ -10,7 +10,8 @@ expert, written to a temporary name, fsynced and renamed; a sidecar JSON says wh
 ``GeometryRun`` drives those layers with **real routing** (geometry_routing.py: the decode tokens of a captured
 trace mapped to the geometry's experts, with PROBE's and the reuse probe's forecasts). Each step (one decode token)
 accesses every layer's experts through the offload runtime's own ExpertStore (cache/slots.py SlotCache, the replay's
-policy objects) and computes the SwiGLU experts from the slots in bf16. The slow tier is the weights file on disk
+policy objects) and computes the SwiGLU experts from the slots in bf16: the resident ones while the misses are read,
+then the misses (StoreConfig.early, as the replay times a layer). The slow tier is the weights file on disk
 (tier.DiskTier: O_DIRECT reads on loader threads, experts computed on the CPU) or pinned host memory copied to GPU
 slots (gpu.PinnedTier, one tier shared by many runs; experts computed on the GPU). A forecast set of layer g+1 is
 prefetched while layer g computes; fc-evict is given each token's request and routing (its request profiles), as in
@@ -141,9 +142,11 @@ class GeometryRun:
     """The geometry's layers over an ExpertStore of `budget` slots; ``step(t)`` runs decode token t of the routing."""
 
     def __init__(self, path: Path | None, geom: Geometry, *, budget: int, policy: str = "lru", loader_threads: int = 4,
-                 direct: bool = True, tier=None) -> None:
+                 direct: bool = True, tier=None, early: bool = True) -> None:
         """path: the weights file (a DiskTier over it is opened and closed with the run); tier: a slow tier shared
-        by many runs instead (gpu.PinnedTier: host memory copied to GPU slots; path is then unused)."""
+        by many runs instead (gpu.PinnedTier: host memory copied to GPU slots; path is then unused). early: each
+        layer computes its resident experts while its misses are read (StoreConfig.early, the replay's timing);
+        False: once all are in."""
         from routecast.cache.zoo import split_name
 
         self.geom, self.L, self.E = geom, geom.layers, geom.experts
@@ -153,7 +156,8 @@ class GeometryRun:
             tier = DiskTier(self.layout, direct=direct)
         self.tier, self.layout = tier, tier.layout
         self.device = getattr(tier, "device", torch.device("cpu"))
-        self.store = ExpertStore(self.tier, StoreConfig(budget=budget, loader_threads=loader_threads, policy=policy))
+        self.store = ExpertStore(self.tier, StoreConfig(budget=budget, loader_threads=loader_threads, policy=policy,
+                                                          early=early))
         self.x = torch.randn(1, geom.hidden, generator=torch.Generator().manual_seed(0)).bfloat16().to(self.device)
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.pred_sets: list[np.ndarray] = []
@@ -254,7 +258,7 @@ def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int,
 
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
                  prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0,
-                 reuse: bool = False, tier=None) -> dict[str, Any]:
+                 reuse: bool = False, tier=None, early: bool = True) -> dict[str, Any]:
     """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
     fast tier untimed (a server runs warm; cold first uses would otherwise dominate a short run) -> figures of the
     timed tokens: s_per_token (wall), hit ratio, bytes read, predictor seconds (the forecasts' measured per-token
@@ -263,7 +267,8 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     every token (warm-up included) for the replay. reuse: fc-evict reads routing['reuse'] (trace_routing's
     reuse_probe), its measured seconds per token added as the forecast's are. fc-evict also reads the waiting requests'
     next-token forecasts when the routing has them (routing['token_use']; their seconds added too). tier: a shared
-    slow tier (GeometryRun; path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run)."""
+    slow tier (GeometryRun; path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run).
+    early: GeometryRun's (hits computed while the misses are read; False: once all are in)."""
     from routecast.cache.zoo import check_reuse_policy
 
     n = routing["tokens"]
@@ -273,7 +278,8 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
         raise ConfigError("reuse=True on a routing without reuse forecasts; expected trace_routing(reuse_probe=True).")
     if reuse:
         check_reuse_policy(policy)
-    r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct, tier=tier)
+    r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct, tier=tier,
+                    early=early)
     if budget >= geom.layers * geom.experts:
         r.store.preload(np.arange(geom.layers * geom.experts))
     ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]

@@ -48,7 +48,11 @@ class StoreConfig:
     check: verify the whole slot accounting after every change (tests); the occupied count is always asserted.
     depth: a forecast expert reserves its slot (and is read) at most this many layers ahead of the running one.
     keep_per_layer: never evict from a layer holding this many experts or fewer (the fallback's top-k).
-    policy: the slots' replacement policy (cache/zoo.py RUNTIME_POLICIES: the replay's own objects)."""
+    policy: the slots' replacement policy (cache/zoo.py RUNTIME_POLICIES: the replay's own objects).
+    early: an access computes its hits already in their slots while its misses are read, then the rest (the
+    replay's timing, cache.slots.replay_slots); the compute callback then runs in two rounds, its sums in another
+    order (allclose, not bit-identical). Off: one round once every expert of the layer is in (the engine's exact
+    logits)."""
 
     budget: int
     per_layer: bool = False
@@ -57,6 +61,7 @@ class StoreConfig:
     depth: int = 1
     keep_per_layer: int = 0
     policy: str = "lru"
+    early: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
@@ -300,6 +305,14 @@ class ExpertStore:
             self._release()  # a forecast made before this access reads after its demand loads
             wait += [k for k, _, _ in loads]
             group = hits + [k for k, _, _ in loads]
+            first = sorted(set(hits) - set(wait)) if self.cfg.early and wait else []
+            if first:  # computed while the misses are read (cfg.early); pinned until the whole access is done
+                slots = self.slots.slot_of[np.asarray(first, np.int64)].copy()
+                group = [k for k in group if k not in set(first)]
+        if first:
+            self._run(first, slots, compute)
+            with self.cond:
+                self.slots.unpin(first)
         while True:
             if wait:
                 t0 = time.perf_counter()
