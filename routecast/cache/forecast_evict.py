@@ -69,6 +69,9 @@ class ForecastEvictPolicy(BasePolicy):
         self.fset = np.zeros(L * E, bool)
         self.mix = ReuseMix()
         self.tok = NextTokenMix()
+        self.tok_now = NextTokenMix()  # the running requests' own input-token forecast of this step
+        self.q_this = self.q  # this step's use probabilities (with tok_now's mix when the step's tokens are known)
+        self._pi_now: np.ndarray | None = None  # (n, K) this step's requests' pi with that mix
         self._next_use: Mapping[int, np.ndarray] | None = None  # waiting requests' next-token forecasts (begin_step)
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
@@ -120,12 +123,20 @@ class ForecastEvictPolicy(BasePolicy):
         """reuse_RLK: a reuse probe's log d̂ for the step's `requests` (same order); row l is read only from
         layer l on. upcoming: the requests of each step of one period of the server's schedule after this one
         (this step's requests again where their turn comes back); None: every step batches `requests` (module
-        docstring). next_use: waiting request id -> (K,) the forecast of its next step from its next input token
-        (cache/reuse.py NextTokenMix; read with `upcoming`; a request of this step never gets one)."""
+        docstring). next_use: request id -> (K,) the forecast of its next step from its known input token
+        (cache/reuse.py known_next_use, NextTokenMix): a waiting request's next turn (read with `upcoming`), and for a
+        request of this step, this step (its input token; mixed into this step's q by tok_now, never into its
+        later turns, whose tokens are not sampled yet)."""
         self.q = self.fc.next_step_probs(requests)
         self._up, self._mine, self._q01 = None, None, None
+        self.q_this, self._pi_now = self.q, None
         if next_use:
             check_next_use(next_use, self.L * self.E)
+            own = {} if requests is None else {r: next_use[r] for r in np.asarray(requests).tolist() if r in next_use}
+            if own:
+                req = np.asarray(requests)
+                self._pi_now = self.tok_now.mix(self.fc.request_probs(req), req, own, set())
+                self.q_this = -np.expm1(np.log1p(-np.minimum(self._pi_now, 0.999)).sum(0))
         self._next_use = next_use or None
         self._req = None if requests is None else np.asarray(requests)
         if upcoming is not None and len(upcoming) and requests is not None and len(requests):
@@ -136,9 +147,13 @@ class ForecastEvictPolicy(BasePolicy):
             if reuse_RLK.shape != (len(requests), self.L, self.L * self.E):
                 raise ValueError(f"fc-evict: reuse forecast has shape {reuse_RLK.shape}; expected "
                                  f"({len(requests)}, {self.L}, {self.L * self.E}), one row per request of the step.")
-            self.qL = self.mix.probs(self.fc.request_probs(requests), reuse_RLK, requests)
+            self.qL = self.mix.probs(self._pi(), reuse_RLK, requests)
         self.layer, self.cur = 0, set()
         self.ver += 1
+
+    def _pi(self) -> np.ndarray:
+        """(n, K) this step's requests' pi: their profiles, with their own input tokens' forecast mixed in when given."""
+        return self.fc.request_probs(self._req) if self._pi_now is None else self._pi_now
 
     def _later_probs(self, requests: np.ndarray) -> np.ndarray:
         """(n, K) pi of requests at their next turns: the profiles, with each request's latest probe hazards mixed in
@@ -159,7 +174,7 @@ class ForecastEvictPolicy(BasePolicy):
                              f"{self.L * self.E}), one row per request of the step.")
         if self.qL is None:
             self.qL = np.repeat(self.q[None], self.L, 0)
-            self.mix.start(self.fc.request_probs(self._req), self.L, self._req)
+            self.mix.start(self._pi(), self.L, self._req)
         self.qL[layer] = self.mix.row(layer, logd_RK)
         self.ver += 1  # the victim order's memo is stale
 
@@ -168,6 +183,8 @@ class ForecastEvictPolicy(BasePolicy):
             self.fc.observe(observed)
         if observed is not None and self.tok.pending:
             self.tok.observe(observed)
+        if observed is not None and self.tok_now.pending:
+            self.tok_now.observe(observed)
         self.mix.observe(observed if self.qL is not None else None)
 
     def q_at(self, layer: int) -> np.ndarray:
@@ -175,11 +192,11 @@ class ForecastEvictPolicy(BasePolicy):
         `layer` (module docstring): this step's q (with the reuse probe's row when given), through the schedule's
         later steps when begin_step had one."""
         if self._up is None:
-            return self.q if self.qL is None else self.qL[layer]
+            return np.where(self._layer_of > layer, self.q_this, self.q) if self.qL is None else self.qL[layer]
         if self.qL is not None:  # this step's requests again in the schedule: their sharper row, layer by layer
             return schedule_q_at(self.qL[layer], self._up, self._mine, self._layer_of, layer)
         if self._q01 is None:  # without the probe's rows q0, q1 hold for the whole step: computed once
-            self._q01 = schedule_q(self.q, np.where(self._mine[:, None], self.q[None], self._up))
+            self._q01 = schedule_q(self.q_this, np.where(self._mine[:, None], self.q[None], self._up))
         return np.where(self._layer_of > layer, *self._q01)
 
     def next_use(self, keys: np.ndarray, layer: int) -> np.ndarray:

@@ -31,6 +31,9 @@ Its forecasts, all causal (they use only routing already observed and what the r
   forecast until one is seen to pay). Never 1: a token table knows nothing of the request's context, and with 1
   allowed the first steps' log-loss chose it and the evictions got worse (Mixtral serving-order replay, 80 tokens:
   1.48x LRU at 50% against 1.61x). The running request's own next token is not known yet: it never gets one.
+  Its input token of this step is known as the step starts: with ``next_use`` holding it (known_next_use), its pi
+  for this step (the keys of the layers after the running one) is mixed with that token's nu the same way, a second
+  NextTokenMix scoring it on the step itself; its later turns keep the profile.
 
 - **from the router inputs** (optional, ReuseMix): a reuse probe (predict/reuse_probe.py) reads each request's
   token at layer l of this step and gives d̂_rk, the tokens until request r next uses key k; 1/d̂_rk is a
@@ -330,17 +333,19 @@ def next_turns(request_T: np.ndarray) -> np.ndarray:
     return out
 
 
-def waiting_next_use(request_T: np.ndarray, use_TK: np.ndarray) -> list[dict[int, np.ndarray]]:
-    """Per decode token t of `request_T` (one token per step), the next-token forecast (use_TK[j], j the request's
-    next token) of every request that has run before t and is not finished, except t's own: begin_step(next_use=...)
-    under round_robin's schedule. Causal: a request's next input token is known once its previous step ended."""
+def known_next_use(request_T: np.ndarray, use_TK: np.ndarray) -> list[dict[int, np.ndarray]]:
+    """Per decode token t of `request_T` (one token per step), the forecast of each request's next step from its
+    known input token (use_TK[j]: the forecast of token j from its input token id): every request that has run before
+    t and is not finished, with its next token j (its next turn), and t's own, with t itself (this step):
+    begin_step(next_use=...) under round_robin's schedule. Causal: a request's next input token is known once its
+    previous step ended; t's own is the token it feeds in now, not the one it will sample."""
     req = np.asarray(request_T, np.int64)
     nxt = next_turns(req)
     pending: dict[int, int] = {}  # request -> its next token's index, once it has run
     out = []
     for t, r in enumerate(req.tolist()):
         pending.pop(r, None)
-        out.append({q: use_TK[j] for q, j in pending.items()})
+        out.append({q: use_TK[j] for q, j in pending.items()} | {r: use_TK[t]})
         if nxt[t] >= 0:
             pending[r] = int(nxt[t])
     return out

@@ -170,17 +170,17 @@ def test_schedule_q_at_is_schedule_q_for_one_layer(seed, R, L, E):
                                rtol=1e-12, atol=0)
 
 
-def test_waiting_next_use_gives_each_served_unfinished_requests_next_token_but_never_the_running_ones():
-    """waiting_next_use: at token t, every request that ran before t and has a later token, except t's own, with the
-    forecast of that later token (its next input, known since its last turn); a request that has not started, or
-    has finished, is absent."""
-    from routecast.cache.reuse import next_turns, waiting_next_use
+def test_known_next_use_gives_each_served_unfinished_requests_next_token_and_the_running_ones_own():
+    """known_next_use: at token t, every request that ran before t and has a later token with the forecast of that
+    later token (its next input, known since its last turn), and t's own request with t's forecast (the input token
+    it feeds in now, never the one it will sample); a request that has not started, or has finished, is absent."""
+    from routecast.cache.reuse import known_next_use, next_turns
 
     req = np.array([5, 7, 5, 9, 7, 5, 9])
     use = np.arange(len(req), dtype=float)[:, None] * np.ones((1, 3))
     assert next_turns(req).tolist() == [2, 4, 5, 6, -1, -1, -1]
-    got = [{r: int(v[0]) for r, v in d.items()} for d in waiting_next_use(req, use)]
-    assert got == [{}, {5: 2}, {7: 4}, {5: 5, 7: 4}, {5: 5, 9: 6}, {9: 6}, {}]
+    got = [{r: int(v[0]) for r, v in d.items()} for d in known_next_use(req, use)]
+    assert got == [{5: 0}, {5: 2, 7: 1}, {7: 4, 5: 2}, {5: 5, 7: 4, 9: 3}, {5: 5, 9: 6, 7: 4}, {9: 6, 5: 5}, {9: 6}]
 
 
 def test_next_token_mix_is_chosen_by_log_loss_and_skips_the_running_request():
@@ -223,12 +223,31 @@ def test_fc_evict_keeps_the_expert_a_waiting_requests_next_token_needs():
         pol.begin_step(np.array([0]), None, None, [np.array([1])], {1: np.zeros(3)})
 
 
+def test_fc_evict_keeps_the_expert_the_running_requests_own_token_needs_later_in_the_step():
+    """Golden case: one request, no profile yet (every key's q is 0); at layer 0 the victim is one of layer 1's two
+    resident keys. Without a forecast it is the least recently used (key 3); with the running request's own input
+    token forecast to use key 3 at layer 1 (and the token forecasts having paid, a > 0), key 2 goes instead. The
+    forecast is of this step only: the request's later turns keep its profile (tok_now scores it on this step)."""
+    L, E = 2, 2
+    pol = ForecastEvictPolicy(2, L=L, E=E)
+    for k in (3, 2):  # key 3 used first: least recent
+        pol.admit(k)
+    pol.begin_step(np.array([0]), None, None, None, None)
+    assert pol.victim(lambda k: False, incoming=0) == 3
+    pol.tok_now.loss[:] = [1.0, 1.0, 1.0, 0.0]
+    pol.begin_step(np.array([0]), None, None, None, {0: np.array([0.5, 0.5, 0.01, 0.99])})
+    assert pol.victim(lambda k: False, incoming=0) == 2
+    assert pol.q[3] == pytest.approx(pol.q[2])  # the profile's q (later turns) is untouched
+    pol.end_step(StepUse.from_routing(np.array([0]), np.array([[[0], [1]]]), E))
+    assert not pol.tok_now.pending  # scored on the step it forecast
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**31 - 1), budget=st.integers(1, 10))
 def test_the_runtime_store_and_the_replay_agree_with_next_token_forecasts(seed, budget):
     """replay_slots with next_use makes the decisions a SlotCache driven step by step with the same begin_step makes
     (the runtime's path), and no policy holds more keys than its slots."""
-    from routecast.cache.reuse import waiting_next_use
+    from routecast.cache.reuse import known_next_use
     from routecast.cache.slots import SlotCache
 
     rng = np.random.default_rng(seed)
@@ -237,7 +256,7 @@ def test_the_runtime_store_and_the_replay_agree_with_next_token_forecasts(seed, 
     ids = rng.integers(0, E, (S, L, 2))
     use = rng.uniform(0, 1, (S, L * E))
     up = round_robin(req)
-    nu = waiting_next_use(req, use)
+    nu = known_next_use(req, use)
     uses = [StepUse.from_routing(req[s:s + 1], ids[s][None], E) for s in range(S)]
     off, keys = [0], []
     for s in range(S):

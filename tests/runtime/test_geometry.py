@@ -232,9 +232,9 @@ def test_fc_evict_reads_the_reuse_forecast_and_the_replay_makes_the_same_decisio
 
 
 def test_fc_evict_reads_the_waiting_requests_next_tokens_and_the_replay_makes_the_same_decisions(weights) -> None:
-    """Serving order with routing['token_use']: fc-evict's runs get each waiting request's next-token forecast (their
-    seconds charged), the replay makes the same decisions, and replay_geometry(next_tokens=False) leaves them out;
-    LRU never reads them."""
+    """Serving order with routing['token_use']: fc-evict's runs get each waiting request's next-token forecast and the
+    running request's own (their seconds charged), the replay makes the same decisions, and
+    replay_geometry(next_tokens=False) leaves them out; LRU never reads them; one request at a time, its own only."""
     from routecast.runtime.offload.geometry import next_token_forecasts
 
     T, warm = 14, 5
@@ -243,14 +243,17 @@ def test_fc_evict_reads_the_waiting_requests_next_tokens_and_the_replay_makes_th
     rt.update(token_use=rng.uniform(0, 1, (T, TINY.layers * TINY.experts)), token_s=2e-5)
     nu = next_token_forecasts(rt, "fc-evict")
     assert nu is not None and any(nu) and next_token_forecasts(rt, "lru") is None
-    assert all(int(rt["request"][t]) not in nu[t] for t in range(T))  # never the running request's own
+    for t in range(T):  # the running request's entry is its own token's forecast (its input now), not a later one's
+        np.testing.assert_array_equal(nu[t][int(rt["request"][t])], rt["token_use"][t])
     fig = run_geometry(weights, TINY, rt, budget=6, policy="fc-evict", warmup=warm, direct=False)
     rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)
     assert fig["next_tokens"] and (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])
     assert fig["predict_s"] > 2e-5 * (T - warm)
     plain = replay_geometry(fig, TINY, rt, xfer_s=1e-3, next_tokens=False)
     assert plain["hits"] + plain["misses"] == rep["hits"] + rep["misses"]
-    one = routing(T, seed=3)  # one request at a time: none ever waits
+    one = routing(T, seed=3)  # one request at a time: none ever waits, the running one's own token is known
     one.update(token_use=rt["token_use"], token_s=2e-5)
-    assert next_token_forecasts(one, "fc-evict") is None
-    assert not run_geometry(weights, TINY, one, budget=6, policy="fc-evict", warmup=warm, direct=False)["next_tokens"]
+    assert [list(d) for d in next_token_forecasts(one, "fc-evict")] == [[int(r)] for r in one["request"]]
+    fig = run_geometry(weights, TINY, one, budget=6, policy="fc-evict", warmup=warm, direct=False)
+    rep = replay_geometry(fig, TINY, one, xfer_s=1e-3)
+    assert fig["next_tokens"] and (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])

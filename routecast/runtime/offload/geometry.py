@@ -193,8 +193,9 @@ class GeometryRun:
         """One decode token of `request`: ids_LK / w_LK its routing per layer; pred_LE bool (L, E) the forecast sets
         of layers 1.. (row g reserves its slots when layer g-1 starts and is read after g-1's demand loads; row 0 is
         never forecast); reuse_LK (L, L·E) the reuse probe's log d̂ for fc-evict (row g read from layer g on);
-        upcoming: the server's schedule after this token (cache/reuse.py round_robin) and next_use the waiting
-        requests' next-token forecasts (cache/reuse.py waiting_next_use), for fc-evict."""
+        upcoming: the server's schedule after this token (cache/reuse.py round_robin) and next_use the forecasts of
+        each request's next step from its known input token (cache/reuse.py known_next_use: the waiting requests'
+        next turns, this token's own step), for fc-evict."""
         from routecast.cache.reuse import StepUse
 
         if self.profiles:
@@ -244,16 +245,15 @@ def forecast_s(routing: dict[str, Any], prefetch: bool, reuse: bool, tokens: boo
 
 
 def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int, np.ndarray]] | None:
-    """Per token, the waiting requests' next-token forecasts fc-evict reads under the server's schedule
-    (cache/reuse.py waiting_next_use over routing['token_use']); None for another policy, a routing without them or
-    one where no request ever waits (request order)."""
-    from routecast.cache.reuse import waiting_next_use
+    """Per token, the forecasts of each request's next step from its known input token that fc-evict reads (cache/
+    reuse.py known_next_use over routing['token_use']: the waiting requests' next turns, and the running one's own
+    step, in request order too); None for another policy or a routing without them."""
+    from routecast.cache.reuse import known_next_use
     from routecast.cache.zoo import split_name
 
     if split_name(policy)[0] != "fc-evict" or "token_use" not in routing:
         return None
-    nu = waiting_next_use(routing["request"], routing["token_use"])
-    return nu if any(nu) else None  # one request at a time: none is ever waiting
+    return known_next_use(routing["request"], routing["token_use"])
 
 
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
