@@ -72,7 +72,7 @@ class ForecastEvictPolicy(BasePolicy):
         self.tok_now = NextTokenMix()  # the running requests' own input-token forecast of this step
         self.q_this = self.q  # this step's use probabilities (with tok_now's mix when the step's tokens are known)
         self._pi_now: np.ndarray | None = None  # (n, K) this step's requests' pi with that mix
-        self._next_use: Mapping[int, np.ndarray] | None = None  # waiting requests' next-token forecasts (begin_step)
+        self._next_use: Mapping[int, np.ndarray] | None = None  # forecasts from known input tokens (begin_step)
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
         self._mine: np.ndarray | None = None  # (R,) bool: that step batches this step's requests again
@@ -192,7 +192,9 @@ class ForecastEvictPolicy(BasePolicy):
         `layer` (module docstring): this step's q (with the reuse probe's row when given), through the schedule's
         later steps when begin_step had one."""
         if self._up is None:
-            return np.where(self._layer_of > layer, self.q_this, self.q) if self.qL is None else self.qL[layer]
+            if self.qL is not None:
+                return self.qL[layer]
+            return self.q if self.q_this is self.q else np.where(self._layer_of > layer, self.q_this, self.q)
         if self.qL is not None:  # this step's requests again in the schedule: their sharper row, layer by layer
             return schedule_q_at(self.qL[layer], self._up, self._mine, self._layer_of, layer)
         if self._q01 is None:  # without the probe's rows q0, q1 hold for the whole step: computed once

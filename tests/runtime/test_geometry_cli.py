@@ -101,6 +101,26 @@ def test_geometry_flags_without_geometry_are_refused(flag, capsys) -> None:
     assert len(err) == 1 and f"{flag[0]} acts on a --geometry run" in err[0], err
 
 
+def test_fc_evict_gets_the_token_table_without_the_probe_and_says_when_there_is_none(trace_dir, tmp_path, capsys) -> None:
+    """`--policy fc-evict` alone: the routing carries the token table (fitted on the documents not driven; no router
+    inputs needed), and a trace whose every document is driven runs without it, saying so."""
+    from routecast.runtime.offload.geometry_routing import trace_routing
+
+    path = tmp_path / "trace"
+    write_trace(build_small_trace(num_requests=8, decode_len=6, num_layers=2, seed=3), path)  # no hidden states
+    rt = trace_routing(path, TINY, 12, forecast=False, order="request", token_table=True)
+    assert rt["token_use"].shape == (12, TINY.layers * TINY.experts) and "reuse" not in rt
+    capsys.readouterr()
+    geometry_main(TINY, routing=path, tokens=6, warmup=6, policy="fc-evict", baseline="none", direct=False,
+                  weights_dir=tmp_path / "w", order="request")
+    assert "fc-evict reads the token table's forecast" in capsys.readouterr().out
+    every = trace_routing(trace_dir, TINY, 24, forecast=False, token_table=True)  # all 4 requests' documents driven
+    assert "token_use" not in every
+    geometry_main(TINY, routing=trace_dir, tokens=18, warmup=6, policy="fc-evict", baseline="none", direct=False,
+                  weights_dir=tmp_path / "w")
+    assert "fc-evict runs without token forecasts" in capsys.readouterr().out
+
+
 def test_reuse_probe_is_fitted_on_the_documents_not_driven_and_read_by_fc_evict(tmp_path, capsys) -> None:
     from routecast.runtime.offload.geometry_routing import trace_routing
 

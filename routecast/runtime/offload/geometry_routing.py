@@ -88,7 +88,7 @@ def check_order(order: str) -> None:
 
 
 def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, forecast: bool = True,
-                  order: str = "step", reuse_probe: bool = False) -> dict[str, Any]:
+                  order: str = "step", reuse_probe: bool = False, token_table: bool = False) -> dict[str, Any]:
     """The first `tokens` decode tokens of a captured trace -> {'ids', 'w' (T, L, K) the geometry's
     routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
     from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
@@ -101,7 +101,8 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     reuse_probe: also 'reuse' (T, L, L·E) the reuse probe's log d̂ per token (map_reuse), the probe fitted on every
     token of the documents none of the driven tokens comes from, and 'reuse_s' its seconds per token; and
     'token_use' (T, L·E) the token table's probability that each token uses each key (fitted on the same documents),
-    'token_s' its seconds per token: fc-evict's forecasts."""
+    'token_s' its seconds per token: fc-evict's forecasts. token_table: 'token_use' and 'token_s' without the probe
+    (absent when no other document is left to fit the table on)."""
     check_order(order)
     from routecast.trace import DECODE
     from routecast.trace.io import read_trace
@@ -120,6 +121,7 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
             "trace": str(trace_path), "trace_layers": spec.num_layers, "order": order}
     if reuse_probe:
         base.update(_reuse(trace, rows, geom, trace_path))
+    if reuse_probe or token_table:
         base.update(_token_use(trace, rows, geom))
     if not forecast:
         return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
@@ -173,11 +175,14 @@ def _reuse(trace, rows: np.ndarray, geom: Geometry, trace_path: str | Path) -> d
 
 def _token_use(trace, rows: np.ndarray, geom: Geometry) -> dict[str, Any]:
     """trace_routing's 'token_use' and 'token_s': the conditional-token table fitted on the documents the driven rows
-    do not come from, each row's forecast mapped to the geometry's keys (module docstring)."""
+    do not come from, each row's forecast mapped to the geometry's keys (module docstring); {} when there are none."""
     from routecast.predict.frequency import ConditionalPredictor
 
     doc = np.asarray(trace.tokens["document"])
-    table = ConditionalPredictor(trace.spec).fit_rows(trace, ~np.isin(doc, doc[rows]))
+    train = ~np.isin(doc, doc[rows]) & (doc >= 0)  # -1: a schema-1 trace's unknown document
+    if not train.any():
+        return {}
+    table = ConditionalPredictor(trace.spec).fit_rows(trace, train)
     tok = np.asarray(trace.token_id)[rows].astype(np.int64)
     t0 = time.perf_counter()
     keys = table.keys_U
