@@ -179,7 +179,8 @@ def _token_use(trace, rows: np.ndarray, geom: Geometry) -> dict[str, Any]:
     from routecast.predict.frequency import ConditionalPredictor
 
     doc = np.asarray(trace.tokens["document"])
-    train = ~np.isin(doc, doc[rows]) & (doc >= 0)  # -1: a schema-1 trace's unknown document
+    # -1: an unknown document (a schema-1 trace) or token id (an imported trace without them)
+    train = ~np.isin(doc, doc[rows]) & (doc >= 0) & (np.asarray(trace.token_id) >= 0)
     if not train.any():
         return {}
     table = ConditionalPredictor(trace.spec).fit_rows(trace, train)
