@@ -43,6 +43,7 @@ from routecast.cache.reuse import (
     schedule_probs,
     schedule_q,
     schedule_q_at,
+    step_probs,
 )
 
 
@@ -129,16 +130,15 @@ class ForecastEvictPolicy(BasePolicy):
         later turns, whose tokens are not sampled yet)."""
         self.q = self.fc.next_step_probs(requests)
         self._up, self._mine, self._q01 = None, None, None
+        self._req = None if requests is None else np.asarray(requests)
         self.q_this, self._pi_now = self.q, None
         if next_use:
             check_next_use(next_use, self.L * self.E)
-            own = {} if requests is None else {r: next_use[r] for r in np.asarray(requests).tolist() if r in next_use}
-            if own:
-                req = np.asarray(requests)
-                self._pi_now = self.tok_now.mix(self.fc.request_probs(req), req, own, set())
-                self.q_this = -np.expm1(np.log1p(-np.minimum(self._pi_now, 0.999)).sum(0))
+            own = {} if self._req is None else {r: next_use[r] for r in self._req.tolist() if r in next_use}
+            if own:  # this step's input tokens: their forecast mixed into this step's q only
+                self._pi_now = self.tok_now.mix(self.fc.request_probs(self._req), self._req, own, set())
+                self.q_this = step_probs(self._pi_now)
         self._next_use = next_use or None
-        self._req = None if requests is None else np.asarray(requests)
         if upcoming is not None and len(upcoming) and requests is not None and len(requests):
             self._up, self._mine = schedule_probs(self._later_probs, upcoming, requests)
         self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()

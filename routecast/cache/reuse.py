@@ -82,6 +82,11 @@ class StepUse:
         return cls(requests=reqs, off=off, keys=u % (L * E), counts=cnt.astype(np.float64), tokens=tok)
 
 
+def step_probs(pi_nK: np.ndarray) -> np.ndarray:
+    """(K,) probability that a step batching n requests uses each key: 1 - prod_r (1 - pi_rk), pi capped at 0.999."""
+    return -np.expm1(np.log1p(-np.minimum(pi_nK, 0.999)).sum(0))
+
+
 def log_loss(q: np.ndarray, used: np.ndarray) -> np.ndarray | float:
     """Bernoulli log-loss of use probabilities q (..., K) against the keys used (K,) bool, summed over K (one value per
     leading row): each forecaster's score (SelectedForecast, ReuseMix, NextTokenMix); q clipped to [1e-4, 1 - 1e-4]."""
@@ -109,7 +114,7 @@ class ReuseForecast:
         """(K,) probability that a step batching `requests` uses each key (trace-wide share for unknown ones)."""
         if requests is None or len(requests) == 0:
             return np.clip(self._glob(), 0.0, 1.0)
-        return -np.expm1(np.log1p(-np.minimum(self.request_probs(requests), 0.999)).sum(0))
+        return step_probs(self.request_probs(requests))
 
     def _glob(self) -> np.ndarray:
         return self.glob / self.glob_tokens if self.glob_tokens > 0 else np.zeros(self.K)

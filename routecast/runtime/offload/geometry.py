@@ -265,8 +265,9 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     cost, added to the wall time: their matmul ran once before the timed loop; plus fc-evict's upkeep of its
     profiles, timed inside the wall, as the engine counts it); the access log and forecast sets of
     every token (warm-up included) for the replay. reuse: fc-evict reads routing['reuse'] (trace_routing's
-    reuse_probe), its measured seconds per token added as the forecast's are. fc-evict also reads the waiting requests'
-    next-token forecasts when the routing has them (routing['token_use']; their seconds added too). tier: a shared
+    reuse_probe), its measured seconds per token added as the forecast's are. fc-evict also reads the forecasts of the known input
+    tokens (the running request's own, the waiting requests' next) when the routing has them (routing['token_use'];
+    their seconds added too). tier: a shared
     slow tier (GeometryRun; path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run).
     early: GeometryRun's (hits computed while the misses are read; False: once all are in)."""
     from routecast.cache.zoo import check_reuse_policy

@@ -306,9 +306,9 @@ class ExpertStore:
             wait += [k for k, _, _ in loads]
             group = hits + [k for k, _, _ in loads]
             first = sorted(set(hits) - set(wait)) if self.cfg.early and wait else []
-            if first:  # computed while the misses are read (cfg.early); pinned until the whole access is done
+            if first:  # the resident hits, computed while the misses are read (cfg.early); the rest once read
                 slots = self.slots.slot_of[np.asarray(first, np.int64)].copy()
-                group = [k for k in group if k not in set(first)]
+                group = list(wait)
         if first:
             self._run(first, slots, compute)
             with self.cond:
