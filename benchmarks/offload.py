@@ -28,12 +28,16 @@ routed experts, runtime/offload/load.py):
   on-demand           a store of K slots (one token's experts of one layer): every expert is read when its layer
                       needs it (almost nothing survives to its next use)
   POLICY              budget B, a demand replacement policy of cache/policy.py (the replay's own objects), no prefetch
+                      (fc-evict folds a prefill's routing into the next step's forecast layer by layer: routed())
+  fc-evict+tokens     (--token-table) fc-evict also reading the token table of the model's standard trace
+                      (run.token_table_for: each step's forecast from its input tokens, the prompt at a prefill)
   fc-evict+probe      fc-evict also reading the reuse probe of each step's router inputs (predict/reuse_probe.py),
                       fitted on the standard trace of the model (builtin / builtin-fine: corpus test prompts; the
                       runs use val prompts)
   <predictor>         budget B, LRU + PLEC prefetch driven by lookahead (PROBE, layer horizon), ffn (MoE-GPS) or
                       expertflow (routing-path predictor), with real-time correction
-  <pred>+<policy>      the same prefetch with another demand policy than LRU (--combine, default ffn+lfu, ffn+lirs)
+  <pred>+<policy>      the same prefetch with another demand policy than LRU (--combine, default lookahead+fc-evict,
+                      ffn+lfu, ffn+lirs)
   <predictor> <gate>  the same with a confidence gate (--gate topN,pX): each token prefetches only its N most likely
                       experts / those of forecast probability >= X (OffloadConfig.prefetch_top / prefetch_min_prob)
 at budgets 25 / 50 / 75% of the L·E routed experts. Tokens/s is the median over --repeats interleaved rounds (new
@@ -70,10 +74,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules (offload_report.py, offload_geometry.py)
+
+from offload_report import ceiling, cost_model_error, headline, print_report, time_split  # noqa: E402, F401
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
-from routecast.cache.zoo import uses_forecast  # noqa: E402
 from routecast.common.bench import read_bench, round_order, table, write_bench  # noqa: E402
 from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
@@ -84,6 +90,7 @@ from routecast.runtime.offload.run import (  # noqa: E402
     make_predictor,
     replay_feed,
     run_config,
+    token_table_for,
 )
 from routecast.runtime.offload.store import RUNTIME_POLICIES  # noqa: E402
 from routecast.sim.hardware import load_hardware  # noqa: E402
@@ -103,9 +110,11 @@ def main() -> None:
     ap.add_argument("--hardware", default=None, help="calibrated CPU profile (default: run `routecast calibrate --quick`)")
     ap.add_argument("--scratch", default="out/bench_offload")
     ap.add_argument("--combine", default=None, help="prefetch predictors run with another demand policy than LRU, "
-                    "comma-separated PRED+POLICY (default ffn+lfu,ffn+lirs; --quick none)")
+                    "comma-separated PRED+POLICY (default lookahead+fc-evict,ffn+lfu,ffn+lirs; --quick none)")
     ap.add_argument("--gate", default="", help="extra confidence-gated prefetch rows, comma-separated: 'pX' = a token "
                     "prefetches only experts of forecast probability >= X, 'topN' = only its N highest (e.g. p0.1,top3)")
+    ap.add_argument("--token-table", action="store_true", help="also fc-evict+tokens rows: fc-evict reading the "
+                    "token table of the model's standard trace (each step's forecast from its input tokens)")
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="GIL switch interval while loader threads run (default: run.py's SWITCH_S)")
     ap.add_argument("--geometry", default=None, help="I/O-bound mode: deepseek-v2-lite or mixtral-8x7b expert geometry, "
@@ -179,6 +188,7 @@ def main() -> None:
     del model
     policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
     probe = reuse_probe_for(a.model) if "fc-evict" in policies else None
+    table = token_table_for(a.model) if a.token_table and "fc-evict" in policies else None
 
     # -- the disk tier's bandwidth -> the CPU profile the cost model and `cache replay` use
     base = a.hardware
@@ -199,7 +209,7 @@ def main() -> None:
 
     gates = parse_gates(a.gate)
     combos = [tuple(c.split("+", 1)) for c in (a.combine if a.combine is not None else
-                                               ("" if q else "ffn+lfu,ffn+lirs")).split(",") if c]
+                                               ("" if q else "lookahead+fc-evict,ffn+lfu,ffn+lirs")).split(",") if c]
     for name, pol in combos:
         if name not in predictors or pol not in RUNTIME_POLICIES:
             raise SystemExit(f"--combine {name}+{pol}: expected PRED+POLICY with PRED in --predictors "
@@ -212,6 +222,8 @@ def main() -> None:
         configs += [(f"{pol}@{pct}%", b, "none", None, {"policy": pol}) for pol in policies]
         if probe is not None:
             configs.append((f"fc-evict+probe@{pct}%", b, "none", None, {"policy": "fc-evict", "reuse_probe": probe}))
+        if table is not None:
+            configs.append((f"fc-evict+tokens@{pct}%", b, "none", None, {"policy": "fc-evict", "token_table": table}))
         for name, pred in predictors.items():
             configs.append((f"{name}@{pct}%", b, name, pred, {}))
             configs += [(f"{name} {g}@{pct}%", b, name, pred, kw) for g, kw in gates.items()]
@@ -223,9 +235,10 @@ def main() -> None:
     ref_logits = None
     for rep in range(a.repeats):  # interleaved: every configuration once per round
         for label, budget, pf, pred, kw in round_order(configs, rep, keep=1):  # all-resident first: the reference
-            cfg_kw = {k: v for k, v in kw.items() if k != "reuse_probe"}
+            cfg_kw = {k: v for k, v in kw.items() if k not in ("reuse_probe", "token_table")}
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
-                           cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), keep_feed=True, **switch)
+                           cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), keep_feed=True,
+                           token_table=kw.get("token_table"), **switch)
             if ref_logits is None:
                 ref_logits = r["logits"]
             r["logits_allclose"], r["logits_max_diff"] = logits_match(ref_logits, r.pop("logits"))
@@ -324,7 +337,8 @@ def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_st
         rows.append(row)
     out = {"machine": machine_info(), "load_avg": [min(loads), max(loads)], "tier": tier, "profile": str(prof_path),
            "dense_us": model["dense_us"], "cost_terms": model, "settings": vars(a), "rows": rows, "wall_s": time.time() - t_start,
-           "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets", "uses", "reuse_steps")}
+           "runs": {k: [{x: y for x, y in r.items() if x not in ("tokens", "log", "pred_sets", "uses", "reuse_steps",
+                                                          "next_uses")}
                     for r in v]
                     for k, v in runs.items()}}
     out["belady"] = {b: belady_ceiling(runs, b, L, E, num_tokens, tier["expert_bytes"], hw, model["dense_us"])
@@ -334,7 +348,11 @@ def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_st
             "hit_ratio", "stall_share", "predictor_share", "logits_allclose", "model_error")
     out["tables"] = [table(f"{a.model}: tokens/s per configuration (median of {a.repeats} interleaved rounds, min-max; "
                            "x_lru = median of per-round ratios to LRU at the same budget)",
-                           [{c: r[c] for c in cols} for r in rows])]
+                           [{c: r[c] for c in cols} for r in rows]),
+                     table("where the time goes (s per run, median of rounds): inside the layers' expert accesses "
+                           "(prefill / decode steps: waiting for reads, computing the experts, the store) and outside "
+                           "them (attention, dense layers, the forecasts, and whatever the loader threads take from the "
+                           "compute thread)", time_split(runs, configs))]
     return out
 
 
@@ -409,73 +427,6 @@ def price(model: dict, rs: list[dict], label: str, budget: int | None, pf: str, 
             "kernel_tokens_per_s": n_new / k_plain["sim_s"], "model_tokens_per_s": n_new / sim, "model_terms_s": terms}
 
 
-def _f(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-FITTED = ("all-resident", "resident-path", "on-demand")  # the rounds 1..F of these fit dense_us, engine_us, read_us
-
-
-def cost_model_error(rows: list[dict]) -> dict | None:
-    """|model err| over exactly the offloaded configurations not used in the fit (FITTED excluded): n, names, median."""
-    priced = [r for r in rows if r["config"] not in FITTED and r.get("model_error") is not None]
-    if not priced:
-        return None
-    errs = [abs(r["model_error"]) for r in priced]
-    kerrs = [abs(r["kernel_error"]) for r in priced if r.get("kernel_error") is not None]
-    return {"n": len(priced), "rows": [r["config"] for r in priced], "median": statistics.median(errs),
-            "max": max(errs), "kernel_median": statistics.median(kerrs) if kerrs else float("nan")}
-
-
-def headline(out: dict) -> list[str]:
-    """The claim lines: per budget the best prediction-driven configuration against LRU (median of per-round ratios,
-    min-max), its predictor share, logits equality of every run, the load."""
-    rows, lines = out["rows"], []
-    budgets = sorted({r["config"].rsplit("@", 1)[1] for r in rows if "@" in r["config"]}, key=lambda x: int(x[:-1]))
-    for b in budgets:
-        here = [r for r in rows if r["config"].endswith(f"@{b}")]
-        pred = [r for r in here if r["prefetch"] != "none" or uses_forecast(r["policy"])]  # prefetch or fc-evict
-        demand = [r for r in here if r not in pred]
-        if pred:
-            best = max(pred, key=lambda r: r["x_lru"])
-            lines.append(f"budget {b}: best prediction-driven {best['config']} {best['x_lru']:.2f}x LRU tokens/s "
-                         f"(per-round min-max {best['x_lru_min']:.2f}-{best['x_lru_max']:.2f}), predictor "
-                         f"{best['predictor_share']:.1%} of the run")
-        if demand:
-            bd = max(demand, key=lambda r: r["x_lru"])
-            lines.append(f"budget {b}: best policy without prediction {bd['config']} {bd['x_lru']:.2f}x LRU tokens/s")
-        c = ceiling(out.get("runs", {}), b)
-        if c is not None:
-            need = f"; 1.10x needs {0.10 / (c[0] - 1):.0%} of that margin" if c[0] > 1 else "; 1.10x is out of reach"
-            lines.append(f"budget {b}: ceiling {c[0]:.2f}x LRU tokens/s (per-round min-max {c[1]:.2f}-{c[2]:.2f}): the "
-                         f"resident-path run, this engine with every expert resident, no reads, stalls or predictor{need}")
-        bc = (out.get("belady") or {}).get(b)
-        if bc is not None:
-            need = (f"1.10x needs {0.10 / (bc['x_lru'] - 1):.0%} of Belady's gain" if bc["x_lru"] > 1.10 else
-                    "so 1.10x is beyond any eviction policy at this budget")
-            lines.append(f"budget {b}: Belady ceiling {bc['x_lru']:.2f}x LRU tokens/s (per-round min-max "
-                         f"{bc['x_lru_min']:.2f}-{bc['x_lru_max']:.2f}): clairvoyant eviction with no prefetch and no "
-                         f"predictor time, {bc['load_ratio']:.0%} of LRU's reads at LRU's measured "
-                         f"{bc['us_per_read']:.0f} µs per read; {need}")
-    bad = [r["config"] for r in rows if not r["logits_allclose"]]
-    lines.append("every run's logits allclose to all-resident at every step" if not bad else
-                 f"logits NOT allclose to all-resident: {', '.join(bad)}")
-    lo, hi = out["load_avg"]
-    lines.append(f"load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; tier {out['tier']['mode']}")
-    return lines
-
-
-def ceiling(runs: dict[str, list[dict]], b: str) -> tuple[float, float, float] | None:
-    """The most any cache or prefetch can gain at budget b in this runtime: per round, LRU's wall time over the
-    resident-path run's (the same engine, every expert preloaded: no read, stall or predictor time) -> (median, min,
-    max), or None when the run has no resident-path or LRU rounds."""
-    res, lru = runs.get("resident-path"), runs.get(f"lru@{b}")
-    if not res or not lru or len(res) != len(lru):
-        return None
-    x = [lr["wall_s"] / rp["wall_s"] for lr, rp in zip(lru, res, strict=True)]
-    return statistics.median(x), min(x), max(x)
-
-
 def belady_ceiling(runs: dict[str, list[dict]], b: str, L: int, E: int, num_tokens: int, eb: int, hw,
                    dense_us: float) -> dict | None:
     """What clairvoyant eviction (Belady MIN, no prefetch, no predictor time) would give at budget b in this runtime:
@@ -498,49 +449,6 @@ def belady_ceiling(runs: dict[str, list[dict]], b: str, L: int, E: int, num_toke
         x.append(lr["wall_s"] / (rp["wall_s"] + c * frac * lr["reads"]))
     return {"x_lru": statistics.median(x), "x_lru_min": min(x), "x_lru_max": max(x), "load_ratio": frac,
             "us_per_read": statistics.median(per) * 1e6}
-
-
-def print_report(out: dict) -> None:
-    """The result table and the last round's counters of a run (also `--report JSON` for a saved run)."""
-    rows, tier, st = out["rows"], out["tier"], out["settings"]
-    by = {r["config"]: r for r in rows}
-    od = by["on-demand"]["tokens_per_s"]
-    ar = by["all-resident"]["tokens_per_s"]
-    lo, hi = out["load_avg"]
-    m = out["cost_terms"]
-    print(f"\n{st['model']}, {st['prompts']} x {st['max_new_tokens']} new tokens, one request at a time; median of "
-          f"{st['repeats']} interleaved rounds (min-max); load average {lo:.1f}-{hi:.1f} on {out['machine']['cpus']} cores; "
-          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e9:.3f} GB/s")
-    print(f"cost model terms (fitted on rounds 1..{m['fit_rounds']}): dense {m['dense_us']:.0f} µs per layer, engine {m['engine_us']:+.0f} µs "
-          f"per layer, {m['read_us']:.0f} µs of compute thread per read, each configuration's predictor seconds; "
-          f"errors against the median of rounds {m['fit_rounds'] + 1}..{st['repeats']}")
-    head = ("config", "tok/s", "(min-max)", "x LRU (min-max)", "x on-demand", "x all-resident", "hit", "late",
-            "replay hit (run 1)", "replay late", "kernel on-time", "MB read", "stall", "predictor share", "model tok/s",
-            "model err", "kernel err", "logits allclose")
-    print(" | ".join(head))
-    for r in rows:
-        print(" | ".join([
-            r["config"], f"{r['tokens_per_s']:.2f}", f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})",
-            "-" if r["x_lru"] is None else f"{r['x_lru']:.2f} ({r['x_lru_min']:.2f}-{r['x_lru_max']:.2f})",
-            f"{r['tokens_per_s'] / od:.2f}", f"{r['tokens_per_s'] / ar:.2f}", f"{r['hit_ratio']:.3f}", f"{r.get('late', 0):.0f}",
-            "-" if r["replay_hit_ratio"] is None else f"{r['replay_hit_ratio']:.3f} ({r['runtime_hit_ratio_run0']:.3f})",
-            f"{r.get('replay_late', 0)}", "-" if r.get("kernel_hit_ratio") is None else f"{r['kernel_hit_ratio']:.3f}",
-            f"{r['bytes_read'] / 1e6:.1f}", f"{r['stall_share']:.1%}", f"{r['predictor_share']:.1%}",
-            _f(r["model_tokens_per_s"], ".2f"), _f(r["model_error"], "+.1%"), _f(r["kernel_error"], "+.1%"),
-            str(r["logits_allclose"])]))
-    err = cost_model_error(rows)
-    if err:
-        print(f"cost model over the {err['n']} offloaded configurations not used in the fit ({', '.join(err['rows'])}): "
-              f"median |model err| {err['median']:.1%} (max {err['max']:.1%}); kernel alone {err['kernel_median']:.1%}")
-    for line in out.get("headline", []):
-        print(line)
-    print("\nlast round's counters: wall s | predictor s | stall s | reads | s inside reads (summed over threads) | "
-          "prefetches issued / loaded / useful / cancelled / dropped")
-    for k, v in out["runs"].items():
-        r = v[-1]
-        print(f"{k} | {r['wall_s']:.1f} | {r.get('predict_s', 0):.2f} | {r.get('stall_s', 0):.2f} | {r.get('reads', 0)} | "
-              f"{r.get('read_s', 0):.2f} | {r.get('prefetch_issued', 0)} / {r.get('prefetch_loaded', 0)} / "
-              f"{r.get('prefetch_useful', 0)} / {r.get('prefetch_cancelled', 0)} / {r.get('prefetch_dropped', 0)}")
 
 
 if __name__ == "__main__":

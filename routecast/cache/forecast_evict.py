@@ -44,6 +44,7 @@ from routecast.cache.reuse import (
     schedule_q,
     schedule_q_at,
     step_probs,
+    warm_kernels,
 )
 
 
@@ -72,7 +73,9 @@ class ForecastEvictPolicy(BasePolicy):
         self.tok = NextTokenMix()
         self.tok_now = NextTokenMix()  # the running requests' own input-token forecast of this step
         self.q_this = self.q  # this step's use probabilities (with tok_now's mix when the step's tokens are known)
-        self._pi_now: np.ndarray | None = None  # (n, K) this step's requests' pi with that mix
+        self._pi_now: np.ndarray | None = None  # (n, K) this step's requests' pi for the step (its tokens, that mix)
+        self._fold_n = 0  # tokens of this step's one request when it has several (a prefill): routed() folds them
+        self.qn = self.q  # next-step probabilities, the layers this step routed so far folded in (routed)
         self._next_use: Mapping[int, np.ndarray] | None = None  # forecasts from known input tokens (begin_step)
         self.qL: np.ndarray | None = None  # (L, K) with a reuse probe's forecast this step
         self._up: np.ndarray | None = None  # (R, K) use probabilities of the schedule's next steps (begin_step)
@@ -89,6 +92,7 @@ class ForecastEvictPolicy(BasePolicy):
         for dt in (np.float32, np.float64):  # the reuse probe's rows: float32 from the runtime, float64 in replays
             mix_row(np.zeros((1, 1), dt), np.zeros((1, 1)), 0.5)
         schedule_q_at(np.zeros(1), np.zeros((1, 1)), np.zeros(1, bool), self._layer_of[:1], 0)
+        warm_kernels()  # the profiles' compiled steps, compiled (or loaded) now, not in the first step
 
     def __len__(self) -> int:
         return self.n
@@ -120,28 +124,42 @@ class ForecastEvictPolicy(BasePolicy):
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
                    reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None,
-                   next_use: Mapping[int, np.ndarray] | None = None) -> None:
+                   next_use: Mapping[int, np.ndarray] | None = None, tokens: np.ndarray | None = None) -> None:
         """reuse_RLK: a reuse probe's log d̂ for the step's `requests` (same order); row l is read only from
         layer l on. upcoming: the requests of each step of one period of the server's schedule after this one
         (this step's requests again where their turn comes back); None: every step batches `requests` (module
         docstring). next_use: request id -> (K,) the forecast of its next step from its known input token
         (cache/reuse.py known_next_use, NextTokenMix): a waiting request's next turn (read with `upcoming`), and for a
-        request of this step, this step (its input token; mixed into this step's q by tok_now, never into its
-        later turns, whose tokens are not sampled yet)."""
+        request of this step, this step (its input tokens; mixed into this step's q by tok_now, never into its
+        later turns, whose tokens are not sampled yet). tokens: (R,) each request's tokens in this step (known as it
+        starts; None = one each): a request of n tokens uses a key this step with 1 - (1 - pi)^n, and a step of one
+        request with several (a prefill) folds each layer's routing into the next step's forecast as the layer is
+        routed (routed())."""
         self.q = self.fc.next_step_probs(requests)
         self._up, self._mine, self._q01 = None, None, None
         self._req = None if requests is None else np.asarray(requests)
-        self.q_this, self._pi_now = self.q, None
+        self.q_this, self._pi_now, self.qn, self._fold_n = self.q, None, self.q, 0
+        n = None if tokens is None or self._req is None else np.asarray(tokens, np.float64)
+        if n is not None and n.shape != self._req.shape:
+            raise ValueError(f"fc-evict: tokens has shape {n.shape}; expected {self._req.shape}, one count per request "
+                             "of the step.")
+        many = n is not None and bool((n > 1).any())
+        own = {}
         if next_use:
             check_next_use(next_use, self.L * self.E)
             own = {} if self._req is None else {r: next_use[r] for r in self._req.tolist() if r in next_use}
-            if own:  # this step's input tokens: their forecast mixed into this step's q only
-                self._pi_now = self.tok_now.mix(self.fc.request_probs(self._req), self._req, own, set())
-                self.q_this = step_probs(self._pi_now)
+        if own or many:  # this step's tokens: the profiles per token raised to the step, the input tokens' forecast mixed in
+            pi = self.fc.request_probs(self._req)
+            if many:
+                pi = -np.expm1(np.maximum(n, 1.0)[:, None] * np.log1p(-np.minimum(pi, 0.999)))
+            self._pi_now = self.tok_now.mix(pi, self._req, own, set()) if own else pi
+            self.q_this = step_probs(self._pi_now)
+        if many and len(n) == 1 and hasattr(self.fc, "folded"):
+            self._fold_n, self.qn = int(n[0]), self.q.copy()
         self._next_use = next_use or None
         if upcoming is not None and len(upcoming) and requests is not None and len(requests):
             self._up, self._mine = schedule_probs(self._later_probs, upcoming, requests)
-        self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.asarray(forecast_LE, bool).ravel()
+        self.fset = np.zeros(self.L * self.E, bool) if forecast_LE is None else np.array(forecast_LE, bool).ravel()
         self.qL = None
         if reuse_RLK is not None and requests is not None and len(requests):
             if reuse_RLK.shape != (len(requests), self.L, self.L * self.E):
@@ -178,6 +196,34 @@ class ForecastEvictPolicy(BasePolicy):
         self.qL[layer] = self.mix.row(layer, logd_RK)
         self.ver += 1  # the victim order's memo is stale
 
+    def mark_predicted(self, keys, layer_of) -> None:
+        """A prefetch forecast `keys` for a later layer of this step: each is needed at its layer (nearest kept), as
+        the step's forecast sets of begin_step; without this a reserved prefetch was the next one's victim."""
+        if keys:
+            self.fset[list(keys)] = True
+            self.ver += 1
+
+    def mark_spent(self, keys, used: set[int]) -> list[int]:
+        """The layer's routing arrived: its forecast keys are spent (their next use is the profiles' again)."""
+        if keys:
+            self.fset[list(keys)] = False
+            self.ver += 1
+        return []
+
+    def routed(self, layer: int, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Layer `layer` of a step of one request with several tokens (a prefill) routed `counts` tokens to `keys`:
+        the next step's forecast of that layer's keys becomes the request's profile with them folded in (what
+        end_step will fold), read by q_at for the keys of the layers already run (their next use is a later step;
+        without a reuse probe's rows or a schedule, which forecast those keys their own way). A prefill's routing
+        covers most of each layer; the profile from before it (none, for a new request) is the trace-wide share. Not
+        for one-token steps: there the fold changes one token's worth of a decayed profile, and in the builtin-fine
+        replay it evicted worse at 25% (docs/stages/cache.md)."""
+        if not self._fold_n or self._up is not None:
+            return
+        lo = layer * self.E
+        self.qn[lo:lo + self.E] = self.fc.folded(int(self._req[0]), self._fold_n, lo, self.E, keys, counts)
+        self.ver += 1  # the victim order's memo is stale
+
     def end_step(self, observed: StepUse | None = None) -> None:
         if observed is not None and self.owns_fc:
             self.fc.observe(observed)
@@ -194,7 +240,8 @@ class ForecastEvictPolicy(BasePolicy):
         if self._up is None:
             if self.qL is not None:
                 return self.qL[layer]
-            return self.q if self.q_this is self.q else np.where(self._layer_of > layer, self.q_this, self.q)
+            q = self.qn  # self.q with the layers routed so far folded in (a prefill: routed())
+            return q if self.q_this is self.q else np.where(self._layer_of > layer, self.q_this, q)
         if self.qL is not None:  # this step's requests again in the schedule: their sharper row, layer by layer
             return schedule_q_at(self.qL[layer], self._up, self._mine, self._layer_of, layer)
         if self._q01 is None:  # without the probe's rows q0, q1 hold for the whole step: computed once
@@ -210,7 +257,9 @@ class ForecastEvictPolicy(BasePolicy):
         return np.where(self.fset[keys] & (lk > layer), off, far)
 
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
-        layer = incoming // self.E if incoming >= 0 else self.layer
+        # distances from the running layer: a demand miss's own; a prefetch (`below` given) is reserved while the layer
+        # before its own runs (depth 1: its own layer counts as ahead, with the other forecast keys of it)
+        layer = self.layer if incoming < 0 else incoming // self.E - (below is not None)
         # Farthest first, then least recent. Within one step and running layer (one `ver`) a key's distance is fixed
         # and only keys used in it (self.cur, never victims) change recency, so the order built at the first miss
         # holds for every later one: it is memoised and walked, skipping keys gone since. Only its head is built
@@ -223,6 +272,9 @@ class ForecastEvictPolicy(BasePolicy):
         if k < 0 and not memo[3]:
             memo = self._memo = self._order(layer, 0)
             k = self._walk(memo[2], pinned)
+        if below is not None:  # a prefetch evicts no key forecast for its own layer or a nearer one (PLEC's rule;
+            # such keys come last in the order) and never a key of the running layer
+            return -1 if k < 0 or (self.fset[k] and layer < k // self.E <= incoming // self.E) else k
         if k >= 0:
             return k
         # a pool smaller than the access: a computed key of it goes (the driver pins the others); the order is built

@@ -106,7 +106,7 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
         fc = pred_SLE[s] if pred_SLE is not None else None
         ru = reuse[s] if reuse is not None else None
         for p in pols:
-            p.begin_step(rq, fc, ru)
+            p.begin_step(rq, fc, ru, None, None, uses[s].tokens if uses is not None else None)
         if adm is not None:
             adm.begin_step(rq, fc)
         for lay in range(L):

@@ -78,7 +78,12 @@ class BasePolicy(ABC):
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
                    reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None,
-                   next_use: Mapping[int, np.ndarray] | None = None) -> None:
+                   next_use: Mapping[int, np.ndarray] | None = None, tokens: np.ndarray | None = None) -> None:
+        return None
+
+    def routed(self, layer: int, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Layer `layer`'s routing of the running step, as its router gives it: its distinct keys and the tokens
+        routed to each (fc-evict; a no-op for the others)."""
         return None
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:

@@ -83,8 +83,22 @@ class StepUse:
 
 
 def step_probs(pi_nK: np.ndarray) -> np.ndarray:
-    """(K,) probability that a step batching n requests uses each key: 1 - prod_r (1 - pi_rk), pi capped at 0.999."""
-    return -np.expm1(np.log1p(-np.minimum(pi_nK, 0.999)).sum(0))
+    """(K,) probability that a step batching n requests uses each key: 1 - prod_r (1 - pi_rk), pi capped at 0.999.
+    One compiled call (these run once per step on the runtime's compute thread, where each small numpy call costs
+    several µs cold)."""
+    return _step_probs(np.ascontiguousarray(pi_nK, np.float64))
+
+
+@njit(cache=True, nogil=True)
+def _step_probs(pi: np.ndarray) -> np.ndarray:
+    n, K = pi.shape
+    out = np.empty(K)
+    for k in range(K):
+        s = 0.0
+        for r in range(n):
+            s += np.log1p(-min(pi[r, k], 0.999))
+        out[k] = -np.expm1(s)
+    return out
 
 
 def log_loss(q: np.ndarray, used: np.ndarray) -> np.ndarray | float:
@@ -92,6 +106,50 @@ def log_loss(q: np.ndarray, used: np.ndarray) -> np.ndarray | float:
     leading row): each forecaster's score (SelectedForecast, ReuseMix, NextTokenMix); q clipped to [1e-4, 1 - 1e-4]."""
     q = np.clip(q, 1e-4, 1 - 1e-4)
     return -np.log(np.where(used, q, 1.0 - q)).sum(-1)
+
+
+@njit(cache=True, nogil=True)
+def _log_loss_keys(q: np.ndarray, keys: np.ndarray) -> float:
+    """log_loss of one q (K,) against the keys used, given as indices (repeats allowed): one compiled pass."""
+    used = np.zeros(q.size, np.bool_)
+    for k in keys:
+        used[k] = True
+    s = 0.0
+    for k in range(q.size):
+        x = min(max(q[k], 1e-4), 1 - 1e-4)
+        s -= np.log(x if used[k] else 1.0 - x)
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _profile_row(c: np.ndarray, mass: float, prior: float, glob: np.ndarray, gtok: float, out: np.ndarray,
+                 as_step: bool = False) -> None:
+    """out = (c + prior·g) / (mass + prior), g = glob / gtok (0 before any step): one request's pi (ReuseForecast);
+    as_step: that request's step_probs instead (the same arithmetic as step_probs of one row)."""
+    for k in range(out.size):
+        g = glob[k] / gtok if gtok > 0 else 0.0
+        pi = (c[k] + prior * g) / (mass + prior)
+        out[k] = -np.expm1(np.log1p(-min(pi, 0.999))) if as_step else pi
+
+
+def warm_kernels() -> None:
+    """Compile (or load) the per-step kernels of the profiles before a run times them."""
+    z = np.zeros(2)
+    _step_probs(np.zeros((1, 2)))
+    _log_loss_keys(z, np.zeros(1, np.int64))
+    _profile_row(z, 0.0, 1.0, z, 0.0, np.zeros(2))
+    _profile_row(z, 0.0, 1.0, z, 0.0, np.zeros(2), True)
+    _fold(np.zeros(2), 0.9, np.zeros(1, np.int64), np.zeros(1), np.zeros(2))
+
+
+@njit(cache=True, nogil=True)
+def _fold(c: np.ndarray, d: float, keys: np.ndarray, counts: np.ndarray, glob: np.ndarray) -> None:
+    """One request's step folded into its profile c (decayed by d first) and the trace-wide key counts."""
+    for k in range(c.size):
+        c[k] *= d
+    for i in range(keys.size):
+        c[keys[i]] += counts[i]
+        glob[keys[i]] += 1.0
 
 
 class ReuseForecast:
@@ -109,11 +167,18 @@ class ReuseForecast:
         self.glob = np.zeros(K)
         self.glob_tokens = 0.0
         self.step = 0
+        self._none = np.zeros(K)  # the profile of a request not seen yet
 
     def next_step_probs(self, requests: np.ndarray | None) -> np.ndarray:
         """(K,) probability that a step batching `requests` uses each key (trace-wide share for unknown ones)."""
         if requests is None or len(requests) == 0:
             return np.clip(self._glob(), 0.0, 1.0)
+        if len(requests) == 1:  # one user at a time: pi and the step's q in one compiled pass
+            c = self.prof.get(int(requests[0]))
+            q = np.empty(self.K)
+            _profile_row(self._none if c is None else c, 0.0 if c is None else self.mass[int(requests[0])],
+                         self.prior if c is not None else 1.0, self.glob, self.glob_tokens, q, True)
+            return q
         return step_probs(self.request_probs(requests))
 
     def _glob(self) -> np.ndarray:
@@ -121,12 +186,28 @@ class ReuseForecast:
 
     def request_probs(self, requests: np.ndarray) -> np.ndarray:
         """(R, K) pi_rk: each request's share of recent tokens routed to each key (the trace-wide share mixed in)."""
-        gp = self._glob()
         out = np.empty((len(requests), self.K))
+        zero = self._none
         for i, r in enumerate(np.asarray(requests).tolist()):
             c = self.prof.get(r)
-            out[i] = gp if c is None else (c + self.prior * gp) / (self.mass[r] + self.prior)
+            # no profile yet: the trace-wide share alone (c = 0, mass = 0 gives exactly that)
+            _profile_row(zero if c is None else c, 0.0 if c is None else self.mass[r], self.prior if c is not None else 1.0,
+                         self.glob, self.glob_tokens, out[i])
         return out
+
+    def folded(self, request: int, n: int, lo: int, width: int, keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """(width,) request_probs of keys lo..lo+width-1 once a step of `n` tokens of `request` routed counts (tokens
+        per key) to `keys` (all within that range): what observe will fold at the step's end, for one layer, while
+        the step still runs (ForecastEvictPolicy.routed)."""
+        d = self.decay ** n
+        c = self.prof.get(request)
+        at = np.asarray(keys, np.int64) - lo
+        out = np.zeros(width) if c is None else c[lo:lo + width] * d
+        out[at] += counts
+        g = self.glob[lo:lo + width].copy()  # the trace-wide share with this step counted, as observe counts it
+        g[at] += 1.0
+        mass = (self.mass[request] * d if c is not None else 0.0) + n
+        return (out + self.prior * g / (self.glob_tokens + 1.0)) / (mass + self.prior)
 
     def observe(self, use: StepUse) -> None:
         """Fold one step's routing into the profiles (decay by the request's tokens in the step first)."""
@@ -138,12 +219,11 @@ class ReuseForecast:
             if c is None:
                 c = self.prof[r] = np.zeros(self.K)
                 self.mass[r] = 0.0
-            c *= d
-            ks, cs = use.keys[use.off[i]:use.off[i + 1]], use.counts[use.off[i]:use.off[i + 1]]
-            c[ks] += cs
+            # trace-wide: the share of request-steps that use each key (a prefill counts once)
+            _fold(c, d, use.keys[use.off[i]:use.off[i + 1]], np.asarray(use.counts[use.off[i]:use.off[i + 1]], np.float64),
+                  self.glob)
             self.mass[r] = self.mass[r] * d + n
             self.seen[r] = self.step
-            self.glob[ks] += 1.0  # trace-wide: the share of request-steps that use each key (a prefill counts once)
             self.glob_tokens += 1.0
         for r in [r for r, s in self.seen.items() if self.step - s > self.forget]:
             del self.prof[r], self.mass[r], self.seen[r]
@@ -174,12 +254,14 @@ class SelectedForecast:
         """(R, K) per-request shares of the memory chosen now (ReuseForecast.request_probs)."""
         return self.subs[self.chosen].request_probs(requests)
 
+    def folded(self, request: int, n: int, lo: int, width: int, keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """ReuseForecast.folded of the memory chosen now."""
+        return self.subs[self.chosen].folded(request, n, lo, width, keys, counts)
+
     def observe(self, use: StepUse) -> None:
         if self._q is not None:  # score the forecasts made for this step, then learn from it
-            used = np.zeros(self.K, bool)
-            used[use.keys] = True
             for i, q in enumerate(self._q):
-                self.loss[i] += log_loss(q, used)
+                self.loss[i] += _log_loss_keys(q, use.keys)
             self._q = None
         for f in self.subs:
             f.observe(use)

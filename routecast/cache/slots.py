@@ -125,16 +125,24 @@ class SlotCache:
         self.stats["max_occupied"] = max(self.stats["max_occupied"], self.occupied)
 
     # ------------------------------------------------------------------ decisions
-    def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1) -> list[Load]:
+    def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1,
+                 running: Sequence[int] = ()) -> list[Load]:
         """Forecast `keys_by_layer[i]` (keys of layer layers[i]; nearest layer first) while layer current_layer runs:
         mark them all (PLEC protection); reserve slots for those of layers up to current_layer + depth now, the rest
-        when layer (theirs - depth) is accessed -> the loads issued now, in order."""
+        when layer (theirs - depth) is accessed -> the loads issued now, in order. running: the keys the running
+        layer's router chose, when the forecast comes before its access (PROBE's lookahead inside the MoE block):
+        never evicted by these reservations, as the layer is about to compute them."""
         for layer, keys in zip(layers, keys_by_layer, strict=True):
             ks = [int(k) for k in keys]
             self.forecast.setdefault(int(layer), set()).update(ks)
             self.policies[int(layer) if self.per_layer else 0].mark_predicted(ks, lambda k: k // self.E)
             self.pending.setdefault(int(layer), []).extend(ks)
-        return self._reserve_pending(current_layer + self.depth)
+        run = np.asarray(running, np.int64)
+        self.pins[run] += 1
+        try:
+            return self._reserve_pending(current_layer + self.depth)
+        finally:
+            self.pins[run] -= 1
 
     def _reserve_pending(self, up_to: int) -> list[Load]:
         """Reserve slots for the pending forecast keys of layers <= up_to, nearest layer first."""
@@ -153,11 +161,16 @@ class SlotCache:
                 loads.append(load)
         return loads
 
-    def access(self, layer: int, keys: Sequence[int]) -> tuple[list[int], list[int], list[Load], list[int], list[Load]]:
+    def access(self, layer: int, keys: Sequence[int], counts: np.ndarray | None = None,
+               ) -> tuple[list[int], list[int], list[Load], list[int], list[Load]]:
         """Layer `layer`'s router asks for `keys` (distinct) -> (released, hits, loads, deferred, prefetches): keys
         released by correction (their slots are free), the keys that hold a slot (hits), the misses' demand loads,
         the misses deferred until ``unpin`` of this group, and the pending forecast of layer + depth reserved after
-        them. Hits and loaded keys are pinned."""
+        them. Hits and loaded keys are pinned. counts: the tokens routed to each key, handed to the policies first
+        (BasePolicy.routed)."""
+        if counts is not None:
+            for pol in self.policies:
+                pol.routed(layer, np.asarray(keys, np.int64), counts)
         used = {int(k) for k in keys}
         released = self._correct(layer, used)
         self.stats["accesses"] += 1
@@ -209,12 +222,12 @@ class SlotCache:
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
                    reuse_RLK: np.ndarray | None = None, upcoming: Sequence[np.ndarray] | None = None,
-                   next_use: Mapping[int, np.ndarray] | None = None) -> None:
+                   next_use: Mapping[int, np.ndarray] | None = None, tokens: np.ndarray | None = None) -> None:
         """A forward step starts: the policies that use them get its requests, forecast sets, reuse forecasts, the
-        schedule's next steps and the waiting requests' next-token forecasts (fc-evict;
+        schedule's next steps, the requests' next-token forecasts and their tokens in the step (fc-evict;
         forecast_evict.ForecastEvictPolicy.begin_step)."""
         for pol in self.policies:
-            pol.begin_step(requests, forecast_LE, reuse_RLK, upcoming, next_use)
+            pol.begin_step(requests, forecast_LE, reuse_RLK, upcoming, next_use, tokens)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """A reuse probe's row of `layer` for the step's requests (fc-evict: ForecastEvictPolicy.reuse_row)."""
@@ -248,7 +261,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
                  keep_per_layer: int = 0, policy: str = "lru", requests_S: np.ndarray | None = None,
                  uses: Sequence[StepUse] | None = None, reuse: Sequence[np.ndarray] | None = None,
                  upcoming: Sequence[Sequence[np.ndarray]] | None = None,
-                 next_use: Sequence[Mapping[int, np.ndarray]] | None = None) -> dict[str, Any]:
+                 next_use: Sequence[Mapping[int, np.ndarray]] | None = None,
+                 req_count: np.ndarray | None = None) -> dict[str, Any]:
     """Replay accesses (req_off (A+1,), req_key (N,) keys of each access, A = steps·L, step-major) through a
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
@@ -261,8 +275,11 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     requests_S (S,) the request of each step and uses (S StepUse) its routing: given, they reach the policies at
     begin_step / end_step as in the runtime (fc-evict's request profiles); reuse (S arrays (1, L, L·E)): each step's
     reuse probe forecast for its request, given to begin_step with it; upcoming (S): each step's schedule of the
-    steps after it (fc-evict's begin_step(upcoming=...)), given with requests_S; next_use (S): each step's waiting
-    requests' next-token forecasts (begin_step(next_use=...)), given with upcoming.
+    steps after it (fc-evict's begin_step(upcoming=...)), given with requests_S; next_use (S): each step's requests'
+    next-token forecasts (begin_step(next_use=...): the waiting ones' with upcoming, the running one's own input
+    tokens'), given with requests_S; each step's token count (begin_step(tokens=...)) is its StepUse's, with uses.
+    req_count (N,): the tokens routed to each required key, handed to the policies with the access (SlotCache.access
+    counts: fc-evict folds a prefill's routing layer by layer), as the runtime does.
     """
     import heapq
 
@@ -322,15 +339,20 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
         raise ConfigError(f"{len(uses)} step uses for {S} steps; expected one per step.")
     if upcoming is not None and (requests_S is None or len(upcoming) != S):
         raise ConfigError(f"schedules for {len(upcoming)} steps of {S}; expected one per step, with requests_S.")
-    if next_use is not None and (upcoming is None or len(next_use) != S):
-        raise ConfigError(f"next-token forecasts for {len(next_use)} steps of {S}; expected one per step, with upcoming.")
+    if next_use is not None and (requests_S is None or len(next_use) != S):
+        raise ConfigError(f"next-token forecasts for {len(next_use)} steps of {S}; expected one per step, with "
+                          "requests_S.")
+    if req_count is not None and np.shape(req_count) != np.shape(req_key):
+        raise ConfigError(f"routed token counts have shape {np.shape(req_count)}; expected {np.shape(req_key)}, one "
+                          "per required key.")
     if reuse is not None and (requests_S is None or len(reuse) != S):
         raise ConfigError(f"reuse forecasts for {len(reuse)} steps of {S}; expected one per step, with requests_S.")
     t = 0.0
     for s in range(S):
         if requests_S is not None:
             sc.begin_step(np.asarray(requests_S[s:s + 1], np.int64), None, None if reuse is None else reuse[s],
-                          None if upcoming is None else upcoming[s], None if next_use is None else next_use[s])
+                          None if upcoming is None else upcoming[s], None if next_use is None else next_use[s],
+                          None if uses is None else uses[s].tokens)
         if pred_SLE is not None and not layer_ahead:
             issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)
@@ -338,13 +360,15 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
             a = s * L + lay
             tr = t + dense_s
             if pred_SLE is not None and layer_ahead and lay + 1 < L:
-                issue(sc.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred_SLE[s, lay + 1])], lay),
+                issue(sc.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred_SLE[s, lay + 1])], lay,
+                                  req_key[req_off[a]:req_off[a + 1]]),
                       lambda k: 1.0, tr)
             while start_next(tr):
                 pass
             keys = req_key[req_off[a]:req_off[a + 1]]
             c_of = dict(zip(keys.tolist(), comp[req_off[a]:req_off[a + 1]].tolist(), strict=True))
-            released, hits, loads, deferred, later = sc.access(lay, keys.tolist())
+            released, hits, loads, deferred, later = sc.access(
+                lay, keys.tolist(), None if req_count is None else req_count[req_off[a]:req_off[a + 1]])
             for k in released:
                 lid[k] += 1
             waits = [k for k in hits if ready_t[k] > tr]

@@ -262,14 +262,26 @@ class ConditionalPredictor(Predictor):
         self.global_LE = glob.astype(np.float32)
         return self
 
-    def predict(self, view: StepView) -> Forecast:
-        q = self._key(view.token_id, view.position)
+    def shares(self, keys: np.ndarray) -> np.ndarray:
+        """(T, L, E) float32: each key's row of the table (its share of the layer's K routing slots per expert), the
+        global distribution for a key the table has not seen."""
+        q = np.asarray(keys, np.int64)
         U = len(self.keys_U)
         pos = np.minimum(np.searchsorted(self.keys_U, q), max(U - 1, 0))
         found = (self.keys_U[pos] == q) if U else np.zeros(q.shape, dtype=bool)
         table = self.probs_ULE[pos] if U else np.empty((len(q), *self.global_LE.shape), np.float32)
-        scores = np.where(found[:, None, None], table, self.global_LE[None])
-        return Forecast(top_k=self.spec.top_k, scores_TLE=scores)
+        return np.where(found[:, None, None], table, self.global_LE[None])
+
+    def step_use(self, token_ids: np.ndarray) -> np.ndarray:
+        """(L·E,) the probability that a step of these tokens (the token-id table) uses each (layer, expert): each
+        token's use probability min(K·share, 0.99), combined as independent, 1 - prod_t (1 - u_t) (fc-evict's
+        forecast of a step from its known input tokens, cache/reuse.py)."""
+        u = np.minimum(self.spec.top_k * self.shares(self._key(np.asarray(token_ids), np.zeros(len(token_ids)))
+                                                     ).astype(np.float64), 0.99)
+        return -np.expm1(np.log1p(-u).sum(0)).reshape(-1)
+
+    def predict(self, view: StepView) -> Forecast:
+        return Forecast(top_k=self.spec.top_k, scores_TLE=self.shares(self._key(view.token_id, view.position)))
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return (

@@ -109,3 +109,18 @@ def test_conditional_table_keeps_the_most_frequent_keys_within_max_keys(routed_t
     np.testing.assert_allclose(cond.probs_ULE, full.probs_ULE[keep], atol=1e-6)  # kept rows unchanged
     with pytest.raises(ConfigError, match="max_keys"):
         ConditionalConfig(max_keys=0)
+
+
+def test_step_use_combines_each_tokens_use_as_independent(routed_trace):
+    """ConditionalPredictor.step_use (fc-evict's forecast of a step from its input tokens): each token's row of the
+    table, u = min(K·share, 0.99), combined as 1 - prod_t (1 - u_t); a token the table never saw uses the global row."""
+    tr = routed_trace(by="token")
+    cond = ConditionalPredictor(tr.spec, by_token_preset()).fit(tr)
+    K, L, E = tr.spec.top_k, tr.spec.num_layers, tr.spec.num_experts
+    seen = cond.keys_U[:3]
+    u = np.minimum(K * cond.probs_ULE[:3].astype(np.float64), 0.99).reshape(3, L * E)
+    np.testing.assert_allclose(cond.step_use(seen), 1 - np.prod(1 - u, 0), rtol=1e-12)
+    np.testing.assert_allclose(cond.step_use(seen[:1]), u[0], rtol=1e-12)
+    unseen = np.array([int(cond.keys_U.max()) + 7])
+    np.testing.assert_allclose(cond.step_use(unseen), np.minimum(K * cond.global_LE.astype(np.float64), 0.99).ravel())
+    assert np.all(cond.step_use(seen) >= cond.step_use(seen[:1]) - 1e-12)  # more tokens never use a key less

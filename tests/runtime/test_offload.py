@@ -266,6 +266,12 @@ def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> Non
     got = run_config(name, reqs, budget=budget, cfg_kw={"check": True, "policy": policy}, logits=True, keep_feed=True)
     assert got["tokens"] == ref["tokens"] and logits_match(ref["logits"], got["logits"])[0]
     assert got["policy"] == policy and got["max_occupied"] <= budget and got["misses"] > 0
+    # the time split (benchmarks/offload.py's "where the time goes"): the expert accesses of prefill and decode steps
+    # are parts of the wall time, and their stall parts of them
+    for ph in ("prefill", "decode"):
+        assert 0 < got[f"stall_{ph}_s"] <= got[f"experts_{ph}_s"]
+    assert got["experts_prefill_s"] + got["experts_decode_s"] < got["wall_s"]
+    assert got["stall_prefill_s"] + got["stall_decode_s"] == pytest.approx(got["stall_s"])
     acc = accesses_from_log(got["log"], got["L"], got["E"], 1)
     # fc-evict's request profiles get each step's routing in the replay as in the run (replay_feed)
     rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, policy=policy, **replay_feed(got))
@@ -365,11 +371,20 @@ def test_cli_reuse_probe_fits_on_the_fit_trace_and_prints_its_share(tmp_path, ca
     d = capture_to_disk("builtin", "corpus:test:3", tmp_path / "t", max_new_tokens=3, hidden=True, progress=False)
     fig = tmp_path / "fig.json"
     assert main(["run", "--model", "builtin", "--offload", "--budget", "25%", "--policy", "fc-evict", "--reuse-probe",
-                 "--fit-trace", str(d), "--prompts", "corpus:val:2", "--max-new-tokens", "3", "--figures", str(fig)]) == 0
+                 "--token-table", "--fit-trace", str(d), "--prompts", "corpus:val:2", "--max-new-tokens", "3", "--figures",
+                 str(fig)]) == 0
     text = capsys.readouterr().out
-    assert "fc-evict's forecasts (request profiles, reuse probe)" in text and "of the run" in text
+    assert "fc-evict's forecasts (request profiles, token table, reuse probe)" in text and "of the run" in text
     doc = json.loads(fig.read_text())
-    assert doc["reuse_probe"] and doc["policy"] == "fc-evict" and doc["predict_s"] > 0
+    assert doc["reuse_probe"] and doc["token_table"] and doc["policy"] == "fc-evict" and doc["predict_s"] > 0
+    assert main(["run", "--model", "builtin", "--offload", "--budget", "25%", "--policy", "fc-evict",
+                 "--fit-trace", str(d), "--prompts", "corpus:val:1", "--max-new-tokens", "2", "--figures",
+                 str(tmp_path / "fig2.json")]) == 0
+    assert "fc-evict's forecasts (request profiles)" in capsys.readouterr().out
+    assert not json.loads((tmp_path / "fig2.json").read_text())["token_table"]
+    assert main(["run", "--model", "builtin", "--offload", "--policy", "lru", "--token-table"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--token-table acts on fc-evict" in err[0], err
     plain = capture_to_disk("builtin", "corpus:test:2", tmp_path / "p", max_new_tokens=2, progress=False)
     assert main(["run", "--model", "builtin", "--offload", "--policy", "fc-evict", "--reuse-probe", "--fit-trace",
                  str(plain), "--prompts", "corpus:val:1", "--max-new-tokens", "2"]) == 2

@@ -196,7 +196,7 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
             for lay in range(L):
                 if ahead and lay + 1 < L:
                     store.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred[s, lay + 1])], current_layer=lay,
-                                   hold=hold)
+                                   hold=hold, running=[lay * E + int(e) for e in routing[s][lay]])
                 run_accesses(store, L, E, [(lay, routing[s][lay])])
             store.end_step()
         got = dict(store.stats)

@@ -169,7 +169,7 @@ class OffloadedModel:
     """
 
     def __init__(self, model: nn.Module, model_dir: str | Path, cfg: OffloadConfig, predictor: Any = None,
-                 reuse_probe: Any = None) -> None:
+                 reuse_probe: Any = None, token_table: Any = None) -> None:
         adapter = adapter_for(model)
         if adapter.read != TOPK:
             raise ConfigError(f"--offload: {type(model).__name__} routes by {adapter.read}, not top-k ids; expected "
@@ -248,17 +248,28 @@ class OffloadedModel:
             H = self.spec.hidden_size
             for h in (np.zeros((1, H), np.float32), np.zeros((1, 2, H), np.float32)[:, -1]):  # decode and prefill views
                 probe_row(np.ones((1, 1 + H), np.float32), h, self._rp_W[0], 0, self._rp_cap)  # compiled now, not in a layer
+        self.token_table = None  # fc-evict's forecast of each step from its input tokens (_own_use)
+        if token_table is not None and self._profiles:
+            ts = token_table.spec
+            if (ts.num_layers, ts.num_experts) != (self.L, self.E) or token_table.config.key != "token":
+                raise ConfigError(f"token table: a {token_table.config.key}-keyed table of L={ts.num_layers}, "
+                                  f"E={ts.num_experts}; the model has L={self.L}, E={self.E}: expected a token-id table "
+                                  "fitted on a trace of this model.")
+            self.token_table = token_table
         self._rp_x = np.zeros((0, 0), np.float32)  # this step's [1, last-token router inputs layer after layer]: (B, 1 + L·H)
         # keep_feed (run_config(keep_feed=True)): what fc-evict got, kept for the replay of the run (run.replay_feed):
         # each step's StepUse and, with a reuse probe, its rows (B, K) in layer order. Off by default: the rows of a
         # long run of a large model would grow without bound (L·K floats a step).
         self.keep_feed = False
         self.uses: list = []
+        self.next_uses: list[dict[int, np.ndarray]] = []  # each step's begin_step next_use (with a token table)
         self.reuse_rows: list[list[np.ndarray]] = []
         self.predict_s = 0.0  # the forecasts' own compute (predict + observe; fc-evict's profile upkeep), on the
         # compute thread
         self.issue_s = 0.0  # forecast + handing its sets to the store (slot decisions, queueing the reads)
         self.compact_calls = 0  # layer rounds run from a compact copy of their slots (OffloadConfig.compact_bytes)
+        self.moe_s = [0.0, 0.0]  # seconds inside the store's accesses (the experts of every layer), prefill / decode
+        self.moe_stall_s = [0.0, 0.0]  # of which waiting for reads
 
     # ------------------------------------------------------------------ setup
     def _verify(self) -> None:
@@ -301,10 +312,6 @@ class OffloadedModel:
         slot_E = np.full(E, B, np.int64)  # expert -> its slot this round (B: the sentinel, not in this round)
 
         def forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-            if self.lookahead is not None and li + 1 < self.L:
-                self._lookahead(li, hidden)
-            if self._rp_W is not None:
-                self._reuse_row(li, hidden)
             if self.fallback is not None:
                 held, full = store.held_experts(li)
                 top_k_index, top_k_weights = self.fallback.reroute(li, top_k_index, top_k_weights,
@@ -312,6 +319,10 @@ class OffloadedModel:
             ids = top_k_index.numpy()
             counts_E = np.bincount(ids.reshape(-1), minlength=E)
             uniq = np.flatnonzero(counts_E)
+            if self.lookahead is not None and li + 1 < self.L:
+                self._lookahead(li, hidden, li * E + uniq)
+            if self._rp_W is not None:
+                self._reuse_row(li, hidden)
             self.log.append((li, uniq, counts_E[uniq]))
             self._step_ids[li] = top_k_index
             outs: list[torch.Tensor] = []
@@ -330,7 +341,10 @@ class OffloadedModel:
                 outs.append(cls_forward(view, hidden, torch.from_numpy(slot_E[ids]), top_k_weights))
                 slot_E[exps] = B
 
-            store.access(li, uniq, compute)
+            t0, s0, ph = time.perf_counter(), store.stats["stall_s"], self.position > 0
+            store.access(li, uniq, compute, counts_E[uniq] if self._profiles else None)
+            self.moe_s[ph] += time.perf_counter() - t0  # the layer's experts: waits for reads, compute, the store
+            self.moe_stall_s[ph] += store.stats["stall_s"] - s0
             return outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
 
         return forward
@@ -347,13 +361,15 @@ class OffloadedModel:
 
         return StepView(spec=self.spec, step=self.step, **self._cols, layer=layer, hidden_TlH=hidden)
 
-    def _prefetch(self, fc, layers: list[int], current: int, sets: np.ndarray | None = None) -> None:
+    def _prefetch(self, fc, layers: list[int], current: int, sets: np.ndarray | None = None,
+                  running: np.ndarray | None = None) -> None:
         """Forecast sets -> the store. A layer-horizon forecast (current >= 0) is made before layer `current`'s
-        access: its reads are held until that access queued its own (store.prefetch hold), as the replay times them."""
+        access: its reads are held until that access queued its own (store.prefetch hold), as the replay times them;
+        running: that access's keys, never evicted by the forecast's reservations (known inside the MoE block)."""
         if sets is None:
             sets = _batch_sets(fc, int(self._tokens.shape[0]), self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
         self.store.prefetch(layers, [lay * self.E + np.flatnonzero(sets[i]) for i, lay in enumerate(layers)],
-                            current_layer=current, hold=current >= 0)
+                            current_layer=current, hold=current >= 0, running=() if running is None else running)
         self._pred[layers] = sets
 
     def _step_start(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -368,7 +384,8 @@ class OffloadedModel:
         if self.predictor is None:
             if self._profiles:
                 t0 = time.perf_counter()
-                self.store.begin_step(self._first + np.arange(self._shape[0], dtype=np.int64), None)
+                req = self._first + np.arange(self._shape[0], dtype=np.int64)
+                self.store.begin_step(req, None, **self._own_use(req))
                 self.predict_s += time.perf_counter() - t0
             return
         T = tok.shape[0]
@@ -383,11 +400,33 @@ class OffloadedModel:
             self.predict_s += time.perf_counter() - t0
             if self._profiles:  # fc-evict sees the step's forecast sets before they are prefetched
                 sets = _batch_sets(fc, T, self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
-                self.store.begin_step(self._cols["request"][::S], sets)
+                t1 = time.perf_counter()
+                req = self._cols["request"][::S]
+                self.store.begin_step(req, sets, **self._own_use(req))
+                self.predict_s += time.perf_counter() - t1
                 self._prefetch(fc, list(range(self.L)), -1, sets)
             else:
                 self._prefetch(fc, list(range(self.L)), -1)
             self.issue_s += time.perf_counter() - t0
+        elif self._profiles:  # a layer-horizon predictor: fc-evict's step starts with no sets (its prefetches mark them)
+            t0 = time.perf_counter()
+            req = self._cols["request"][::S]
+            self.store.begin_step(req, None, **self._own_use(req))
+            self.predict_s += time.perf_counter() - t0
+
+    def _own_use(self, req: np.ndarray) -> dict[str, Any]:
+        """fc-evict's begin_step keywords for the step about to run (rows = requests `req`): each request's tokens in
+        the step and, with a token table, its forecast of the step from its input tokens (ConditionalPredictor.
+        step_use: a prefill's prompt, a decode step's last sampled token; a left-padded row's pads count as tokens).
+        With keep_feed they are kept for the replay (run.replay_feed)."""
+        B, S = self._shape
+        kw: dict[str, Any] = {"tokens": np.full(B, S, np.int64)} if S > 1 else {}  # None: one token each
+        if self.token_table is not None:
+            tok = self._tokens.reshape(B, S)
+            kw["next_use"] = {int(r): self.token_table.step_use(tok[i]) for i, r in enumerate(req.tolist())}
+        if self.keep_feed:
+            self.next_uses.append(kw.get("next_use", {}))
+        return kw
 
     def _reuse_row(self, li: int, hidden: torch.Tensor) -> None:
         """Row li of the reuse probe from each request's last token's router inputs at layers 0..li -> the policy."""
@@ -406,11 +445,12 @@ class OffloadedModel:
             self.reuse_rows[-1].append(logd)
         self.predict_s += time.perf_counter() - t0
 
-    def _lookahead(self, li: int, hidden: torch.Tensor) -> None:
+    def _lookahead(self, li: int, hidden: torch.Tensor, running: np.ndarray) -> None:
         """Layer li's router input hidden (T, H) -> PROBE's forecast of layer li+1 (the frozen next gate, plus the
         residual MLP where fitting made it non-zero: one small matmul), each token's top-k by the router's own rule
         (sigmoid + correction and group limit where the router has them; probabilities only when a confidence gate
-        needs them), the union prefetched. Runs inside the MoE block: no hook, no numpy copy of the hidden state."""
+        needs them), the union prefetched. Runs inside the MoE block: no hook, no numpy copy of the hidden state;
+        `running` (layer li's keys, from its router) keeps its slots."""
         t0 = time.perf_counter()
         net = self.lookahead.net
         with torch.no_grad():
@@ -427,7 +467,7 @@ class OffloadedModel:
             else:  # the router's top-k without normalising, in one compiled loop (predict/lookahead_kernel.py)
                 sets = union_topk(logits.numpy(), self._la_corr[li], **self._la_kw)[None, :]
         self.predict_s += time.perf_counter() - t0
-        self._prefetch(None, [li + 1], li, sets)
+        self._prefetch(None, [li + 1], li, sets, running)
         self.issue_s += time.perf_counter() - t0
 
     def _router_hook(self, li: int):
@@ -488,7 +528,9 @@ class OffloadedModel:
                  bytes_read=self.tier.bytes_read, reads=self.tier.reads,
                  read_s=self.tier.read_s, tier_mode=self.tier.mode, budget=self.store.cfg.budget,
                  experts_total=self.L * self.E, expert_bytes=self.layout.expert_bytes, impl=self.impl, policy=self.cfg.policy,
-                 predict_s=self.predict_s, issue_s=self.issue_s, compact_calls=self.compact_calls)
+                 predict_s=self.predict_s, issue_s=self.issue_s, compact_calls=self.compact_calls,
+                 experts_prefill_s=self.moe_s[0], experts_decode_s=self.moe_s[1], stall_prefill_s=self.moe_stall_s[0],
+                 stall_decode_s=self.moe_stall_s[1])
         if self.fallback is not None:
             s.update(self.fallback.figures())
         return s

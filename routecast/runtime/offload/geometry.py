@@ -205,11 +205,12 @@ class GeometryRun:
             self.predict_s += time.perf_counter() - t0
         sets = np.zeros((self.L, self.E), bool)
         for g in range(self.L):
-            if pred_LE is not None and g + 1 < self.L:
-                sets[g + 1] = pred_LE[g + 1]
-                self.store.prefetch([g + 1], [(g + 1) * self.E + np.flatnonzero(pred_LE[g + 1])], g, hold=True)
             ok = ids_LK[g] >= 0  # a dropped slot (-1) routes nothing
             uniq, inv = np.unique(ids_LK[g][ok], return_inverse=True)
+            if pred_LE is not None and g + 1 < self.L:
+                sets[g + 1] = pred_LE[g + 1]
+                self.store.prefetch([g + 1], [(g + 1) * self.E + np.flatnonzero(pred_LE[g + 1])], g, hold=True,
+                                    running=g * self.E + uniq)
             w_E = np.zeros(self.E, np.float32)
             np.add.at(w_E, ids_LK[g][ok], w_LK[g][ok])
             self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))

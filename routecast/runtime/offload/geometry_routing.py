@@ -186,10 +186,7 @@ def _token_use(trace, rows: np.ndarray, geom: Geometry) -> dict[str, Any]:
     table = ConditionalPredictor(trace.spec).fit_rows(trace, train)
     tok = np.asarray(trace.token_id)[rows].astype(np.int64)
     t0 = time.perf_counter()
-    keys = table.keys_U
-    at = np.minimum(np.searchsorted(keys, tok), max(len(keys) - 1, 0))
-    found = keys[at] == tok if len(keys) else np.zeros(len(tok), bool)
-    share = np.where(found[:, None, None], table.probs_ULE[at] if len(keys) else 0.0, table.global_LE[None])
+    share = table.shares(tok)
     token_s = (time.perf_counter() - t0) / len(rows)
     n, Lt, Et = share.shape
     groups = share.reshape(n, Lt, geom.experts, Et // geom.experts).sum(-1)[:, np.arange(geom.layers) % Lt]

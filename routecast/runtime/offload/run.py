@@ -177,8 +177,9 @@ def accesses_from_log(log: Sequence[tuple[int, np.ndarray, np.ndarray]], L: int,
 
 def replay_feed(res: dict[str, Any]) -> dict[str, Any]:
     """What fc-evict got in a run_config result, as replay_slots keywords: each step's request and routing (its
-    request profiles) and the reuse probe's rows the run computed; {} for other policies. One request per step
-    (batch size 1), as replay_slots' requests_S takes."""
+    request profiles), the reuse probe's rows and the token table's forecasts the run computed, and the tokens
+    routed to each expert of each access; {} for other policies. One request per step (batch size 1), as
+    replay_slots' requests_S takes."""
     if not res.get("uses"):
         return {}
     if any(len(u.requests) != 1 for u in res["uses"]):
@@ -186,21 +187,50 @@ def replay_feed(res: dict[str, Any]) -> dict[str, Any]:
     feed = {"requests_S": np.array([int(u.requests[0]) for u in res["uses"]], np.int64), "uses": res["uses"]}
     if res.get("reuse_steps"):
         feed["reuse"] = res["reuse_steps"]
+    if any(res.get("next_uses") or ()):
+        feed["next_use"] = res["next_uses"]
+    if res.get("log"):  # the tokens routed to each expert of each access (accesses_from_log's order): a prefill's fold
+        feed["req_count"] = np.concatenate([c for _, _, c in res["log"]]).astype(np.int64)
     return feed
+
+
+def token_table_for(model_name: str, fit_trace: str | Path | None = None):
+    """fc-evict's token table (predict/frequency.py ConditionalPredictor keyed by token id) for a run: fitted on
+    `fit_trace` when given, else on the built-in model's standard trace (captured on first use), on its rows with a
+    known document and token id; None for another model without --fit-trace (fc-evict then runs on the request
+    profiles alone)."""
+    from routecast.predict.frequency import ConditionalPredictor
+    from routecast.trace.io import read_trace
+
+    if fit_trace is None:
+        std = {"builtin": "builtin", "builtin-fine": "fine"}.get(str(model_name))
+        if std is None:
+            return None
+        from routecast.trace.standard import standard_trace
+
+        fit_trace = standard_trace(std)
+    trace = read_trace(fit_trace, load_logits=False)
+    rows = (np.asarray(trace.tokens["document"]) >= 0) & (np.asarray(trace.token_id) >= 0)
+    if not rows.any():
+        return None
+    return ConditionalPredictor(trace.spec).fit_rows(trace, rows)
 
 
 def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]], *, budget: int | None,
                prefetch: str = "none", predictor: Any = None, cfg_kw: dict[str, Any] | None = None,
                progress: bool = False, threads: int = 1, loaded: tuple[Any, Any] | None = None,
                batch_size: int = 1, preload: bool = False, switch_s: float = SWITCH_S,
-               logits: bool = False, reuse_probe: Any = None, keep_feed: bool = False) -> dict[str, Any]:
+               logits: bool = False, reuse_probe: Any = None, keep_feed: bool = False,
+               token_table: Any = None) -> dict[str, Any]:
     """One configuration: budget None = all resident. -> figures + tokens + log. The model is loaded fresh unless
     `loaded` = (model, tokenizer) is given; then the run keeps its expert tensors aside and gives them back. A fresh
     offloaded model is loaded without its routed experts (load.py: they are read from the checkpoint into the slots).
     preload: fill the fast tier before the timed run (OffloadedModel.preload). switch_s: as generate_all.
-    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel). keep_feed: with fc-evict
-    the result also holds 'uses' (each step's StepUse) and, with a probe, 'reuse_steps' (each step's rows (B, L, K)):
-    what replay_feed hands replay_slots so that the replay decides as the run did."""
+    reuse_probe: a predict.reuse_probe.ReuseProbe that fc-evict reads (OffloadedModel). token_table: fc-evict's
+    forecast of each step from its input tokens (token_table_for). keep_feed: with fc-evict
+    the result also holds 'uses' (each step's StepUse), 'next_uses' (each step's token-table forecasts) and, with a
+    probe, 'reuse_steps' (each step's rows (B, L, K)): what replay_feed hands replay_slots so that the replay decides
+    as the run did."""
     from routecast.trace.capture_inputs import load_model
 
     torch.set_num_threads(threads)
@@ -219,7 +249,7 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
     if predictor is not None:
         predictor.reset()  # a run starts from the fitted state (request ids restart at 1 in every run)
     off = OffloadedModel(model, path, OffloadConfig(budget=budget, **(cfg_kw or {})), predictor=predictor,
-                         reuse_probe=reuse_probe)
+                         reuse_probe=reuse_probe, token_table=token_table)
     off.keep_feed = keep_feed
     try:
         if preload:
@@ -231,7 +261,8 @@ def run_config(model_dir: str | Path, requests: Sequence[tuple[list[int], int]],
     fig = off.figures()
     res.update(fig)
     res.update(config=prefetch, tokens_per_s=res["new_tokens"] / res["wall_s"], stall_share=fig["stall_s"] / res["wall_s"],
-               reuse_probe=reuse_probe is not None,
+               reuse_probe=reuse_probe is not None, token_table=off.token_table is not None,
+               next_uses=off.next_uses or None,
                log=off.log, pred_sets=np.array(off.pred_sets) if off.pred_sets else None, L=off.L, E=off.E,
                uses=off.uses or None, reuse_steps=[np.stack(r, 1) for r in off.reuse_rows] or None)
     return res

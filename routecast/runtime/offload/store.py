@@ -256,22 +256,23 @@ class ExpertStore:
 
     # ------------------------------------------------------------------ prefetch
     def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1,
-                 hold: bool = False) -> None:
+                 hold: bool = False, running: Sequence[int] = ()) -> None:
         """Forecast keys of `layers` reserve their slots (SlotCache.prefetch: now up to `depth` layers ahead, the rest
         as the layers run); their reads queue nearest layer first (priority = layers ahead of the running one).
         hold: a layer-ahead forecast made before `current_layer`'s own access (PROBE's lookahead inside its MoE
         block): the slots are reserved now (the replay's decision order) but the reads queue only once that access
-        has queued its demand loads, so a forecast never delays the layer that is running (the replay's timing)."""
+        has queued its demand loads, so a forecast never delays the layer that is running (the replay's timing).
+        running: that access's keys, which these reservations never evict (SlotCache.prefetch)."""
         with self.cond:
-            loads = self.slots.prefetch(layers, keys_by_layer, current_layer)
+            loads = self.slots.prefetch(layers, keys_by_layer, current_layer, running)
             self._issue(loads, lambda k: float(k // self.E - current_layer), prefetch=True, hold=hold)
 
     def begin_step(self, requests: np.ndarray | None = None, forecast_LE: np.ndarray | None = None,
-                   reuse_RLK: np.ndarray | None = None, upcoming=None, next_use=None) -> None:
-        """A forward step starts: its requests, forecast sets, reuse forecasts, the schedule's next steps and the
-        waiting requests' next-token forecasts go to the policies that use them (fc-evict)."""
+                   reuse_RLK: np.ndarray | None = None, upcoming=None, next_use=None, tokens=None) -> None:
+        """A forward step starts: its requests, forecast sets, reuse forecasts, the schedule's next steps, the
+        requests' next-token forecasts and tokens in the step go to the policies that use them (fc-evict)."""
         with self.cond:
-            self.slots.begin_step(requests, forecast_LE, reuse_RLK, upcoming, next_use)
+            self.slots.begin_step(requests, forecast_LE, reuse_RLK, upcoming, next_use, tokens)
 
     def reuse_row(self, layer: int, logd_RK: np.ndarray) -> None:
         """A reuse probe's row of `layer`, computed inside that layer's MoE block, to the policies (fc-evict)."""
@@ -286,13 +287,15 @@ class ExpertStore:
             self.slots.end_step(observed)
 
     # ------------------------------------------------------------------ the access
-    def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    def access(self, layer: int, experts: Sequence[int], compute: Callable[[np.ndarray, np.ndarray], None],
+               counts: np.ndarray | None = None) -> None:
         """Make `experts` (ascending ids) of `layer` available and call compute(experts_n, slots_n) once per round
         with every expert of the round in its slot (ascending ids; slots valid during the call): one round when the
-        layer's experts fit their pool, more when misses were deferred (each round's slots are released after it)."""
+        layer's experts fit their pool, more when misses were deferred (each round's slots are released after it).
+        counts: the tokens routed to each expert, for the policies (SlotCache.access)."""
         keys = [layer * self.E + int(e) for e in experts]
         with self.cond:
-            released, hits, loads, deferred, later = self.slots.access(layer, keys)
+            released, hits, loads, deferred, later = self.slots.access(layer, keys, counts)
             for k in released:
                 self._lose(k)
             wait = [k for k in hits if not self.ready[k]]
