@@ -256,13 +256,14 @@ def main() -> None:
 def reuse_probe_for(model_name: str):
     """fc-evict's reuse probe for a built-in model, fitted on its standard trace (captured on first use); None for
     another model (no standard trace of it: run `routecast run --reuse-probe --fit-trace` instead)."""
-    std = {"builtin": "builtin", "builtin-fine": "fine"}.get(model_name)
+    from routecast.predict.reuse_probe import fit_reuse_probe
+    from routecast.trace.io import read_trace
+    from routecast.trace.standard import captured_name_of, standard_trace
+
+    std = captured_name_of(model_name)
     if std is None:
         print(f"no reuse probe row: {model_name} has no standard trace to fit it on", flush=True)
         return None
-    from routecast.predict.reuse_probe import fit_reuse_probe
-    from routecast.trace.io import read_trace
-    from routecast.trace.standard import standard_trace
 
     return fit_reuse_probe(read_trace(standard_trace(std), load_logits=False))
 

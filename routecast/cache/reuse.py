@@ -174,12 +174,16 @@ class ReuseForecast:
         if requests is None or len(requests) == 0:
             return np.clip(self._glob(), 0.0, 1.0)
         if len(requests) == 1:  # one user at a time: pi and the step's q in one compiled pass
-            c = self.prof.get(int(requests[0]))
             q = np.empty(self.K)
-            _profile_row(self._none if c is None else c, 0.0 if c is None else self.mass[int(requests[0])],
-                         self.prior if c is not None else 1.0, self.glob, self.glob_tokens, q, True)
+            _profile_row(*self._profile(int(requests[0])), self.glob, self.glob_tokens, q, True)
             return q
         return step_probs(self.request_probs(requests))
+
+    def _profile(self, r: int) -> tuple[np.ndarray, float, float]:
+        """_profile_row's (c, mass, prior) of request r; one not seen yet: c = 0, mass = 0 and weight 1 on the
+        trace-wide share, which gives exactly that share."""
+        c = self.prof.get(r)
+        return (self._none, 0.0, 1.0) if c is None else (c, self.mass[r], self.prior)
 
     def _glob(self) -> np.ndarray:
         return self.glob / self.glob_tokens if self.glob_tokens > 0 else np.zeros(self.K)
@@ -187,12 +191,8 @@ class ReuseForecast:
     def request_probs(self, requests: np.ndarray) -> np.ndarray:
         """(R, K) pi_rk: each request's share of recent tokens routed to each key (the trace-wide share mixed in)."""
         out = np.empty((len(requests), self.K))
-        zero = self._none
         for i, r in enumerate(np.asarray(requests).tolist()):
-            c = self.prof.get(r)
-            # no profile yet: the trace-wide share alone (c = 0, mass = 0 gives exactly that)
-            _profile_row(zero if c is None else c, 0.0 if c is None else self.mass[r], self.prior if c is not None else 1.0,
-                         self.glob, self.glob_tokens, out[i])
+            _profile_row(*self._profile(r), self.glob, self.glob_tokens, out[i])
         return out
 
     def folded(self, request: int, n: int, lo: int, width: int, keys: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -169,8 +169,9 @@ class SlotCache:
         them. Hits and loaded keys are pinned. counts: the tokens routed to each key, handed to the policies first
         (BasePolicy.routed)."""
         if counts is not None:
+            ks = np.asarray(keys, np.int64)
             for pol in self.policies:
-                pol.routed(layer, np.asarray(keys, np.int64), counts)
+                pol.routed(layer, ks, counts)
         used = {int(k) for k in keys}
         released = self._correct(layer, used)
         self.stats["accesses"] += 1

@@ -38,6 +38,11 @@ def traces_root(root: str | Path | None = None) -> Path:
     return Path(env) if env else DEFAULT_ROOT
 
 
+def captured_name_of(model: str) -> str | None:
+    """The captured standard trace of built-in model `model` ('builtin-fine' -> 'fine'), None for any other model."""
+    return next((name for name, (m, _prompts) in CAPTURED.items() if m == str(model)), None)
+
+
 def standard_names() -> list[str]:
     """Every name standard_trace accepts: the captured ones, then the synthetic presets."""
     from routecast.trace.synth_presets import PRESETS

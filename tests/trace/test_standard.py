@@ -28,3 +28,10 @@ def test_unknown_name_refused(tmp_path):
         standard_trace("nope", tmp_path)
     with pytest.raises(ConfigError, match="presets only"):
         standard_trace("fine", tmp_path, requests=3)
+
+
+def test_captured_name_of_a_built_in_model():
+    from routecast.trace.standard import captured_name_of
+
+    assert captured_name_of("builtin-fine") == "fine" and captured_name_of("builtin") == "builtin"
+    assert captured_name_of("some/local/checkpoint") is None

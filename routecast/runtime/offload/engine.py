@@ -248,7 +248,7 @@ class OffloadedModel:
             H = self.spec.hidden_size
             for h in (np.zeros((1, H), np.float32), np.zeros((1, 2, H), np.float32)[:, -1]):  # decode and prefill views
                 probe_row(np.ones((1, 1 + H), np.float32), h, self._rp_W[0], 0, self._rp_cap)  # compiled now, not in a layer
-        self.token_table = None  # fc-evict's forecast of each step from its input tokens (_own_use)
+        self.token_table = None  # fc-evict's forecast of each step from its input tokens (_begin_step)
         if token_table is not None and self._profiles:
             ts = token_table.spec
             if (ts.num_layers, ts.num_experts) != (self.L, self.E) or token_table.config.key != "token":
@@ -383,10 +383,7 @@ class OffloadedModel:
         self._step_ids = [None] * self.L
         if self.predictor is None:
             if self._profiles:
-                t0 = time.perf_counter()
-                req = self._first + np.arange(self._shape[0], dtype=np.int64)
-                self.store.begin_step(req, None, **self._own_use(req))
-                self.predict_s += time.perf_counter() - t0
+                self._begin_step(self._first + np.arange(self._shape[0], dtype=np.int64), None)
             return
         T = tok.shape[0]
         B, S = self._shape  # rows are requests _first.. (left-padded batch: positions count the padded row)
@@ -400,25 +397,20 @@ class OffloadedModel:
             self.predict_s += time.perf_counter() - t0
             if self._profiles:  # fc-evict sees the step's forecast sets before they are prefetched
                 sets = _batch_sets(fc, T, self.cfg.prefetch_top, self.cfg.prefetch_min_prob)
-                t1 = time.perf_counter()
-                req = self._cols["request"][::S]
-                self.store.begin_step(req, sets, **self._own_use(req))
-                self.predict_s += time.perf_counter() - t1
+                self._begin_step(self._cols["request"][::S], sets)
                 self._prefetch(fc, list(range(self.L)), -1, sets)
             else:
                 self._prefetch(fc, list(range(self.L)), -1)
             self.issue_s += time.perf_counter() - t0
         elif self._profiles:  # a layer-horizon predictor: fc-evict's step starts with no sets (its prefetches mark them)
-            t0 = time.perf_counter()
-            req = self._cols["request"][::S]
-            self.store.begin_step(req, None, **self._own_use(req))
-            self.predict_s += time.perf_counter() - t0
+            self._begin_step(self._cols["request"][::S], None)
 
-    def _own_use(self, req: np.ndarray) -> dict[str, Any]:
-        """fc-evict's begin_step keywords for the step about to run (rows = requests `req`): each request's tokens in
+    def _begin_step(self, req: np.ndarray, sets: np.ndarray | None) -> None:
+        """fc-evict's step starts (rows = requests `req`, the forecast sets if any): with each request's tokens in
         the step and, with a token table, its forecast of the step from its input tokens (ConditionalPredictor.
-        step_use: a prefill's prompt, a decode step's last sampled token; a left-padded row's pads count as tokens).
-        With keep_feed they are kept for the replay (run.replay_feed)."""
+        step_use: a prefill's prompt, a decode step's last sampled token; a left-padded row's pads count as tokens),
+        kept with keep_feed for the replay (run.replay_feed). Its time is predictor time."""
+        t0 = time.perf_counter()
         B, S = self._shape
         kw: dict[str, Any] = {"tokens": np.full(B, S, np.int64)} if S > 1 else {}  # None: one token each
         if self.token_table is not None:
@@ -426,7 +418,8 @@ class OffloadedModel:
             kw["next_use"] = {int(r): self.token_table.step_use(tok[i]) for i, r in enumerate(req.tolist())}
         if self.keep_feed:
             self.next_uses.append(kw.get("next_use", {}))
-        return kw
+        self.store.begin_step(req, sets, **kw)
+        self.predict_s += time.perf_counter() - t0
 
     def _reuse_row(self, li: int, hidden: torch.Tensor) -> None:
         """Row li of the reuse probe from each request's last token's router inputs at layers 0..li -> the policy."""

@@ -203,11 +203,11 @@ def token_table_for(model_name: str, fit_trace: str | Path | None = None):
     from routecast.trace.io import read_trace
 
     if fit_trace is None:
-        std = {"builtin": "builtin", "builtin-fine": "fine"}.get(str(model_name))
+        from routecast.trace.standard import captured_name_of, standard_trace
+
+        std = captured_name_of(model_name)
         if std is None:
             return None
-        from routecast.trace.standard import standard_trace
-
         fit_trace = standard_trace(std)
     trace = read_trace(fit_trace, load_logits=False)
     rows = (np.asarray(trace.tokens["document"]) >= 0) & (np.asarray(trace.token_id) >= 0)
