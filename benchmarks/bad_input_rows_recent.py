@@ -70,6 +70,11 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
         "--predictor of another model": ["--prefetch", "expertflow", "--predictor", str(fx["pred_other"])],
         "--fit-trace corrupt": ["--prefetch", "expertflow", "--fit-trace", corrupt["json_invalid"]],
         "--fit-trace of another model": ["--prefetch", "expertflow", "--fit-trace", trace],
+        "--token-table with --policy lru": ["--policy", "lru", "--token-table"],
+        "--token-table, --fit-trace corrupt": ["--policy", "fc-evict", "--token-table", "--fit-trace", corrupt["json_invalid"]],
+        "--token-table, --fit-trace missing": ["--policy", "fc-evict", "--token-table", "--fit-trace", corrupt["missing"]],
+        "--token-table, --fit-trace a file": ["--policy", "fc-evict", "--token-table", "--fit-trace", corrupt["regular_file"]],
+        "--token-table, --fit-trace of another model": ["--policy", "fc-evict", "--token-table", "--fit-trace", trace],
         "--write-profile without --hardware": ["--write-profile", out(".toml")],
         "--hardware unknown": ["--write-profile", out(".toml"), "--hardware", "nope"],
     }, timeout=45)

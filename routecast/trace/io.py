@@ -204,6 +204,8 @@ def _read_tokens(file: Path, T: int, version: int = SCHEMA_VERSION) -> dict[str,
 # ---------------------------------------------------------------- reading
 def _trace_dir(path: str | os.PathLike) -> Path:
     d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise TraceError(f"{d}: is a file, not a trace directory; expected a directory written by write_trace.")
     if not d.is_dir():
         old = d.with_name(f".{d.name}.old")
         hint = f" (an interrupted overwrite left the previous trace in {old})" if old.is_dir() else ""

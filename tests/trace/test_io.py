@@ -336,6 +336,9 @@ def test_missing_directory_and_interrupted_overwrite_hint(tmp_path):
     (tmp_path / ".gone.old").mkdir()
     with pytest.raises(TraceError, match=r"previous trace in .*\.gone\.old"):
         read_trace(tmp_path / "gone")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(TraceError, match="is a file, not a trace directory"):
+        read_trace(tmp_path / "f.txt")
 
 
 def test_columns_follow_trace_dtypes(tmp_path, small_trace):
