@@ -115,6 +115,9 @@ def main() -> None:
                     "prefetches only experts of forecast probability >= X, 'topN' = only its N highest (e.g. p0.1,top3)")
     ap.add_argument("--token-table", action="store_true", help="also fc-evict+tokens rows: fc-evict reading the "
                     "token table of the model's standard trace (each step's forecast from its input tokens)")
+    ap.add_argument("--reader", default="process", choices=("process", "threads"),
+                    help="who reads the experts: reader processes (default; runtime/offload/reader.py) or loader threads "
+                    "of the compute process; with 'process' every budget also gets an 'lru [threads]' row")
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="GIL switch interval while loader threads run (default: run.py's SWITCH_S)")
     ap.add_argument("--geometry", default=None, help="I/O-bound mode: deepseek-v2-lite or mixtral-8x7b expert geometry, "
@@ -220,6 +223,8 @@ def main() -> None:
     for pct in [int(x) for x in a.budgets.split(",")]:
         b = int(round(pct / 100 * L * E))
         configs += [(f"{pol}@{pct}%", b, "none", None, {"policy": pol}) for pol in policies]
+        if a.reader != "threads":
+            configs.append((f"lru [threads]@{pct}%", b, "none", None, {"policy": "lru", "reader": "threads"}))
         if probe is not None:
             configs.append((f"fc-evict+probe@{pct}%", b, "none", None, {"policy": "fc-evict", "reuse_probe": probe}))
         if table is not None:
@@ -235,7 +240,7 @@ def main() -> None:
     ref_logits = None
     for rep in range(a.repeats):  # interleaved: every configuration once per round
         for label, budget, pf, pred, kw in round_order(configs, rep, keep=1):  # all-resident first: the reference
-            cfg_kw = {k: v for k, v in kw.items() if k not in ("reuse_probe", "token_table")}
+            cfg_kw = {"reader": a.reader, **{k: v for k, v in kw.items() if k not in ("reuse_probe", "token_table")}}
             r = run_config(a.model, requests, budget=budget, prefetch=pf, predictor=pred, preload=label == "resident-path",
                            cfg_kw=cfg_kw or None, logits=True, reuse_probe=kw.get("reuse_probe"), keep_feed=True,
                            token_table=kw.get("token_table"), **switch)

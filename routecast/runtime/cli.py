@@ -46,7 +46,11 @@ def add_parser(sub: Any) -> None:
                    "the model")
     p.add_argument("--per-layer", action="store_true", help="split the slots evenly per layer (default one pool)")
     p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
-    p.add_argument("--loader-threads", type=N.loader_threads(), default=2, help="background reader threads (default 2)")
+    p.add_argument("--loader-threads", type=N.loader_threads(), default=2,
+                   help="background readers: reader processes, or threads with --reader threads (default 2)")
+    p.add_argument("--reader", choices=("process", "threads"), default="process",
+                   help="who reads the experts from disk: child processes writing into shared slots (default: no GIL "
+                        "shared with the forward) or threads of this process")
     p.add_argument("--prefetch-depth", type=N.positive(1024), default=1,
                    help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
     p.add_argument("--prefetch-top", type=N.nonneg(1024), default=0,
@@ -234,7 +238,8 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--token-table: {a.model} has no standard trace to fit it on; expected --fit-trace "
                               "TRACE (a capture of the model).")
     kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
-              fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob, policy=a.policy)
+              fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob, policy=a.policy,
+              reader=a.reader)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
                      progress=True, threads=a.threads, batch_size=a.batch_size, reuse_probe=probe, token_table=table)
     if a.fallback:

@@ -70,7 +70,8 @@ class OffloadConfig:
     objects as the replay's). compact_bytes: a layer whose experts (one round) take at most this many bytes runs them
     from a compact copy of their slots instead of the whole pool (0 = never): scratch memory beyond --budget of at
     most this size, for a compute cost that no longer grows with the pool (transformers' grouped_mm on CPU pays a
-    fixed cost per expert group, empty ones included)."""
+    fixed cost per expert group, empty ones included). reader: 'threads' or 'process' (store.StoreConfig.reader:
+    the reads in loader_threads child processes, reader.py)."""
 
     budget: int
     per_layer: bool = False
@@ -85,6 +86,7 @@ class OffloadConfig:
     prefetch_min_prob: float = 0.0
     policy: str = "lru"
     compact_bytes: int = 4 << 20
+    reader: str = "process"
 
     def __post_init__(self) -> None:
         if self.prefetch_top < 0:
@@ -193,7 +195,7 @@ class OffloadedModel:
             self._verify()
         self.store = ExpertStore(self.tier, StoreConfig(budget=cfg.budget, per_layer=cfg.per_layer,
                                                         loader_threads=cfg.loader_threads, check=cfg.check,
-                                                        depth=cfg.depth, policy=cfg.policy,
+                                                        depth=cfg.depth, policy=cfg.policy, reader=cfg.reader,
                                                         keep_per_layer=self.K if cfg.fallback else 0))
         self.impl = getattr(getattr(first, "config", None), "_experts_implementation", None) or "eager"
         self._kept: dict[tuple[int, str], nn.Parameter] = {}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,8 @@ import torch
 from routecast.cache.slots import Load, SlotCache
 from routecast.cache.zoo import DESCRIBE, split_name
 from routecast.common.errors import ConfigError
+from routecast.runtime.offload import reader_child as RC
+from routecast.runtime.offload.reader import ProcessReader
 
 _DEMAND = -1.0
 
@@ -52,7 +55,9 @@ class StoreConfig:
     early: an access computes its hits already in their slots while its misses are read, then the rest (the
     replay's timing, cache.slots.replay_slots); the compute callback then runs in two rounds, its sums in another
     order (allclose, not bit-identical). Off: one round once every expert of the layer is in (the engine's exact
-    logits)."""
+    logits).
+    reader: 'threads' (loader threads of this process) or 'process' (loader_threads reader processes, reader.py:
+    no GIL shared with the compute thread; a tier read from disk only)."""
 
     budget: int
     per_layer: bool = False
@@ -62,15 +67,19 @@ class StoreConfig:
     keep_per_layer: int = 0
     policy: str = "lru"
     early: bool = False
+    reader: str = "threads"
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
             raise ConfigError(f"budget is {self.budget!r} expert slots; expected at least 1.")
         if self.loader_threads < 1:
             raise ConfigError(f"loader_threads is {self.loader_threads}; expected at least 1.")
+        if self.reader not in READERS:
+            raise ConfigError(f"reader is {self.reader!r}; expected one of {', '.join(READERS)}.")
         check_runtime_policy(self.policy)
 
 
+READERS = ("threads", "process")
 RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit runs in the replay only
 
 
@@ -98,8 +107,9 @@ class ExpertStore:
         self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer, cfg.policy)
         n_keys = self.L * self.E
         self._maps: list[mmap.mmap] = []
-        make = getattr(tier, "pool", self._pool)  # a tier with its own memory (gpu.PinnedTier: device slots) makes them
-        self.pools = {p: make(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}
+        self.proc = ProcessReader(tier, cfg.loader_threads) if cfg.reader == "process" else None
+        make = self.proc.pool if self.proc is not None else getattr(tier, "pool", self._pool)  # a tier with its own
+        self.pools = {p: make(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}  # memory makes them
         # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
         self._bytes = {p: t.view(torch.uint8).numpy().reshape(cfg.budget, -1) for p, t in self.pools.items()} \
             if getattr(tier, "accepts_bytes", False) else None
@@ -118,10 +128,14 @@ class ExpertStore:
         self.stats.update(late=0, prefetch_loaded=0, reads_skipped=0, stall_s=0.0)
         self.error: BaseException | None = None
         self._stop = False
-        self.threads = [threading.Thread(target=self._worker, daemon=True, name=f"offload-loader-{i}")
-                        for i in range(cfg.loader_threads)]
+        self.inflight: dict[int, tuple[int, int, int]] = {}  # reader processes: seq -> (key, load id, slot)
+        self.threads = [] if self.proc is not None else [
+            threading.Thread(target=self._worker, daemon=True, name=f"offload-loader-{i}")
+            for i in range(cfg.loader_threads)]
         for t in self.threads:
             t.start()
+        if self.proc is not None:
+            self.proc.start(list(lay.params))
 
     def _pool(self, n: int, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
         """[n, *shape] of dt on page-aligned anonymous memory: a slot whose size is a whole number of pages starts
@@ -145,6 +159,10 @@ class ExpertStore:
     def _push(self, prio: float, key: int, slot: int) -> None:
         self.seq += 1
         self.job_seq[key] = self.seq
+        if self.proc is not None:
+            self.inflight[self.seq] = (key, int(self.load_id[key]), slot)
+            self.proc.submit(self.seq, key, slot, prio)
+            return
         heapq.heappush(self.jobs, (prio, self.seq, key, slot, int(self.load_id[key])))
 
     def _issue(self, loads: list[Load], prio_of: Callable[[int], float], prefetch: bool = False,
@@ -157,7 +175,8 @@ class ExpertStore:
             self.load_id[key] += 1
             self.ready[key] = False
             self.by_prefetch[key] = prefetch
-            self.events[key] = threading.Event()
+            if self.proc is None:  # reader processes: the compute thread polls their completions instead
+                self.events[key] = threading.Event()
             if hold:
                 self.held.append((prio_of(key), key, slot, int(self.load_id[key])))
             else:
@@ -182,7 +201,11 @@ class ExpertStore:
     def _lose(self, key: int) -> None:
         """key left its slot: a read not started is skipped, one in progress is discarded when it ends."""
         if not self.ready[key] and self.job_seq[key] > 0:
-            self.stats["reads_skipped"] += 1
+            if self.proc is not None:  # counted skipped when the reader says it had not started
+                seq = int(self.job_seq[key])
+                self.proc.cancel(seq, self.inflight[seq][2])
+            else:
+                self.stats["reads_skipped"] += 1
             self.job_seq[key] = 0
         self.load_id[key] += 1
         self.ready[key] = False
@@ -217,6 +240,35 @@ class ExpertStore:
                         self.stats["prefetch_loaded"] += 1
                 self.cond.notify_all()
 
+    def _collect(self, block: bool = False) -> None:
+        """Reader processes: apply their completions (block: wait for at least one). Lock held."""
+        for seq, status, a, b, c in self.proc.poll(block):
+            key, lid, _slot = self.inflight.pop(seq)
+            if self.job_seq[key] == seq:
+                self.job_seq[key] = 0
+            if status == RC.SKIPPED:
+                self.stats["reads_skipped"] += 1
+            elif status == RC.SHORT:
+                raise ConfigError(f"checkpoint: read of expert {key} returned {a} of {b} bytes; the file is truncated.")
+            elif status == RC.OSERR:
+                raise OSError(a, f"reading expert {key}: {os.strerror(a)}")
+            else:
+                self.tier.add_read(a, b * 1e-9, c)
+                if self.load_id[key] == lid:
+                    self.ready[key] = True
+                    if self.by_prefetch[key]:
+                        self.stats["prefetch_loaded"] += 1
+
+    def _await(self, keys: list[int]) -> None:
+        """Wait until every key of `keys` is in its slot."""
+        if self.proc is None:
+            for k in keys:
+                self.events[k].wait()
+            return
+        with self.lock:
+            while not all(self.ready[k] for k in keys):
+                self._collect(block=True)
+
     def slot_dests(self, slot: int) -> dict:
         """Slot `slot`'s tensors by parameter name (what a read of an expert into that slot fills)."""
         pools = self._bytes if self._bytes is not None else self.pools
@@ -226,6 +278,8 @@ class ExpertStore:
         """Wait until every queued read (a live one: not skipped) has landed in its slot."""
         with self.cond:
             self._release()
+            while self.proc is not None and self.inflight:
+                self._collect(block=True)
             while self.writing.any() or any(self.job_seq[k] == sq and self.load_id[k] == lid
                                             for _, sq, k, _, lid in self.jobs):
                 if self.error is not None:
@@ -238,6 +292,8 @@ class ExpertStore:
             self.cond.notify_all()
         for t in self.threads:
             t.join()
+        if self.proc is not None:
+            self.proc.close()
 
     def preload(self, keys: Sequence[int] | np.ndarray) -> None:
         """Read `keys` into free slots now, on the calling thread (a warm fast tier before a timed run; keys
@@ -295,6 +351,8 @@ class ExpertStore:
         counts: the tokens routed to each expert, for the policies (SlotCache.access)."""
         keys = [layer * self.E + int(e) for e in experts]
         with self.cond:
+            if self.proc is not None:
+                self._collect()
             released, hits, loads, deferred, later = self.slots.access(layer, keys, counts)
             for k in released:
                 self._lose(k)
@@ -302,7 +360,10 @@ class ExpertStore:
             self.stats["late"] += len(wait)
             for k in wait:
                 if self.job_seq[k] > 0:  # queued, not started: it goes before every prefetch now
-                    self._push(_DEMAND, k, int(self.slots.slot_of[k]))
+                    if self.proc is not None:
+                        self.proc.bump(int(self.job_seq[k]), int(self.slots.slot_of[k]), _DEMAND)
+                    else:
+                        self._push(_DEMAND, k, int(self.slots.slot_of[k]))
             self._issue(loads, lambda k: _DEMAND)
             self._issue(later, lambda k: float(k // self.E - layer), prefetch=True)
             self._release()  # a forecast made before this access reads after its demand loads
@@ -319,8 +380,7 @@ class ExpertStore:
         while True:
             if wait:
                 t0 = time.perf_counter()
-                for k in wait:
-                    self.events[k].wait()
+                self._await(wait)
                 self.stats["stall_s"] += time.perf_counter() - t0
                 if self.error is not None:
                     raise self.error
@@ -343,10 +403,14 @@ class ExpertStore:
         """(bool (E,) the experts of `layer` that hold a slot (resident or with a read under way), whether the
         layer's pool has no free slot)."""
         with self.lock:
+            if self.proc is not None:
+                self._collect()
             full = not self.slots.free[self.slots.pool_of(layer * self.E)]
             return self.slots.held[layer * self.E:(layer + 1) * self.E].copy(), full
 
     def resident_keys(self) -> np.ndarray:
         """Keys whose weights are in their slots now."""
         with self.lock:
+            if self.proc is not None:
+                self._collect()
             return np.flatnonzero(self.slots.held & self.ready)

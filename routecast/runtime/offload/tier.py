@@ -264,6 +264,27 @@ class DiskTier:
             self._local.arr = np.frombuffer(buf, np.uint8)
         return buf
 
+    def child_spec(self, params: list[str]) -> dict:
+        """What a reader process needs to read every expert (reader.py): the files, the mode, and per key its file
+        index and its requests (offset, length, bytes needed, pieces (offset inside, bytes, index of the param in
+        `params`, byte offset inside the param's expert slice))."""
+        index = {p: i for i, p in enumerate(params)}
+        lay = self.layout
+        plans = [(int(lay.file_of[k]), tuple((off, n, plan.need[ri], tuple((inner, nb, index[p], at)
+                                                                          for inner, nb, p, at in plan.copies[ri]))
+                                             for ri, (off, n) in enumerate(plan.requests)))
+                 for k, plan in enumerate(lay.plans)]
+        return {"files": [str(p) for p in lay.files], "mode": self.mode, "plans": plans,
+                "max_request": self.max_request}
+
+    def add_read(self, nbytes: int, seconds: float, direct: int) -> None:
+        """Count one expert read done elsewhere (a reader process) in this tier's counters."""
+        with self._lock:
+            self.bytes_read += nbytes
+            self.reads += 1
+            self.read_s += seconds
+            self.direct_reads += direct
+
     def close(self) -> None:
         for fd in self.fds:
             os.close(fd)
