@@ -75,6 +75,9 @@ def recent_rows(ws: Path, fx: dict[str, Path], traces: dict[str, Path]) -> list[
         "--token-table, --fit-trace missing": ["--policy", "fc-evict", "--token-table", "--fit-trace", corrupt["missing"]],
         "--token-table, --fit-trace a file": ["--policy", "fc-evict", "--token-table", "--fit-trace", corrupt["regular_file"]],
         "--token-table, --fit-trace of another model": ["--policy", "fc-evict", "--token-table", "--fit-trace", trace],
+        "--reader unknown": ["--reader", "fork"],
+        "--lookahead-first -2": ["--prefetch", "lookahead", "--lookahead-first", "-2"],
+        "--lookahead-first not a number": ["--prefetch", "lookahead", "--lookahead-first", "half"],
         "--write-profile without --hardware": ["--write-profile", out(".toml")],
         "--hardware unknown": ["--write-profile", out(".toml"), "--hardware", "nope"],
     }, timeout=45)

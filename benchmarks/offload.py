@@ -231,6 +231,8 @@ def main() -> None:
             configs.append((f"fc-evict+tokens@{pct}%", b, "none", None, {"policy": "fc-evict", "token_table": table}))
         for name, pred in predictors.items():
             configs.append((f"{name}@{pct}%", b, name, pred, {}))
+            if name == "lookahead":  # without its first-layer forecast (runtime/offload/inblock.py): what that adds
+                configs.append((f"lookahead [no layer 0]@{pct}%", b, name, pred, {"lookahead_first": 0}))
             configs += [(f"{name} {g}@{pct}%", b, name, pred, kw) for g, kw in gates.items()]
         for name, pol in combos:
             configs.append((f"{name}+{pol}@{pct}%", b, name, predictors[name], {"policy": pol}))

@@ -268,7 +268,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
     SlotCache the way the offload runtime drives it -> stats + hit_ratio, late, stall_s, sim_s.
 
     pred_SLE: bool (S, L, E) forecast sets (engine.pred_sets): request horizon (default) = every layer's set is
-    prefetched before layer 0 of its step; layer_ahead = layer l+1's set after layer l's router (PROBE).
+    prefetched before layer 0 of its step; layer_ahead = layer l+1's set after layer l's router (PROBE), and layer 0's
+    set, if any, at the start of its step (runtime/offload/inblock.py's first-layer forecast).
     Timing (only for the late count and the stall, never for a decision): each access spends dense_s before its
     router, each required expert req_comp_s (N,) seconds of compute; reads take xfer_s on one of `links` readers,
     demand loads and late prefetches first, then prefetches nearest layer first, as the runtime's loader threads.
@@ -357,6 +358,8 @@ def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budge
         if pred_SLE is not None and not layer_ahead:
             issue(sc.prefetch(range(L), [lay * E + np.flatnonzero(pred_SLE[s, lay]) for lay in range(L)], -1),
                   lambda k: float(k // E + 1), t)
+        elif pred_SLE is not None and pred_SLE[s, 0].any():  # layer 0's own forecast, before its decoder layer
+            issue(sc.prefetch([0], [np.flatnonzero(pred_SLE[s, 0])], -1), lambda k: 1.0, t)
         for lay in range(L):
             a = s * L + lay
             tr = t + dense_s

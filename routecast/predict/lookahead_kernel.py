@@ -70,6 +70,29 @@ def _union_topk(logits_TE: np.ndarray, correction_E: np.ndarray, sigmoid: bool, 
                 out_E[e] = True
 
 
+def _gate_logits(h_TH: np.ndarray, W_HE: np.ndarray, b_E: np.ndarray, norm_H: np.ndarray, eps: float,
+                 out_TE: np.ndarray) -> None:
+    """out = RMSNorm(h) @ W + b, the norm (h / sqrt(mean(h^2) + eps) * norm_H) skipped when norm_H is empty."""
+    T, H = h_TH.shape
+    E = W_HE.shape[1]
+    x = np.empty(H, np.float32)
+    for t in range(T):
+        scale = 1.0
+        if norm_H.shape[0]:
+            acc = 0.0
+            for i in range(H):
+                acc += h_TH[t, i] * h_TH[t, i]
+            scale = 1.0 / np.sqrt(acc / H + eps)
+        for i in range(H):
+            x[i] = h_TH[t, i] * scale * norm_H[i] if norm_H.shape[0] else h_TH[t, i]
+        for e in range(E):
+            out_TE[t, e] = b_E[e]
+        for i in range(H):
+            xi = x[i]
+            for e in range(E):
+                out_TE[t, e] += xi * W_HE[i, e]
+
+
 try:  # numba is a dependency; the fallback keeps a broken install correct, only slow
     from numba import njit
 except ImportError:  # pragma: no cover - depends on the environment
@@ -77,6 +100,17 @@ except ImportError:  # pragma: no cover - depends on the environment
 if njit is not None:
     _mark_best = njit(cache=True, nogil=True)(_mark_best)
     _union_topk = njit(cache=True, nogil=True)(_union_topk)
+    _gate_logits = njit(cache=True, nogil=True)(_gate_logits)
+
+
+def gate_logits(h_TH: np.ndarray, W_HE: np.ndarray, b_E: np.ndarray, norm_H: np.ndarray | None = None,
+                eps: float = 0.0) -> np.ndarray:
+    """Router logits (T, E) = h @ W + b, h first RMS-normed with weight norm_H (H,) and eps when given: one compiled
+    loop instead of the handful of torch calls (each a few µs of dispatch) a decode-size matmul otherwise costs."""
+    out = np.empty((h_TH.shape[0], W_HE.shape[1]), np.float32)
+    _gate_logits(np.ascontiguousarray(h_TH, np.float32), W_HE, b_E,
+                 np.zeros(0, np.float32) if norm_H is None else norm_H, float(eps), out)
+    return out
 
 
 def union_topk(logits_TE: np.ndarray, correction_E: np.ndarray, *, sigmoid: bool, n_group: int = 1,

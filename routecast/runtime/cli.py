@@ -55,6 +55,9 @@ def add_parser(sub: Any) -> None:
                    help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
     p.add_argument("--prefetch-top", type=N.nonneg(1024), default=0,
                    help="confidence gate: each token prefetches only its N most likely experts (default 0 = top-k)")
+    p.add_argument("--lookahead-first", type=N.integer(-1, 1024), default=-1,
+                   help="--prefetch lookahead: experts per token forecast for the first MoE layer from its decoder "
+                        "layer's input (-1 = half the top-k, the default; 0 = none)")
     p.add_argument("--prefetch-min-prob", type=N.real(0.0, 1.0), default=0.0,
                    help="confidence gate: prefetch only experts forecast with at least this probability (default 0)")
     p.add_argument("--fallback", action="store_true",
@@ -167,7 +170,8 @@ def cmd_geometry(a: argparse.Namespace) -> int:
                            ("--per-layer", a.per_layer), ("--predictor", a.predictor), ("--fit-trace", a.fit_trace),
                            ("--token-table", a.token_table),
                            ("--batch-size", a.batch_size != 1), ("--prefetch-depth", a.prefetch_depth != 1),
-                           ("--prefetch-top", a.prefetch_top), ("--prefetch-min-prob", a.prefetch_min_prob)) if on]
+                           ("--prefetch-top", a.prefetch_top), ("--prefetch-min-prob", a.prefetch_min_prob),
+                           ("--lookahead-first", a.lookahead_first != -1), ("--reader", a.reader != "process")) if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)} {'acts' if len(bad) == 1 else 'act'} on a model run; a --geometry run takes --budget, --policy, --baseline, "
                           "--prefetch none|lookahead, --loader-threads, --no-direct, --routing and --figures.")
@@ -239,7 +243,7 @@ def run_main(a: argparse.Namespace) -> dict[str, Any]:
                               "TRACE (a capture of the model).")
     kw = dict(per_layer=a.per_layer, direct=not a.no_direct, loader_threads=a.loader_threads, depth=a.prefetch_depth,
               fallback=a.fallback, prefetch_top=a.prefetch_top, prefetch_min_prob=a.prefetch_min_prob, policy=a.policy,
-              reader=a.reader)
+              reader=a.reader, lookahead_first=a.lookahead_first)
     res = run_config(a.model, requests, budget=budget, prefetch=a.prefetch, predictor=pred, cfg_kw=kw,
                      progress=True, threads=a.threads, batch_size=a.batch_size, reuse_probe=probe, token_table=table)
     if a.fallback:

@@ -128,6 +128,8 @@ def test_the_replay_and_a_slot_cache_driven_step_by_step_agree_on_prefills(seed,
     sc = SlotCache(L, E, budget, False, 1, 0, "fc-evict")
     for s in range(S):
         sc.begin_step(req[s:s + 1], None, None, None, None, uses[s].tokens)
+        if ahead and pred[s, 0].any():  # the first layer's own forecast, before its decoder layer (inblock.py)
+            sc.prefetch([0], [np.flatnonzero(pred[s, 0])], -1)
         for lay in range(L):
             a = s * L + lay
             ks, cs = keys[off[a]:off[a + 1]], np.array(counts[off[a]:off[a + 1]])

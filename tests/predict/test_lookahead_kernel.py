@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routecast.predict.lookahead import GROUP_MAX, GROUP_TOP2, SIGMOID, SOFTMAX, RouterRule
-from routecast.predict.lookahead_kernel import union_topk
+from routecast.predict.lookahead_kernel import gate_logits, union_topk
 
 
 @st.composite
@@ -55,3 +55,19 @@ def test_bad_settings_named() -> None:
         union_topk(x, np.zeros(8, np.float32), sigmoid=True, n_group=4, topk_group=2, top=5)
     with pytest.raises(ValueError, match="softmax router's top-2"):
         union_topk(x, np.zeros(8, np.float32), sigmoid=False, n_group=2, topk_group=1, group_top2=True, top=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 40), st.integers(1, 33), st.booleans(), st.integers(0, 2**32 - 1))
+def test_gate_logits_equal_the_torch_norm_and_matmul(T: int, H: int, E: int, normed: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    h = rng.standard_normal((T, H)).astype(np.float32) * 3
+    W = rng.standard_normal((H, E)).astype(np.float32)
+    b = rng.standard_normal(E).astype(np.float32)
+    w = rng.standard_normal(H).astype(np.float32)
+    x = torch.from_numpy(h)
+    if normed:  # the RMSNorm of the Llama-style blocks, in float32
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * torch.from_numpy(w)
+    want = (x @ torch.from_numpy(W) + torch.from_numpy(b)).numpy()
+    got = gate_logits(h, W, b, w if normed else None, 1e-6)
+    assert got.shape == (T, E) and np.allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -96,6 +96,8 @@ def test_predictor_needs_fit_and_unknown_names_refused() -> None:
     (["--offload", "--prefetch-top", "-1"], "--prefetch-top is -1"),
     (["--offload", "--prefetch-top", "99"], "--prefetch-top is 99"),
     (["--offload", "--policy", "mru"], "--policy is 'mru'"),
+    (["--offload", "--prefetch", "lookahead", "--lookahead-first", "-2"], "--lookahead-first is -2"),
+    (["--offload", "--reader", "fork"], "--reader"),
 ])
 def test_bad_input_one_sentence_exit_2(args, needle, capsys) -> None:
     assert main(["run", "--prompts", "corpus:val:1", "--max-new-tokens", "1", *args]) == 2

@@ -43,10 +43,10 @@ from torch import nn
 
 from routecast.cache.zoo import check_reuse_policy
 from routecast.common.errors import ConfigError
-from routecast.predict.lookahead import GROUP_TOP2, LookaheadPredictor
-from routecast.predict.lookahead_kernel import union_topk
+from routecast.predict.lookahead import LookaheadPredictor
 from routecast.predict.reuse_probe import probe_row
 from routecast.runtime.offload.fallback import Fallback
+from routecast.runtime.offload.inblock import InBlockLookahead
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
 from routecast.trace import DECODE, PREFILL
@@ -71,7 +71,9 @@ class OffloadConfig:
     from a compact copy of their slots instead of the whole pool (0 = never): scratch memory beyond --budget of at
     most this size, for a compute cost that no longer grows with the pool (transformers' grouped_mm on CPU pays a
     fixed cost per expert group, empty ones included). reader: 'threads' or 'process' (store.StoreConfig.reader:
-    the reads in loader_threads child processes, reader.py)."""
+    the reads in loader_threads child processes, reader.py). lookahead_first: with PROBE's lookahead, also forecast
+    MoE layer 0 from the input of its decoder layer (inblock.py), each token's best `lookahead_first` experts (-1: half
+    the top-k, rounded up; 0: none, layer 0 reads its misses on demand)."""
 
     budget: int
     per_layer: bool = False
@@ -87,12 +89,16 @@ class OffloadConfig:
     policy: str = "lru"
     compact_bytes: int = 4 << 20
     reader: str = "process"
+    lookahead_first: int = -1
 
     def __post_init__(self) -> None:
         if self.prefetch_top < 0:
             raise ConfigError(f"--prefetch-top is {self.prefetch_top}; expected 0 (the model's top-k) or more.")
         if self.compact_bytes < 0:
             raise ConfigError(f"compact_bytes is {self.compact_bytes}; expected 0 (never) or a byte count.")
+        if self.lookahead_first < -1:
+            raise ConfigError(f"lookahead_first is {self.lookahead_first}; expected -1 (half the top-k), 0 (none) or "
+                              "a count of experts per token.")
         if not 0.0 <= self.prefetch_min_prob < 1.0:  # NaN fails too
             raise ConfigError(f"--prefetch-min-prob is {self.prefetch_min_prob}; expected a probability in [0, 1).")
 
@@ -209,25 +215,18 @@ class OffloadedModel:
         self.predictor = predictor
         # PROBE's lookahead runs inside the MoE block on the hidden state the block already holds (one small matmul)
         self.lookahead = predictor if isinstance(predictor, LookaheadPredictor) else None
-        if self.lookahead is not None:
-            net = self.lookahead.net
-            self._la_Wt = net.prior_W.transpose(1, 2).contiguous()  # (L-1, H, E)
-            self._la_mlp = [bool(net.W2[i].any() or net.c2[i].any()) for i in range(self.L - 1)]
-            self._la_corr = [c.detach().float().numpy() for c in net.correction]
-            rule = self.lookahead.rule  # the kernel's settings, fixed for the run
-            self._la_kw = dict(sigmoid=rule.scoring != "softmax", n_group=rule.n_group, topk_group=rule.topk_group,
-                               group_top2=rule.group_score == GROUP_TOP2,
-                               top=self.K if cfg.prefetch_top <= 0 else min(cfg.prefetch_top, self.K))
-            # the kernel serves every rule but a confidence gate (it needs probabilities) and group-limited softmax
-            self._la_kernel = cfg.prefetch_min_prob == 0 and not (rule.scoring == "softmax" and rule.n_group > 1)
-            if self._la_kernel:  # checked and compiled now, not in the first step's predictor time
-                union_topk(np.zeros((1, self.E), np.float32), self._la_corr[0], **self._la_kw)
+        self.inblock = None if self.lookahead is None else InBlockLookahead(
+            self.lookahead, model, self.blocks, top_k=self.K, prefetch_top=cfg.prefetch_top,
+            min_prob=cfg.prefetch_min_prob,
+            first=-(-self.K // 2) if cfg.lookahead_first < 0 else min(cfg.lookahead_first, self.K))
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
                       model.register_forward_hook(self._step_end)]
         if predictor is not None and predictor.horizon == "layer" and self.lookahead is None:
             self.hooks += [b.router.register_forward_hook(self._router_hook(li)) for li, b in enumerate(self.blocks)]
+        if self.inblock is not None and self.inblock.first_module is not None:
+            self.hooks.append(self.inblock.first_module.register_forward_pre_hook(self._lookahead_first, with_kwargs=True))
         self.request = 0
         self._first = 1
         self._shape = (1, 0)
@@ -447,22 +446,19 @@ class OffloadedModel:
         needs them), the union prefetched. Runs inside the MoE block: no hook, no numpy copy of the hidden state;
         `running` (layer li's keys, from its router) keeps its slots."""
         t0 = time.perf_counter()
-        net = self.lookahead.net
-        with torch.no_grad():
-            h = hidden.reshape(-1, hidden.shape[-1]).float()
-            if self._la_mlp[li]:
-                logits = net.one(li, h)
-            else:
-                logits = torch.addmm(net.prior_b[li], h, self._la_Wt[li])
-            if not self._la_kernel:
-                score = self.lookahead.rule.forecast(logits, net.correction[li])
-                vals, idx = score.topk(self._la_kw["top"], dim=-1)
-                idx = idx[(vals > 0) & (vals >= self.cfg.prefetch_min_prob)]
-                sets = torch.bincount(idx.reshape(-1), minlength=self.E).numpy()[None, :] > 0
-            else:  # the router's top-k without normalising, in one compiled loop (predict/lookahead_kernel.py)
-                sets = union_topk(logits.numpy(), self._la_corr[li], **self._la_kw)[None, :]
+        sets = self.inblock.next_sets(li, hidden)
         self.predict_s += time.perf_counter() - t0
         self._prefetch(None, [li + 1], li, sets, running)
+        self.issue_s += time.perf_counter() - t0
+
+    def _lookahead_first(self, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The decoder layer holding MoE layer 0 starts: PROBE's forecast of layer 0 from its input (inblock.py), its
+        reads queued now, one attention ahead of the layer's own access."""
+        t0 = time.perf_counter()
+        hidden = args[0] if args else kwargs["hidden_states"]
+        sets = self.inblock.first_sets(hidden)
+        self.predict_s += time.perf_counter() - t0
+        self._prefetch(None, [0], -1, sets)
         self.issue_s += time.perf_counter() - t0
 
     def _router_hook(self, li: int):

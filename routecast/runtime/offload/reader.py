@@ -49,6 +49,7 @@ class ProcessReader:
         self.req: list[int] = []
         self.done: dict[int, int] = {}  # done fd -> child index
         self.pending: dict[int, bytes] = {}
+        self.out: list[bytearray] = []  # per child: records not yet written (flush)
 
     def pool(self, n: int, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
         """[n, *shape] of dt in shared memory (page-aligned, faulted in now), which the children read into."""
@@ -76,15 +77,28 @@ class ProcessReader:
             os.write(req_w, struct.pack("<q", len(blob)) + blob)
             self.kids.append(kid)
             self.req.append(req_w)
+            self.out.append(bytearray())
             os.set_blocking(done_r, False)
             self.done[done_r] = i
             self.pending[done_r] = b""
 
     def _send(self, slot: int, kind: int, seq: int, key: int = 0, prio: float = 0.0) -> None:
-        try:
-            os.write(self.req[slot % self.procs], C.REC.pack(kind, seq, key, slot, round(prio * 1000)))
-        except BrokenPipeError:
-            self._died(slot % self.procs)
+        """Queue a record for slot's child; it is written at the next flush (one write per child and call)."""
+        self.out[slot % self.procs] += C.REC.pack(kind, seq, key, slot, round(prio * 1000))
+
+    def flush(self) -> None:
+        """Write the queued records (in the order they were queued, per child)."""
+        for i, buf in enumerate(self.out):
+            if buf:
+                view = memoryview(buf)
+                try:
+                    while view:  # a blocking pipe write may still return short (a signal)
+                        view = view[os.write(self.req[i], view):]
+                except BrokenPipeError:
+                    self._died(i)
+                finally:
+                    view.release()
+                buf.clear()
 
     def submit(self, seq: int, key: int, slot: int, prio: float) -> None:
         self._send(slot, C.JOB, seq, key, prio)
@@ -97,6 +111,7 @@ class ProcessReader:
 
     def poll(self, block: bool) -> list[tuple[int, int, int, int, int]]:
         """Completions so far, (seq, status, a, b, c) each (reader_child.py); block: wait for at least one."""
+        self.flush()
         out: list[tuple[int, int, int, int, int]] = []
         while True:
             for fd in self.done:
