@@ -13,11 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from routecast.cache.slots import replay_slots
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
-from tests.runtime.test_store import MemTier
+from tests.runtime.test_store import MemTier, drive, random_steps, replay_routing
 
 L, E, I2, H, I = 3, 6, 8, 64, 4  # noqa: E741
 PARAMS = {"gate_up_proj": ((I2, H), torch.float32), "down_proj": ((H, I), torch.float32)}
@@ -67,27 +66,12 @@ def test_process_reads_fill_the_right_slots_and_count_as_the_replay(tmp_path, bu
     t = checkpoint(path, seed)
     S = 5
     budget = max(budget, L) if per_layer else budget
-    rng = np.random.default_rng(seed)
-    pred = rng.random((S, L, E)) < 0.4
-    if ahead and seed % 2:
-        pred[:, 0] = False  # no first-layer forecast (inblock.py's is made at the step's start, the other half)
-    routing = [[sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist()) for _ in range(L)]
-               for _ in range(S)]
+    pred, routing = random_steps(seed, S, L, E, ahead)
     tier = disk_tier(path)
     store = ExpertStore(tier, StoreConfig(budget=budget, per_layer=per_layer, check=True, early=early,
                                           loader_threads=procs, reader="process"))
     try:
-        for s in range(S):
-            if not ahead:
-                store.prefetch(list(range(L)), [lay * E + np.flatnonzero(pred[s, lay]) for lay in range(L)])
-            elif pred[s, 0].any():  # layer 0's forecast before its decoder layer (engine._lookahead_first)
-                store.prefetch([0], [np.flatnonzero(pred[s, 0])], -1)
-            for lay in range(L):
-                if ahead and lay + 1 < L:
-                    store.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred[s, lay + 1])], current_layer=lay,
-                                   hold=hold, running=[lay * E + int(e) for e in routing[s][lay]])
-                access(store, t, lay, routing[s][lay])
-            store.end_step()
+        drive(store, pred, routing, ahead, hold, lambda lay, ex: access(store, t, lay, ex))
         store.drain()
         got = dict(store.stats)
         assert not store.inflight
@@ -98,9 +82,7 @@ def test_process_reads_fill_the_right_slots_and_count_as_the_replay(tmp_path, bu
         store.close()
         tier.close()
     assert tier.reads + got["reads_skipped"] == got["misses"] + got["prefetch_issued"]  # every load read or skipped
-    keys = [lay * E + np.asarray(routing[s][lay]) for s in range(S) for lay in range(L)]
-    off = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
-    rep = replay_slots(off, np.concatenate(keys), L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead)
+    rep = replay_routing(routing, L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead)
     for k in ("hits", "misses", "prefetch_issued", "prefetch_useful", "prefetch_cancelled", "evictions", "max_occupied"):
         assert got[k] == rep[k], k
 

@@ -161,6 +161,44 @@ def test_policy_object_equals_the_replay_kernels_lru(seed: int, budget: int) -> 
     assert (rep["hits"], rep["misses"]) == (hits, misses)
 
 
+def random_steps(seed: int, S: int, L: int, E: int, ahead: bool) -> tuple[np.ndarray, list[list[list[int]]]]:
+    """(forecast sets (S, L, E), routing: step, layer -> sorted experts) drawn from seed; with ahead, half the seeds
+    have no first-layer forecast (inblock.py's is made at the step's start)."""
+    rng = np.random.default_rng(seed)
+    pred = rng.random((S, L, E)) < 0.4
+    if ahead and seed % 2:
+        pred[:, 0] = False
+    routing = [[sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist()) for _ in range(L)]
+               for _ in range(S)]
+    return pred, routing
+
+
+def drive(store: ExpertStore, pred: np.ndarray, routing: list[list[list[int]]], ahead: bool, hold: bool,
+          access_layer) -> None:
+    """Drive `store` over the steps of `routing` (step, layer -> experts) as the engine does: a request-horizon
+    forecast pred (S, L, E) before each step, or (ahead) layer 0's own forecast at the step's start and layer l+1's
+    inside layer l's block; access_layer(layer, experts) runs the access."""
+    S, L, E = pred.shape
+    for s in range(S):
+        if not ahead:
+            store.prefetch(list(range(L)), [lay * E + np.flatnonzero(pred[s, lay]) for lay in range(L)])
+        elif pred[s, 0].any():  # layer 0's forecast before its decoder layer (engine._lookahead_first)
+            store.prefetch([0], [np.flatnonzero(pred[s, 0])], -1)
+        for lay in range(L):
+            if ahead and lay + 1 < L:
+                store.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred[s, lay + 1])], current_layer=lay,
+                               hold=hold, running=[lay * E + int(e) for e in routing[s][lay]])
+            access_layer(lay, routing[s][lay])
+        store.end_step()
+
+
+def replay_routing(routing: list[list[list[int]]], L: int, E: int, budget: int, **kw) -> dict:
+    """replay_slots over the same routing (what the store's counts must equal)."""
+    keys = [lay * E + np.asarray(routing[s][lay]) for s in range(len(routing)) for lay in range(L)]
+    off = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
+    return replay_slots(off, np.concatenate(keys), L, E, budget, **kw)
+
+
 class SlowTier(MemTier):
     """MemTier whose reads take a random 0-2 ms: which prefetches arrive in time changes from run to run."""
 
@@ -181,33 +219,16 @@ def test_runtime_counts_equal_the_slot_replay_whatever_the_thread_timing(budget:
                                                                          hold: bool, early: bool) -> None:
     L, E, S = 3, 6, 5
     budget = max(budget, L) if per_layer or keep else budget
-    rng = np.random.default_rng(seed)
-    pred = rng.random((S, L, E)) < 0.4
-    if ahead and seed % 2:
-        pred[:, 0] = False  # no first-layer forecast (inblock.py's is made at the step's start, the other half)  # a layer-horizon forecast never covers layer 0
-    routing = [[sorted(rng.choice(E, size=int(rng.integers(1, E + 1)), replace=False).tolist()) for _ in range(L)]
-               for _ in range(S)]
+    pred, routing = random_steps(seed, S, L, E, ahead)
     store = ExpertStore(SlowTier(L, E, seed), StoreConfig(budget=budget, per_layer=per_layer, check=True, depth=depth,
                                                                 keep_per_layer=keep, early=early))
     try:
-        for s in range(S):
-            if not ahead:
-                store.prefetch(list(range(L)), [lay * E + np.flatnonzero(pred[s, lay]) for lay in range(L)])
-            elif pred[s, 0].any():  # layer 0's forecast before its decoder layer (engine._lookahead_first)
-                store.prefetch([0], [np.flatnonzero(pred[s, 0])], -1)
-            for lay in range(L):
-                if ahead and lay + 1 < L:
-                    store.prefetch([lay + 1], [(lay + 1) * E + np.flatnonzero(pred[s, lay + 1])], current_layer=lay,
-                                   hold=hold, running=[lay * E + int(e) for e in routing[s][lay]])
-                run_accesses(store, L, E, [(lay, routing[s][lay])])
-            store.end_step()
+        drive(store, pred, routing, ahead, hold, lambda lay, ex: run_accesses(store, L, E, [(lay, ex)]))
         got = dict(store.stats)
     finally:
         store.close()
-    keys = [lay * E + np.asarray(routing[s][lay]) for s in range(S) for lay in range(L)]
-    off = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
-    rep = replay_slots(off, np.concatenate(keys), L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead,
-                       depth=depth, keep_per_layer=keep)
+    rep = replay_routing(routing, L, E, budget, per_layer=per_layer, pred_SLE=pred, layer_ahead=ahead, depth=depth,
+                         keep_per_layer=keep)
     for k in ("hits", "misses", "prefetch_issued", "prefetch_useful", "prefetch_cancelled", "prefetch_dropped",
               "evictions", "max_occupied"):
         assert got[k] == rep[k], k
