@@ -115,9 +115,10 @@ def main() -> None:
                     "prefetches only experts of forecast probability >= X, 'topN' = only its N highest (e.g. p0.1,top3)")
     ap.add_argument("--token-table", action="store_true", help="also fc-evict+tokens rows: fc-evict reading the "
                     "token table of the model's standard trace (each step's forecast from its input tokens)")
-    ap.add_argument("--reader", default="process", choices=("process", "threads"),
-                    help="who reads the experts: reader processes (default; runtime/offload/reader.py) or loader threads "
-                    "of the compute process; with 'process' every budget also gets an 'lru [threads]' row")
+    ap.add_argument("--reader", default="auto", choices=("auto", "process", "threads"),
+                    help="who reads the experts: reader processes (runtime/offload/reader.py; 'auto', the default, "
+                    "where they run) or loader threads of the compute process; unless 'threads', every budget also "
+                    "gets an 'lru [threads]' row")
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="GIL switch interval while loader threads run (default: run.py's SWITCH_S)")
     ap.add_argument("--geometry", default=None, help="I/O-bound mode: deepseek-v2-lite or mixtral-8x7b expert geometry, "

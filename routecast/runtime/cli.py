@@ -48,9 +48,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-direct", action="store_true", help="read with posix_fadvise(DONTNEED) instead of O_DIRECT")
     p.add_argument("--loader-threads", type=N.loader_threads(), default=2,
                    help="background readers: reader processes, or threads with --reader threads (default 2)")
-    p.add_argument("--reader", choices=("process", "threads"), default="process",
-                   help="who reads the experts from disk: child processes writing into shared slots (default: no GIL "
-                        "shared with the forward) or threads of this process")
+    p.add_argument("--reader", choices=("auto", "process", "threads"), default="auto",
+                   help="who reads the experts from disk: child processes writing into shared slots (no GIL shared "
+                        "with the forward), threads of this process, or auto (default: processes where they run, Linux)")
     p.add_argument("--prefetch-depth", type=N.positive(1024), default=1,
                    help="a forecast expert takes its slot and is read at most this many layers ahead (default 1)")
     p.add_argument("--prefetch-top", type=N.nonneg(1024), default=0,
@@ -171,7 +171,7 @@ def cmd_geometry(a: argparse.Namespace) -> int:
                            ("--token-table", a.token_table),
                            ("--batch-size", a.batch_size != 1), ("--prefetch-depth", a.prefetch_depth != 1),
                            ("--prefetch-top", a.prefetch_top), ("--prefetch-min-prob", a.prefetch_min_prob),
-                           ("--lookahead-first", a.lookahead_first != -1), ("--reader", a.reader != "process")) if on]
+                           ("--lookahead-first", a.lookahead_first != -1), ("--reader", a.reader != "auto")) if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)} {'acts' if len(bad) == 1 else 'act'} on a model run; a --geometry run takes --budget, --policy, --baseline, "
                           "--prefetch none|lookahead, --loader-threads, --no-direct, --routing and --figures.")

@@ -90,7 +90,8 @@ def test_process_reads_fill_the_right_slots_and_count_as_the_replay(tmp_path, bu
 def test_close_ends_the_reader_processes(tmp_path) -> None:
     t = checkpoint(tmp_path / "m.safetensors")
     tier = disk_tier(tmp_path / "m.safetensors")
-    store = ExpertStore(tier, StoreConfig(budget=4, loader_threads=2, reader="process"))
+    store = ExpertStore(tier, StoreConfig(budget=4, loader_threads=2, reader="auto"))  # a disk tier on Linux: processes
+    assert len(store.proc.kids) == 2 and not store.threads
     access(store, t, 1, [0, 2, 5])
     kids = list(store.proc.kids)
     store.close()
@@ -128,7 +129,12 @@ def test_a_dead_reader_is_one_sentence(tmp_path) -> None:
 
 
 def test_reader_names_are_checked_and_a_memory_tier_has_no_child_side() -> None:
-    with pytest.raises(ConfigError, match="reader is 'fork'; expected one of threads, process"):
+    with pytest.raises(ConfigError, match="reader is 'fork'; expected one of threads, process, auto"):
         StoreConfig(budget=2, reader="fork")
+    auto = ExpertStore(MemTier(2, 3), StoreConfig(budget=2, reader="auto"))  # no disk: auto falls back to threads
+    try:
+        assert auto.proc is None and auto.threads
+    finally:
+        auto.close()
     with pytest.raises(ConfigError, match="reader 'process' needs a tier read from disk; MemTier has no child side"):
         ExpertStore(MemTier(2, 3), StoreConfig(budget=2, reader="process"))

@@ -70,8 +70,8 @@ class OffloadConfig:
     objects as the replay's). compact_bytes: a layer whose experts (one round) take at most this many bytes runs them
     from a compact copy of their slots instead of the whole pool (0 = never): scratch memory beyond --budget of at
     most this size, for a compute cost that no longer grows with the pool (transformers' grouped_mm on CPU pays a
-    fixed cost per expert group, empty ones included). reader: 'threads' or 'process' (store.StoreConfig.reader:
-    the reads in loader_threads child processes, reader.py). lookahead_first: with PROBE's lookahead, also forecast
+    fixed cost per expert group, empty ones included). reader: 'auto' (reader processes where they run), 'process'
+    or 'threads' (store.StoreConfig.reader: the reads in loader_threads child processes, reader.py, or threads). lookahead_first: with PROBE's lookahead, also forecast
     MoE layer 0 from the input of its decoder layer (inblock.py), each token's best `lookahead_first` experts (-1: half
     the top-k, rounded up; 0: none, layer 0 reads its misses on demand)."""
 
@@ -88,7 +88,7 @@ class OffloadConfig:
     prefetch_min_prob: float = 0.0
     policy: str = "lru"
     compact_bytes: int = 4 << 20
-    reader: str = "process"
+    reader: str = "auto"
     lookahead_first: int = -1
 
     def __post_init__(self) -> None:

@@ -33,6 +33,11 @@ from routecast.runtime.offload import reader_child as C
 CHILD = Path(C.__file__)
 
 
+def process_reader_fits(tier) -> bool:
+    """Whether reader processes can serve `tier`: it reads from disk (a child side) and memfd_create exists."""
+    return hasattr(tier, "child_spec") and hasattr(os, "memfd_create")
+
+
 class ProcessReader:
     """`procs` reader processes over `tier` (a DiskTier); make the slot pools with ``pool`` before ``start``."""
 

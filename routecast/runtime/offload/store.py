@@ -41,7 +41,7 @@ from routecast.cache.slots import Load, SlotCache
 from routecast.cache.zoo import DESCRIBE, split_name
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload import reader_child as RC
-from routecast.runtime.offload.reader import ProcessReader
+from routecast.runtime.offload.reader import ProcessReader, process_reader_fits
 
 _DEMAND = -1.0
 
@@ -58,8 +58,9 @@ class StoreConfig:
     replay's timing, cache.slots.replay_slots); the compute callback then runs in two rounds, its sums in another
     order (allclose, not bit-identical). Off: one round once every expert of the layer is in (the engine's exact
     logits).
-    reader: 'threads' (loader threads of this process) or 'process' (loader_threads reader processes, reader.py:
-    no GIL shared with the compute thread; a tier read from disk only)."""
+    reader: 'threads' (loader threads of this process), 'process' (loader_threads reader processes, reader.py:
+    no GIL shared with the compute thread; a tier read from disk only) or 'auto' (process where that runs: a tier read
+    from disk on Linux; else threads)."""
 
     budget: int
     per_layer: bool = False
@@ -81,7 +82,7 @@ class StoreConfig:
         check_runtime_policy(self.policy)
 
 
-READERS = ("threads", "process")
+READERS = ("threads", "process", "auto")
 RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit runs in the replay only
 
 
@@ -109,7 +110,8 @@ class ExpertStore:
         self.slots = SlotCache(self.L, self.E, cfg.budget, cfg.per_layer, cfg.depth, cfg.keep_per_layer, cfg.policy)
         n_keys = self.L * self.E
         self._maps: list[mmap.mmap] = []
-        self.proc = ProcessReader(tier, cfg.loader_threads) if cfg.reader == "process" else None
+        proc = cfg.reader == "process" or (cfg.reader == "auto" and process_reader_fits(tier))
+        self.proc = ProcessReader(tier, cfg.loader_threads) if proc else None
         make = self.proc.pool if self.proc is not None else getattr(tier, "pool", self._pool)  # a tier with its own
         self.pools = {p: make(cfg.budget, shape, dt) for p, (shape, dt) in lay.params.items()}  # memory makes them
         # a tier that takes byte arrays is given flat uint8 numpy views of a slot (cheaper on the loader threads)
