@@ -57,7 +57,8 @@ def add_parser(sub: Any) -> None:
                    help="confidence gate: each token prefetches only its N most likely experts (default 0 = top-k)")
     p.add_argument("--lookahead-first", type=N.integer(-1, 1024), default=-1,
                    help="--prefetch lookahead: experts per token forecast for the first MoE layer from its decoder "
-                        "layer's input (-1 = half the top-k, the default; 0 = none)")
+                        "layer's input (-1, the default: half the top-k where a layer runs before it, none where its "
+                        "input is the token embeddings; 0 = none)")
     p.add_argument("--prefetch-min-prob", type=N.real(0.0, 1.0), default=0.0,
                    help="confidence gate: prefetch only experts forecast with at least this probability (default 0)")
     p.add_argument("--fallback", action="store_true",

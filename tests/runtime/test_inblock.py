@@ -84,3 +84,13 @@ def test_the_engine_prefetches_layer_zero_only_when_asked() -> None:
     assert on["pred_sets"][:, 0].any(axis=-1).all()  # every step forecast layer 0
     assert not off["pred_sets"][:, 0].any()
     assert on["misses"] < off["misses"]  # layer 0's forecast turns some of its demand reads into prefetches
+
+
+def test_the_default_skips_a_first_layer_fed_by_the_embeddings() -> None:
+    model, tok = load_model("builtin")  # its first MoE layer is model layer 0: its input is the token embeddings
+    reqs = encode_prompts(tok, [{"prompt": "It is a truth universally acknowledged", "max_new_tokens": 3}], None)
+    s = spec_from_model(model)
+    pred = make_predictor("lookahead", model, "builtin")
+    kw = dict(budget=s.num_layers * s.num_experts // 2, prefetch="lookahead", predictor=pred)
+    assert not run_config("builtin", reqs, **kw)["pred_sets"][:, 0].any()
+    assert run_config("builtin", reqs, cfg_kw={"lookahead_first": 1}, **kw)["pred_sets"][:, 0].any(axis=-1).all()

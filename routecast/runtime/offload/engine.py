@@ -71,9 +71,11 @@ class OffloadConfig:
     from a compact copy of their slots instead of the whole pool (0 = never): scratch memory beyond --budget of at
     most this size, for a compute cost that no longer grows with the pool (transformers' grouped_mm on CPU pays a
     fixed cost per expert group, empty ones included). reader: 'auto' (reader processes where they run), 'process'
-    or 'threads' (store.StoreConfig.reader: the reads in loader_threads child processes, reader.py, or threads). lookahead_first: with PROBE's lookahead, also forecast
-    MoE layer 0 from the input of its decoder layer (inblock.py), each token's best `lookahead_first` experts (-1: half
-    the top-k, rounded up; 0: none, layer 0 reads its misses on demand)."""
+    or 'threads' (store.StoreConfig.reader: the reads in loader_threads child processes, reader.py, or threads).
+    lookahead_first: with PROBE's lookahead, also forecast MoE layer 0 from the input of its decoder layer
+    (inblock.py), each token's best `lookahead_first` experts; -1: half the top-k (rounded up) where a layer runs
+    before the first MoE layer, none where that input is the token embeddings alone (a weak forecast); 0: none
+    (layer 0 reads its misses on demand)."""
 
     budget: int
     per_layer: bool = False
@@ -218,7 +220,8 @@ class OffloadedModel:
         self.inblock = None if self.lookahead is None else InBlockLookahead(
             self.lookahead, model, self.blocks, top_k=self.K, prefetch_top=cfg.prefetch_top,
             min_prob=cfg.prefetch_min_prob,
-            first=-(-self.K // 2) if cfg.lookahead_first < 0 else min(cfg.lookahead_first, self.K))
+            first=min(cfg.lookahead_first, self.K) if cfg.lookahead_first >= 0 else  # default: half the top-k, where
+            (-(-self.K // 2) if self.blocks[0].layer_id > 0 else 0))  # a layer runs before the first MoE layer
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, experts, tokens) per access
         self.pred_sets: list[np.ndarray] = []
         self.hooks = [model.register_forward_pre_hook(self._step_start, with_kwargs=True),
