@@ -1,9 +1,10 @@
 """Expert reads in child processes: the store's loader without a GIL shared with the compute thread.
 
 A loader thread of the compute process takes the GIL to pop its job, again when its read returns, and again to
-mark the slot ready; each hand-over waits for the forward pass to give the GIL up. Measured on this 2-core VM, a
-thread reading experts flat out slows a forward loop of the built-in model 1.27-1.49x (37-73 µs of forward time per
-read when the reads are spaced), and a reader process doing the same reads 1.00-1.05x. So here the reads run in
+mark the slot ready; each hand-over waits for the forward pass to give the GIL up. benchmarks/reader_interference.py
+times the built-in model's forwards while a store prefetches in the background: the reads cost the forward less
+from a reader process than from a loader thread (docs/results/reader_interference.md), though not nothing on a
+2-vCPU machine, where any work beside the forward slows it. So here the reads run in
 ``reader_child.py`` processes (standard library only) that write straight into the slot pools, which live in
 shared memory (one memfd per fused parameter, mapped by both sides).
 
@@ -16,9 +17,9 @@ prefetch jumps the queue) over a pipe and collects completions from another when
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
-import pickle
 import select
 import struct
 import subprocess
@@ -70,7 +71,7 @@ class ProcessReader:
     def start(self, params: list[str]) -> None:
         """Start the children; `params`: the fused parameters in the order their pools were made."""
         spec = dict(self.tier.child_spec(params), pools=self.pool_fds)
-        blob = pickle.dumps(spec)
+        blob = json.dumps(spec).encode()
         for i in range(self.procs):
             req_r, req_w = os.pipe()
             done_r, done_w = os.pipe()

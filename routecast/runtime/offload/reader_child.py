@@ -7,16 +7,16 @@ Protocol (little-endian int64 records of 5 fields, pipes):
        then older seq); 2 = cancel `seq` (skipped if not started); 3 = bump `seq` to prio; 4 = stop
   out  (seq, status, a, b, c)               status 0 = read: a bytes requested, b ns spent, c requests read straight
        into the slot; 1 = cancelled before it started; 2 = truncated file: a bytes got of b; 3 = OSError: a = errno
-The first message in is a length-prefixed pickle: the layout (files, mode, per-key plans) and the pools (memfd,
+The first message in is a length-prefixed JSON object: the layout (files, mode, per-key plans) and the pools (memfd,
 size, slot stride per parameter). One read at a time: reads into one slot land in the order they were sent.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import mmap
 import os
-import pickle
 import select
 import struct
 import sys
@@ -91,7 +91,7 @@ def _address(m: mmap.mmap) -> int:
 
 def serve(req_fd: int, done_fd: int) -> None:
     (n,) = struct.unpack("<q", _read_exact(req_fd, 8))
-    child = Child(pickle.loads(_read_exact(req_fd, n)), done_fd)
+    child = Child(json.loads(_read_exact(req_fd, n)), done_fd)
     os.set_blocking(req_fd, False)
     heap: list[tuple[int, int]] = []
     live: dict[int, tuple[int, int]] = {}  # seq -> (key, slot) of a read not started

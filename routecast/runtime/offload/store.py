@@ -6,10 +6,10 @@ tensor [budget, ...] per fused parameter, so the MoE forward computes straight f
 Which experts hold slots is decided by cache/slots.py's SlotCache, on the compute thread, from the accesses and
 forecasts alone: the same object drives the Python replay (``cache.slots.replay_slots``), so the runtime's hit
 ratio equals the replay's for the same access log and forecast sets, whatever the threads do. This file adds
-the data side: a reserved slot is filled by a loader thread, or with StoreConfig.reader 'process' by a reader
-process writing into shared-memory pools (reader.py; the compute thread collects its completions when it needs a
-slot, and late prefetches and cancellations are messages to it) (demand loads first, then prefetches nearest layer
-first; a layer-ahead forecast made before the running layer's access is read only after that access's demand
+the data side: a reserved slot is filled by a loader thread or, with StoreConfig.reader 'process', by a reader
+process writing into shared-memory pools (reader.py: the compute thread collects its completions when it needs a
+slot; late prefetches and cancellations are messages to it). Demand loads go first, then prefetches nearest layer
+first (a layer-ahead forecast made before the running layer's access is read only after that access's demand
 loads are queued, ``prefetch(hold=True)``, as the replay times it); an access computes the experts whose weights
 are in their slots at once and waits for the rest.
 - A hit whose prefetch is still queued or being read is a *late prefetch*: it is waited for (no second read; a
