@@ -27,10 +27,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from routecast.common import numbers as N  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
+from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.runtime.offload.engine import OffloadConfig, OffloadedModel  # noqa: E402
 from routecast.runtime.offload.load import load_without_experts, model_path  # noqa: E402
 from routecast.runtime.offload.run import SWITCH_S  # noqa: E402
+from routecast.trace.capture_arch import spec_from_model  # noqa: E402
 from routecast.trace.capture_inputs import load_model  # noqa: E402
 
 
@@ -58,14 +61,26 @@ def loop(model, ids: torch.Tensor, steps: int, store=None, rng=None, per_step: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin-fine")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--per-step", type=int, default=3, help="experts prefetched per forward step")
+    ap.add_argument("--steps", type=N.positive(100_000), default=200)
+    ap.add_argument("--rounds", type=N.positive(1000), default=5)
+    ap.add_argument("--per-step", type=N.positive(4096), default=3, help="experts prefetched per forward step (at most "
+                    "the model's experts per layer)")
     a = ap.parse_args()
+    try:
+        run(a)
+    except ConfigError as e:  # a bad --model or --per-step: one sentence, exit 2
+        print(f"benchmarks/reader_interference.py: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run(a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     sys.setswitchinterval(SWITCH_S)  # as the runtime runs its loader threads
     t_start = time.time()
     model, _tok = load_model(a.model)
+    E = spec_from_model(model).num_experts
+    if a.per_step > E:
+        raise ConfigError(f"--per-step is {a.per_step}; expected at most {E}, the experts of one layer of {a.model}.")
     ids = torch.randint(0, 200, (1, 1))
     loop(model, ids, 20)
     runs: dict[str, list[tuple[float, float, int]]] = {"alone": [], "threads": [], "process": []}
