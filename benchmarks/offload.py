@@ -168,7 +168,7 @@ def main() -> None:
         from offload_geometry import main_geometry  # benchmarks/ (sys.path[0] when run as a script)
 
         try:
-            main_geometry(a)
+            main_geometry(a, parse_gates(a.gate))
         except (ConfigError, OSError) as e:  # bad flags or inputs: one sentence, exit 2 (as routecast's own commands)
             print(f"benchmarks/offload.py: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -64,17 +64,37 @@ def best_at(rows: list[dict], pct: int, key: str) -> tuple[dict, dict]:
 
 
 def geometry_configs(geom, budgets: list[int], policies: list[str], combined: list[str], probed: bool,
-                     floor: bool) -> list[tuple[str, int, str, bool, bool]]:
-    """(label, slots, policy, lookahead prefetch, reuse probe) of every run: on-demand, the all-resident floor (floor:
-    a GPU run), then per budget each policy, fc-evict reading the reuse probe (probed) and lookahead with `combined`."""
+                     floor: bool, tops: dict[str, int] | None = None) -> list[tuple[str, int, str, bool, bool, int]]:
+    """(label, slots, policy, lookahead prefetch, reuse probe, prefetch top) of every run: on-demand, the all-resident
+    floor (floor: a GPU run), then per budget each policy, fc-evict reading the reuse probe (probed) and lookahead with
+    `combined`, whole and gated to each of `tops` ({'top3': 3}: each token's 3 most likely experts per layer)."""
     n = geom.layers * geom.experts
-    configs = [("on-demand", geom.top_k, "lru", False, False)] + ([("all-resident", n, "lru", False, False)] if floor else [])
+    configs = [("on-demand", geom.top_k, "lru", False, False, 0)] + (
+        [("all-resident", n, "lru", False, False, 0)] if floor else [])
     for pct in budgets:
         b = max(geom.top_k, int(round(pct / 100 * n)))
-        configs += [(f"{pol}@{pct}%", b, pol, False, False) for pol in policies]
-        configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True)] if probed else []
-        configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False) for pol in combined]
+        configs += [(f"{pol}@{pct}%", b, pol, False, False, 0) for pol in policies]
+        configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True, 0)] if probed else []
+        for pol in combined:
+            configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False, 0)]
+            configs += [(f"lookahead {g}+{pol}@{pct}%", b, pol, True, False, top) for g, top in (tops or {}).items()]
     return configs
+
+
+def geometry_tops(gates: dict[str, dict], geom) -> dict[str, int]:
+    """--gate's parsed rows (benchmarks/offload.py parse_gates) -> {'topN': N} for the geometry's gated lookahead rows;
+    a probability gate, or N outside 1..top-k - 1, is one sentence (the geometry's forecast keeps ranks only)."""
+    tops = {}
+    for g, kw in gates.items():
+        top = kw.get("prefetch_top")
+        if top is None:
+            raise ConfigError(f"--gate {g}: the geometry's lookahead keeps each forecast's rank, not its probability; "
+                              "expected topN gates in geometry mode.")
+        if not 1 <= top < geom.top_k:
+            raise ConfigError(f"--gate {g}: {geom.name} routes top-{geom.top_k}; expected topN with N from 1 to "
+                              f"{geom.top_k - 1} (top{geom.top_k} is the whole forecast, the ungated row).")
+        tops[g] = top
+    return tops
 
 
 def parse_replay(text: str) -> tuple[float, float]:
@@ -98,16 +118,16 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
     without the waiting requests' next-token forecasts -> out/bench/offload_geometry_NAME[-order]-replay.json."""
     import numpy as np
 
-    from routecast.runtime.offload.geometry import WEIGHT_NOTE, replay_geometry, routing_log
+    from routecast.runtime.offload.geometry import WEIGHT_NOTE, prefetch_sets, replay_geometry, routing_log
 
     log = routing_log(routing)
-    pred = np.array(routing["pred"], bool)
-    pred[:, 0] = False  # GeometryRun never forecasts layer 0
-    none = np.zeros_like(pred)
+    none = np.zeros_like(routing["pred"])
     step = a.geometry_order == "step"
     tok = step and "token_use" in routing
     rows, lru = [], {}
-    for label, b, pol, pf, ru in configs:
+    for label, b, pol, pf, ru, top in configs:
+        pred = np.array(prefetch_sets(routing, top), bool)
+        pred[:, 0] = False  # GeometryRun never forecasts layer 0
         fig = {"log": log, "pred_sets": pred if pf else none, "compute_s_per_expert": comp_ms / 1e3, "policy": pol,
                "budget": b, "prefetch": pf, "reuse": ru, "warmup": warm}
         rep = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3)
@@ -158,10 +178,10 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
     print(f"wrote out/bench/{name}.json")
 
 
-def main_geometry(a) -> None:
+def main_geometry(a, gates: dict[str, dict]) -> None:
     """The I/O-bound table: s per token per policy and budget on the geometry's random-weight layers driven by the
     'fine' trace's routing after a warm-up, with the replay's prediction (geometry.replay_geometry: replay_slots
-    with the measured tier and compute)."""
+    with the measured tier and compute). gates: --gate parsed (geometry_tops: topN rows of the lookahead)."""
     from routecast.common.outputs import check_out_file
     from routecast.runtime.offload.geometry import (
         WEIGHT_NOTE,
@@ -201,6 +221,10 @@ def main_geometry(a) -> None:
     for pol in {*policies, *combined} - set(RUNTIME_POLICIES):  # refused before any weights are written
         raise ConfigError(f"--policies / --geometry-prefetch name {pol!r}; expected some of {', '.join(RUNTIME_POLICIES)}.")
     check_order(a.geometry_order)
+    tops = geometry_tops(gates, geom)
+    if tops and not combined:
+        raise ConfigError("--gate gates the lookahead's prefetch; --geometry-prefetch is '': expected the demand "
+                          "policies to combine it with.")
     replay_ms = None  # --geometry-replay: (read, compute) milliseconds; nothing runs
     if a.geometry_replay is not None:
         if a.geometry_device is not None or a.save_routing is not None:
@@ -247,7 +271,7 @@ def main_geometry(a) -> None:
         return
     routing = first_tokens(long, warm + tokens)
     if replay_ms is not None:
-        replay_table(a, geom, routing, geometry_configs(geom, budgets, policies, combined, probed, floor=False),
+        replay_table(a, geom, routing, geometry_configs(geom, budgets, policies, combined, probed, floor=False, tops=tops),
                      budgets, warm, tokens, *replay_ms)
         return
     gpu = a.geometry_device is not None
@@ -289,7 +313,7 @@ def main_geometry(a) -> None:
         print(f"eviction bound at {pct}% (cache kernel over {n_bound} decode tokens, no I/O): misses LRU "
               f"{m['lru']:.0f}, LFU {m['lfu']:.0f}, Belady {m['belady']:.0f}: no eviction rule reads less than "
               f"{m['belady'] / m['lru']:.2f}x LRU's bytes", flush=True)
-    configs = geometry_configs(geom, budgets, policies, combined, probed, floor=gpu)
+    configs = geometry_configs(geom, budgets, policies, combined, probed, floor=gpu, tops=tops)
     runs: dict[str, list[dict]] = {c[0]: [] for c in configs}
     stop = None if a.geometry_minutes is None else t_start + 60 * a.geometry_minutes
     done, t_round = 0, 0.0
@@ -299,13 +323,13 @@ def main_geometry(a) -> None:
                   "rounds run", flush=True)
             break
         t_round, done = time.time(), rep + 1
-        for label, b, pol, pf, ru in round_order(configs, rep):  # seeded per round: no fixed place in the rounds
+        for label, b, pol, pf, ru, top in round_order(configs, rep):  # seeded per round: no fixed place in the rounds
             # the tier's speed right before each run (this disk drifts by tens of percent within minutes): the replay
             # is priced with the median over all runs (a few reads per run alone are too noisy to price that run)
             near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
                                        threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
             r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads,
-                             reuse=ru, tier=shared, early=not a.geometry_wait_all)
+                             reuse=ru, tier=shared, early=not a.geometry_wait_all, pred_top=top)
             r["tier_read_s"] = near
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
@@ -318,7 +342,7 @@ def main_geometry(a) -> None:
     tier["replay_read_s"] = near
     print(f"tier during the runs: {near * 1e3:.1f} ms per expert read (median of the reads timed before each run)")
     rows = []
-    for label, b, pol, pf, _ru in configs:
+    for label, b, pol, pf, _ru, _top in configs:
         rs = runs[label]
         r0 = dict(rs[0], compute_s_per_expert=statistics.median(r["compute_s_per_expert"] for r in rs))
         # all-resident preloads every expert: nothing for the replay to predict beyond the compute measured
@@ -336,15 +360,16 @@ def main_geometry(a) -> None:
                      "measured_vs_replay": statistics.median(spt) / rep_["s_per_token"] - 1 if rep_["s_per_token"] else None,
                      "predictor_share": statistics.median(r["predict_s"] / r["wall_s"] for r in rs),
                      "read_s_per_expert": statistics.median(r["read_s_per_expert"] for r in rs),
+                     "reads_per_token": statistics.median(r["reads"] / r["timed_tokens"] for r in rs),
                      "replay_read_s": near,
                      "compute_s_per_expert": r0["compute_s_per_expert"]})
-    print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "(min-max)", "hit", "replay s/token", "replay hit",
-                      "measured vs replay", "predictor share")))
+    print(" | ".join(("config", "s/token", "(min-max)", "x LRU tok/s", "(min-max)", "hit", "reads/token", "replay s/token",
+                      "replay hit", "measured vs replay", "predictor share")))
     for r in rows:
         print(" | ".join((r["config"], f"{r['s_per_token']:.4f}", f"({r['s_min']:.4f}-{r['s_max']:.4f})",
                           _f(r["x_lru_tokens_per_s"], ".2f"),
                           f"({_f(r['x_lru_min'], '.2f')}-{_f(r['x_lru_max'], '.2f')})", f"{r['hit_ratio']:.3f}",
-                          _f(r["replay_s_per_token"], ".4f"), _f(r["replay_hit_ratio"], ".3f"),
+                          f"{r['reads_per_token']:.1f}", _f(r["replay_s_per_token"], ".4f"), _f(r["replay_hit_ratio"], ".3f"),
                           _f(r["measured_vs_replay"], "+.1%"), f"{r['predictor_share']:.2%}")))
     lo, hi = min(loads), max(loads)
     when = ("each layer computed once all its experts were in (--geometry-wait-all)" if a.geometry_wait_all else

@@ -93,6 +93,9 @@ def test_rounds_keep_the_reference_first_and_permute_the_rest():
     (["--geometry-replay", "1,nan"], "expected a positive read time"),
     (["--geometry-replay", "1,1", "--geometry-device", "cpu"], "expected neither --geometry-device"),
     (["--geometry-replay", "1,1", "--policies", "lfu"], "expected lru among --policies"),
+    (["--gate", "p0.2"], "keeps each forecast's rank, not its probability"),
+    (["--gate", "top2"], "expected topN with N from 1 to 1"),
+    (["--gate", "top1", "--geometry-prefetch", ""], "expected the demand policies to combine it with"),
 ])
 def test_geometry_flags_are_one_sentence_before_anything_is_written(args, needle, tmp_path):
     import subprocess
@@ -134,15 +137,17 @@ def test_geometry_replay_prices_every_row_and_fc_evict_with_and_without_the_sche
     rt = {"ids": ids, "w": np.full((T, 2, 2), 0.5, np.float32), "request": np.arange(T) % 4,
           "pred": rng.random((T, 2, 8)) < 0.3, "tokens": T, "order": "step", "trace": "t", "trace_layers": 2,
           "predict_s": 1e-4, "reuse": rng.uniform(0, 3, (T, 2, 16)).astype(np.float32), "reuse_s": 1e-5}
+    rt["pred_rank"] = np.where(rt["pred"], rng.integers(1, 3, (T, 2, 8)), 0).astype(np.uint8)
     save_routing(tmp_path / "r.npz", rt, geom)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "offload.py"), "--geometry", "mixtral-8x7b", "--geometry-layers",
            "2", "--routing-file", "r.npz", "--geometry-warmup", "8", "--geometry-tokens", "12", "--budgets", "50",
-           "--policies", "lru,fc-evict", "--geometry-prefetch", "fc-evict", "--geometry-replay", "5,0.5"]
+           "--policies", "lru,fc-evict", "--geometry-prefetch", "fc-evict", "--geometry-replay", "5,0.5", "--gate", "top1"]
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads((tmp_path / "out/bench/offload_geometry_mixtral-8x7b-replay.json").read_text())["data"]
     rows = {r["config"]: r for r in out["rows"]}
-    assert set(rows) == {"on-demand", "lru@50%", "fc-evict@50%", "fc-evict+probe@50%", "lookahead+fc-evict@50%"}
+    assert set(rows) == {"on-demand", "lru@50%", "fc-evict@50%", "fc-evict+probe@50%", "lookahead+fc-evict@50%",
+                         "lookahead top1+fc-evict@50%"}
     assert rows["lru@50%"]["x_lru"] == 1.0 and rows["lru@50%"]["without_schedule_s_per_token"] is None
     assert not (tmp_path / "out/geometry").exists()  # no weights: nothing ran
     log = [(g, *np.unique(ids[t, g], return_counts=True)) for t in range(T) for g in range(2)]
@@ -151,6 +156,11 @@ def test_geometry_replay_prices_every_row_and_fc_evict_with_and_without_the_sche
     for sched, key in ((True, "replay_s_per_token"), (False, "without_schedule_s_per_token")):
         want = replay_geometry(fig, geom, {**rt, "reuse": rt["reuse"]}, xfer_s=5e-3, schedule=sched)["s_per_token"]
         assert rows["fc-evict+probe@50%"][key] == pytest.approx(want)
+    gated = (rt["pred_rank"] == 1) & (np.arange(2) > 0)[None, :, None]  # the top-1 forecast; layer 0 never prefetched
+    fig.update(pred_sets=gated, prefetch=True, reuse=False)
+    want = replay_geometry(fig, geom, rt, xfer_s=5e-3)
+    assert rows["lookahead top1+fc-evict@50%"]["replay_hit_ratio"] == pytest.approx(want["hit_ratio"])
+    assert rows["lookahead top1+fc-evict@50%"]["replay_s_per_token"] == pytest.approx(want["s_per_token"])
 
 
 @pytest.mark.parametrize("content, needle", [

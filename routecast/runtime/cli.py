@@ -171,11 +171,11 @@ def cmd_geometry(a: argparse.Namespace) -> int:
                            ("--per-layer", a.per_layer), ("--predictor", a.predictor), ("--fit-trace", a.fit_trace),
                            ("--token-table", a.token_table),
                            ("--batch-size", a.batch_size != 1), ("--prefetch-depth", a.prefetch_depth != 1),
-                           ("--prefetch-top", a.prefetch_top), ("--prefetch-min-prob", a.prefetch_min_prob),
+                           ("--prefetch-min-prob", a.prefetch_min_prob),
                            ("--lookahead-first", a.lookahead_first != -1), ("--reader", a.reader != "auto")) if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)} {'acts' if len(bad) == 1 else 'act'} on a model run; a --geometry run takes --budget, --policy, --baseline, "
-                          "--prefetch none|lookahead, --loader-threads, --no-direct, --routing and --figures.")
+                          "--prefetch none|lookahead, --prefetch-top, --loader-threads, --no-direct, --routing and --figures.")
     disk = [f for f, on in (("--weights-dir", a.weights_dir), ("--no-direct", a.no_direct)) if on]
     if a.geometry_device is not None and disk:
         raise ConfigError(f"{', '.join(disk)} {'acts' if len(disk) == 1 else 'act'} on the weights file on disk; "
@@ -191,7 +191,7 @@ def cmd_geometry(a: argparse.Namespace) -> int:
                         warmup=given(a.geometry_warmup, 16), budget=a.budget, policy=a.policy, prefetch=a.prefetch,
                         baseline=given(a.baseline, "lru"), loader_threads=a.loader_threads, direct=not a.no_direct,
                         weights_dir=given(a.weights_dir, "out/geometry"), order=given(a.geometry_order, "step"),
-                        reuse_probe=bool(a.reuse_probe), device=a.geometry_device)
+                        reuse_probe=bool(a.reuse_probe), device=a.geometry_device, prefetch_top=a.prefetch_top)
     print(format_geometry(res))
     if a.figures:
         write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")

@@ -87,9 +87,12 @@ def routing(T: int, seed: int = 0, interleave: bool = False) -> dict:
     the serving order, the last one joining late), a forecast that is right half the time."""
     rng = np.random.default_rng(seed)
     ids = np.stack([[rng.choice(TINY.experts, 2, replace=False) for _ in range(TINY.layers)] for _ in range(T)])
-    pred = np.zeros((T, TINY.layers, TINY.experts), bool)
-    np.put_along_axis(pred, np.where(rng.random(ids.shape) < 0.5, ids, (ids + 3) % TINY.experts), True, -1)
-    return {"ids": ids, "w": np.full(ids.shape, 0.5, np.float32), "pred": pred, "predict_s": 1e-4, "tokens": T,
+    fc = np.where(rng.random(ids.shape) < 0.5, ids, (ids + 3) % TINY.experts)  # (T, L, K) in forecast order
+    rank = np.zeros((T, TINY.layers, TINY.experts), np.uint8)
+    for k in range(fc.shape[-1] - 1, -1, -1):  # an expert forecast twice keeps its better rank
+        np.put_along_axis(rank, fc[..., k:k + 1], k + 1, -1)
+    return {"ids": ids, "w": np.full(ids.shape, 0.5, np.float32), "pred": rank > 0, "pred_rank": rank,
+            "predict_s": 1e-4, "tokens": T,
             "request": np.r_[[0, 1, 0, 1], np.arange(T - 4) % 3] if interleave else np.repeat(np.arange(3), -(-T // 3))[:T]}
 
 
@@ -108,6 +111,34 @@ def test_the_run_counts_only_timed_tokens_and_matches_the_replay(weights, policy
     rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)
     assert (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])  # the same decisions, clock-free
     assert rep["s_per_token"] > 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "fc-evict"])
+def test_prefetch_top_keeps_each_tokens_most_likely_experts_and_the_replay_follows(weights, policy: str) -> None:
+    from routecast.runtime.offload.geometry import prefetch_sets
+
+    rt = routing(14, seed=2)
+    one = prefetch_sets(rt, 1)
+    assert np.array_equal(prefetch_sets(rt, 0), rt["pred"]) and np.array_equal(prefetch_sets(rt, TINY.top_k), rt["pred"])
+    assert (one <= rt["pred"]).all() and (one.sum(-1) == 1).all()  # one expert per token and layer, from the forecast
+    assert np.array_equal(np.argmax(one, -1), np.argmax(rt["pred_rank"] == 1, -1))  # the most likely one
+    fig = run_geometry(weights, TINY, rt, budget=6, policy=policy, prefetch=True, warmup=4, direct=False, pred_top=1)
+    assert np.array_equal(fig["pred_sets"][:, 1:], one[:, 1:]) and not fig["pred_sets"][:, 0].any()  # layer 0: never
+    assert fig["pred_top"] == 1
+    rep = replay_geometry(fig, TINY, rt, xfer_s=1e-3)
+    assert (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])
+
+
+def test_prefetch_top_needs_the_forecasts_ranks() -> None:
+    from routecast.runtime.offload.geometry import prefetch_sets
+
+    rt = routing(4)
+    rt.pop("pred_rank")
+    assert np.array_equal(prefetch_sets(rt, 0), rt["pred"])
+    with pytest.raises(ConfigError, match="needs the forecast's ranks"):
+        prefetch_sets(rt, 1)
+    with pytest.raises(ConfigError, match="--prefetch-top is -1"):
+        prefetch_sets(routing(4), -1)
 
 
 def test_fc_evict_sees_each_tokens_request(weights) -> None:

@@ -183,3 +183,29 @@ def test_bad_device_flags_are_one_sentence_before_anything_is_made(args, needle,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not list(tmp_path.iterdir())  # no trace captured, no weights written
+
+
+def test_lookahead_keeps_its_ranks_and_prefetch_top_gates_the_run(tmp_path, capsys) -> None:
+    from routecast.runtime.offload.geometry import prefetch_sets
+    from routecast.runtime.offload.geometry_routing import trace_routing
+    from routecast.trace.capture import capture_to_disk
+
+    d = capture_to_disk("builtin", "corpus:test:3", tmp_path / "t", max_new_tokens=4, hidden=True, progress=False)
+    rt = trace_routing(d, TINY, 8)
+    rank = rt["pred_rank"]
+    assert rank.dtype == np.uint8 and np.array_equal(rank > 0, rt["pred"]) and rank.max() <= TINY.top_k
+    for t, g in np.ndindex(rank.shape[:2]):  # each token's forecast: ranks 1, 2, .. without gaps or repeats
+        got = np.sort(rank[t, g][rank[t, g] > 0])
+        assert np.array_equal(got, np.arange(1, len(got) + 1))
+    assert (prefetch_sets(rt, 1).sum(-1) <= 1).all()
+    res = geometry_main(TINY, routing=d, tokens=4, warmup=4, policy="lru", prefetch="lookahead", prefetch_top=1,
+                        baseline="none", direct=False, weights_dir=tmp_path / "w")
+    r = res["runs"]["lookahead top1+lru"]
+    assert res["prefetch_top"] == 1 and r["replay_hit_ratio"] == pytest.approx(r["hit_ratio"])
+    for args, needle in ((["--prefetch-top", "1"], "expected --prefetch lookahead with it"),
+                         (["--prefetch", "lookahead", "--prefetch-top", "3"], "--prefetch-top is 3; expected 0")):
+        capsys.readouterr()
+        assert main(["run", "--offload", "--geometry", "mixtral-8x7b", *args, "--weights-dir", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+        assert not (tmp_path / "x").exists()

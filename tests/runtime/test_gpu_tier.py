@@ -107,7 +107,7 @@ def _saved(tmp_path, T: int = 10):
 def test_a_saved_routing_reads_back_equal(tmp_path) -> None:
     rt, path = _saved(tmp_path)
     got = load_routing(path, TINY)
-    for k in ("ids", "w", "request", "pred", "reuse", "token_use"):
+    for k in ("ids", "w", "request", "pred", "pred_rank", "reuse", "token_use"):
         assert np.array_equal(got[k], rt[k])
     assert got["tokens"] == 10 and got["predict_s"] == rt["predict_s"] and got["reuse_s"] == 2e-4
     assert got["token_s"] == 3e-6
@@ -126,7 +126,7 @@ def test_a_routing_of_another_geometry_or_shape_is_refused(tmp_path) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["ids", "w", "request", "pred", "reuse", "token_use"]),
+@given(st.sampled_from(["ids", "w", "request", "pred", "pred_rank", "reuse", "token_use"]),
        st.sampled_from(["shape", "nan", "range", "drop"]),
        st.integers(0, 2**31 - 1))
 def test_a_damaged_routing_file_is_one_sentence_naming_it(tmp_path_factory, key, damage, seed) -> None:
@@ -142,13 +142,16 @@ def test_a_damaged_routing_file_is_one_sentence_naming_it(tmp_path_factory, key,
         a.reshape(-1)[rng.integers(0, a.size)] = np.nan
         rt[key] = a
     elif damage == "range":
-        if key not in ("ids", "token_use"):
+        if key not in ("ids", "token_use", "pred_rank"):
             return
         a = a.copy()
-        bad = [-2, TINY.experts, 1 << 20] if key == "ids" else [-0.5, 1.5]
-        a.reshape(-1)[rng.integers(0, a.size)] = rng.choice(bad)
+        bad = {"ids": [-2, TINY.experts, 1 << 20], "token_use": [-0.5, 1.5], "pred_rank": [0, TINY.top_k + 1, 255]}[key]
+        i = rng.integers(0, a.size)
+        if key == "pred_rank" and a.reshape(-1)[i] == 0:  # a rank where nothing is forecast: not the 'pred' sets
+            bad = [1, TINY.top_k]
+        a.reshape(-1)[i] = rng.choice(bad)
         rt[key] = a
-    elif key not in ("reuse", "token_use"):  # both optional: dropping one is a valid file
+    elif key not in ("reuse", "token_use", "pred_rank"):  # optional: dropping one is a valid file
         rt.pop(key)
     else:
         return

@@ -245,6 +245,22 @@ def forecast_s(routing: dict[str, Any], prefetch: bool, reuse: bool, tokens: boo
             + (routing.get("token_s", 0.0) if tokens else 0.0))
 
 
+def prefetch_sets(routing: dict[str, Any], top: int = 0) -> np.ndarray:
+    """bool (T, L, E) the lookahead sets a run prefetches: routing['pred'], or with top > 0 only each token's `top` most
+    likely experts of each layer (routing['pred_rank'] 1..top), the confidence gate OffloadConfig.prefetch_top gives
+    a model run. In this I/O-bound regime every wrong prefetch is a whole read on the busy tier: the gate keeps the
+    forecasts that are right most often (builtin-fine's routing on deepseek-v2-lite at 50%: top-3 of the six
+    prefetched 4.7 experts a token for 0.7 more reads than fc-evict alone, all six 18.0 for 9.2 more)."""
+    if top < 0:
+        raise ConfigError(f"--prefetch-top is {top}; expected 0 (every forecast expert) or a positive count.")
+    if not top:
+        return routing["pred"]
+    if "pred_rank" not in routing:
+        raise ConfigError("--prefetch-top needs the forecast's ranks; this routing holds the sets only (a routing file "
+                          "saved before ranks were kept): expected one saved again with --save-routing.")
+    return (routing["pred_rank"] > 0) & (routing["pred_rank"] <= top)
+
+
 def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int, np.ndarray]] | None:
     """Per token, the forecasts of each request's next step from its known input token that fc-evict reads (cache/
     reuse.py known_next_use over routing['token_use']: the waiting requests' next turns, and the running one's own
@@ -259,7 +275,7 @@ def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int,
 
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
                  prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0,
-                 reuse: bool = False, tier=None, early: bool = True) -> dict[str, Any]:
+                 reuse: bool = False, tier=None, early: bool = True, pred_top: int = 0) -> dict[str, Any]:
     """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
     fast tier untimed (a server runs warm; cold first uses would otherwise dominate a short run) -> figures of the
     timed tokens: s_per_token (wall), hit ratio, bytes read, predictor seconds (the forecasts' measured per-token
@@ -270,7 +286,8 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     tokens (the running request's own, the waiting requests' next) when the routing has them (routing['token_use'];
     their seconds added too). tier: a shared
     slow tier (GeometryRun; path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run).
-    early: GeometryRun's (hits computed while the misses are read; False: once all are in)."""
+    early: GeometryRun's (hits computed while the misses are read; False: once all are in). pred_top: prefetch only
+    each token's pred_top most likely experts per layer (prefetch_sets; 0 = the whole forecast)."""
     from routecast.cache.zoo import check_reuse_policy
 
     n = routing["tokens"]
@@ -284,7 +301,7 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
                     early=early)
     if budget >= geom.layers * geom.experts:
         r.store.preload(np.arange(geom.layers * geom.experts))
-    ids, w, pred, req = routing["ids"], routing["w"], routing["pred"], routing["request"]
+    ids, w, pred, req = routing["ids"], routing["w"], prefetch_sets(routing, pred_top), routing["request"]
     ru = routing["reuse"] if reuse else [None] * n
     from routecast.cache.reuse import round_robin
 
@@ -307,7 +324,7 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     pred_s = forecast_s(routing, prefetch, reuse, tokens) * timed
     wall += pred_s  # computed before the run (the trace's forecasts): added; fc-evict's upkeep is inside the wall
     fig.update(wall_s=wall, s_per_token=wall / timed, predict_s=pred_s + r.predict_s - upkeep0, budget=budget, policy=policy,
-               prefetch=prefetch, reuse=reuse, next_tokens=tokens, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
+               prefetch=prefetch, pred_top=pred_top, reuse=reuse, next_tokens=tokens, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
                read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
     return fig
 

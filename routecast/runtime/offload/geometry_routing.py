@@ -92,7 +92,8 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     """The first `tokens` decode tokens of a captured trace -> {'ids', 'w' (T, L, K) the geometry's
     routing; 'request' (T,) each token's request; 'pred' bool (T, L, E) PROBE's frozen-gate forecast of each layer
     from the previous trace layer's recorded router input (layer 0's: the trace's layer-0 routing frequencies),
-    mapped as the routing; 'predict_s' seconds of those forecasts per token (the predictor's own time, charged to
+    mapped as the routing, and 'pred_rank' uint8 (T, L, E) each forecast expert's rank in it (1 = the most likely,
+    0 = not forecast: geometry.prefetch_sets' confidence gate); 'predict_s' seconds of those forecasts per token (the predictor's own time, charged to
     every prefetching run)}. forecast=False: no forecast ('pred' all False, 'predict_s' 0), so a trace without
     router inputs, or of another model than the built-in ones whose gates PROBE uses, drives demand policies.
     order: 'step' = the trace's own order (its serving schedule: one decode token of each request in flight in
@@ -124,7 +125,8 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     if reuse_probe or token_table:
         base.update(_token_use(trace, rows, geom))
     if not forecast:
-        return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool), "predict_s": 0.0}
+        return {**base, "pred": np.zeros((len(rows), geom.layers, geom.experts), bool),
+                "pred_rank": np.zeros((len(rows), geom.layers, geom.experts), np.uint8), "predict_s": 0.0}
     if trace.hidden_TLH is None:
         raise ConfigError(f"--routing {trace_path}: the trace holds no router inputs; lookahead prefetch needs a "
                           "capture with --hidden (or run without prefetch).")
@@ -146,10 +148,10 @@ def trace_routing(trace_path: str | Path, geom: Geometry, tokens: int, *, foreca
     f_ids = np.concatenate([np.broadcast_to(l0, (len(rows), 1, Kt)), i_f.numpy()], 1)
     f_w = np.concatenate([np.full((len(rows), 1, Kt), 1.0 / Kt, np.float32), w_f.numpy()], 1)
     g_ids, _ = map_routing(f_ids, f_w, geom, spec.num_experts)
-    pred = np.zeros((len(rows), geom.layers, geom.experts), bool)
-    t, lay, k = np.nonzero(g_ids >= 0)
-    pred[t, lay, g_ids[t, lay, k]] = True
-    return {**base, "pred": pred, "predict_s": predict_s}
+    rank = np.zeros((len(rows), geom.layers, geom.experts), np.uint8)
+    t, lay, k = np.nonzero(g_ids >= 0)  # map_routing keeps each token's forecast in weight order: k is its rank
+    rank[t, lay, g_ids[t, lay, k]] = k + 1
+    return {**base, "pred": rank > 0, "pred_rank": rank, "predict_s": predict_s}
 
 
 def _reuse(trace, rows: np.ndarray, geom: Geometry, trace_path: str | Path) -> dict[str, Any]:
@@ -202,7 +204,7 @@ def first_tokens(routing: dict[str, Any], n: int) -> dict[str, Any]:
     return {**routing, **{k: routing[k][:n] for k in keys}, "tokens": n}
 
 
-_ARRAYS = ("ids", "w", "request", "pred", "reuse", "token_use")
+_ARRAYS = ("ids", "w", "request", "pred", "pred_rank", "reuse", "token_use")
 _META = ("tokens", "trace", "trace_layers", "order", "predict_s", "reuse_s", "reuse_train_tokens", "token_s")
 
 
@@ -241,8 +243,8 @@ def load_routing(path: str | Path, geom: Geometry) -> dict[str, Any]:
                           f"expected {want}.")
     T = meta.get("tokens")
     L, E, K = geom.layers, geom.experts, geom.top_k
-    shapes = {"ids": (T, L, K), "w": (T, L, K), "request": (T,), "pred": (T, L, E), "reuse": (T, L, L * E),
-              "token_use": (T, L * E)}
+    shapes = {"ids": (T, L, K), "w": (T, L, K), "request": (T,), "pred": (T, L, E), "pred_rank": (T, L, E),
+              "reuse": (T, L, L * E), "token_use": (T, L * E)}
     for k in ("ids", "w", "request", "pred"):
         if k not in got:
             raise ConfigError(f"--routing-file {path}: no {k!r} array; expected ids, w, request and pred.")
@@ -253,6 +255,10 @@ def load_routing(path: str | Path, geom: Geometry) -> dict[str, Any]:
             raise ConfigError(f"--routing-file {path}: {k!r} holds NaN or infinite values; expected finite ones.")
     if "token_use" in got and ((got["token_use"] < 0) | (got["token_use"] > 1)).any():
         raise ConfigError(f"--routing-file {path}: 'token_use' holds values outside [0, 1]; expected probabilities.")
+    if "pred_rank" in got and (got["pred_rank"].dtype != np.uint8 or (got["pred_rank"] > K).any()
+                               or ((got["pred_rank"] > 0) != got["pred"]).any()):
+        raise ConfigError(f"--routing-file {path}: 'pred_rank' is not ranks 0..{K} (uint8) of the 'pred' sets; expected "
+                          "the forecast's ranks, 0 where nothing is forecast.")
     ids = got["ids"]
     if ((ids < -1) | (ids >= E)).any():
         raise ConfigError(f"--routing-file {path}: expert ids outside -1..{E - 1}; expected the geometry's ids.")

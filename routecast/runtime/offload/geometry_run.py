@@ -2,6 +2,7 @@
 
     routecast run --offload --geometry mixtral-8x7b --policy fc-evict --budget 50%
     routecast run --offload --geometry deepseek-v2-lite --routing out/traces/fine --prefetch lookahead --policy lfu
+    routecast run --offload --geometry deepseek-v2-lite --prefetch lookahead --prefetch-top 3 --policy fc-evict
     routecast run --offload --geometry mixtral-8x7b --policy fc-evict --reuse-probe --geometry-order request
     routecast run --offload --geometry mixtral-8x7b --geometry-layers 8 --geometry-device cuda --policy lirs
 
@@ -9,7 +10,8 @@ The layers of geometry.py (random bf16 weights written once under --weights-dir,
 the standard 'fine' one by default; with --geometry-device cuda, every expert in pinned host memory copied to GPU
 slots and computed there, gpu.py) run `--geometry-warmup` decode tokens untimed, then `--geometry-tokens` timed,
 through the offload runtime's ExpertStore with the chosen policy (and PROBE's lookahead prefetch with
---prefetch lookahead; and fc-evict reading the reuse probe with --reuse-probe); then the same with the baseline
+--prefetch lookahead, gated to each token's N most likely experts with --prefetch-top N; and fc-evict reading the
+reuse probe with --reuse-probe); then the same with the baseline
 policy (default lru). Per run: seconds per token, hit
 ratio, expert reads, read time per expert, and the replay's prediction (geometry.replay_geometry, one link at the
 read time measured right before the runs) beside the measured time; the eviction bound (LRU, LFU, Belady misses
@@ -48,14 +50,16 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
                   warmup: int = 16, budget: str = "50%", policy: str = "lru", prefetch: str = "none",
                   baseline: str = "lru", loader_threads: int = 2, direct: bool = True,
                   weights_dir: str | Path = "out/geometry", order: str = "step",
-                  reuse_probe: bool = False, device: str | None = None) -> dict[str, Any]:
+                  reuse_probe: bool = False, device: str | None = None, prefetch_top: int = 0) -> dict[str, Any]:
     """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
     'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
     name, or a Geometry (tests: a tiny one; `layers` is then its own). order: the decode tokens' order
     (geometry_routing.trace_routing: 'step' or 'request'). reuse_probe: `policy` (fc-evict) reads the reuse probe
     (geometry_routing.trace_routing). device: 'cuda' (or 'cuda:N', 'cpu'): every expert in pinned host memory,
     copied to slots on that device and computed there (gpu.PinnedTier; no weights file); None: the weights file on
-    disk, computed on the CPU. Every flag is checked before the weights are written or the trace is read."""
+    disk, computed on the CPU. prefetch_top: the lookahead prefetches only each token's N most likely experts per
+    layer (geometry.prefetch_sets; 0 = its whole top-k). Every flag is checked before the weights are written or the
+    trace is read."""
     from routecast.cache.replay import parse_budget
     from routecast.cache.zoo import check_reuse_policy
     from routecast.trace.standard import standard_trace
@@ -67,6 +71,12 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     if prefetch not in ("none", "lookahead"):
         raise ConfigError(f"--prefetch is {prefetch!r} with --geometry; expected none or lookahead (PROBE's gates on the "
                           "trace's recorded router inputs: the geometry has no model to fit a predictor on).")
+    if prefetch_top and prefetch != "lookahead":
+        raise ConfigError(f"--prefetch-top {prefetch_top} gates the lookahead's prefetch; --prefetch is {prefetch!r}: "
+                          "expected --prefetch lookahead with it.")
+    from routecast.runtime.offload.run import check_prefetch_top
+
+    check_prefetch_top(prefetch_top, geom.top_k)
     if tokens < 1 or warmup < 0:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
@@ -113,13 +123,15 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     mode = shared.mode if shared is not None else "o_direct" if direct else "fadvise"
     print(f"tier: {read_s * 1e3:.1f} ms per expert read with {loader_threads} in flight "
           f"({mode}; the replay prices each read with it)", flush=True)
-    configs = [(f"{'lookahead+' if pf else ''}{policy}{'+probe' if reuse_probe else ''}", policy, pf, reuse_probe)]
+    gate = f" top{prefetch_top}" if prefetch_top else ""
+    configs = [(f"{f'lookahead{gate}+' if pf else ''}{policy}{'+probe' if reuse_probe else ''}", policy, pf, reuse_probe)]
     if baseline != "none" and (baseline, False, False) != (policy, pf, reuse_probe):
         configs.append((baseline, baseline, False, False))
     runs: dict[str, dict[str, Any]] = {}
     for label, pol, p, ru in configs:
         r = run_geometry(path, geom, route, budget=slots, policy=pol, prefetch=p, warmup=warmup,
-                         loader_threads=loader_threads, direct=direct, reuse=ru, tier=shared)
+                         loader_threads=loader_threads, direct=direct, reuse=ru, tier=shared,
+                         pred_top=prefetch_top if p else 0)
         rep = replay_geometry(r, geom, route, xfer_s=read_s)
         runs[label] = {**{k: r[k] for k in FIG_KEYS if k in r}, "policy": pol, "prefetch": p, "reuse_probe": ru,
                        "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
@@ -127,7 +139,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         print(format_run(label, runs[label]), flush=True)
     out = {"geometry": vars(geom) | {"expert_bytes": geom.expert_bytes}, "budget": slots, "experts_total": n_keys,
            "trace": str(trace), "order": order, "warmup": warmup, "tokens": tokens, "tier_read_s": read_s, "note": WEIGHT_NOTE,
-           "loader_threads": loader_threads, "runs": runs, "bound": eviction_bound(geom, route, slots),
+           "loader_threads": loader_threads, "prefetch_top": prefetch_top, "runs": runs, "bound": eviction_bound(geom, route, slots),
            "load_average": os.getloadavg()[0], "device": device_name(shared.device) if shared is not None else "cpu",
            "tier_mode": mode}
     first, *rest = runs
