@@ -249,8 +249,8 @@ def prefetch_sets(routing: dict[str, Any], top: int = 0) -> np.ndarray:
     """bool (T, L, E) the lookahead sets a run prefetches: routing['pred'], or with top > 0 only each token's `top` most
     likely experts of each layer (routing['pred_rank'] 1..top), the confidence gate OffloadConfig.prefetch_top gives
     a model run. In this I/O-bound regime every wrong prefetch is a whole read on the busy tier: the gate keeps the
-    forecasts that are right most often (builtin-fine's routing on deepseek-v2-lite at 50%: top-3 of the six
-    prefetched 4.7 experts a token for 0.7 more reads than fc-evict alone, all six 18.0 for 9.2 more)."""
+    forecasts that are right most often (docs/results/offload_geometry_deepseek-v2-lite-lookahead.md: with fc-evict
+    at 50%, the whole top-6 read 21.4 experts a token against fc-evict's 15.5 alone, its top-2 15.7)."""
     if top < 0:
         raise ConfigError(f"--prefetch-top is {top}; expected 0 (every forecast expert) or a positive count.")
     if not top:
