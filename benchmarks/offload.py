@@ -164,11 +164,16 @@ def main() -> None:
                   f"mode ({type(e).__name__}: {e}).", file=sys.stderr)
             raise SystemExit(2) from None
         return
+    try:
+        gates = parse_gates(a.gate)
+    except ConfigError as e:
+        print(f"benchmarks/offload.py: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if a.geometry:
         from offload_geometry import main_geometry  # benchmarks/ (sys.path[0] when run as a script)
 
         try:
-            main_geometry(a, parse_gates(a.gate))
+            main_geometry(a, gates)
         except (ConfigError, OSError) as e:  # bad flags or inputs: one sentence, exit 2 (as routecast's own commands)
             print(f"benchmarks/offload.py: {e}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -211,7 +216,6 @@ def main() -> None:
           f"(p10 {tier['p10_read_s'] * 1e6:.0f}, p90 {tier['p90_read_s'] * 1e6:.0f}) = {tier['bandwidth_Bps'] / 1e9:.3f} GB/s; "
           f"profile {prof_path}")
 
-    gates = parse_gates(a.gate)
     combos = [tuple(c.split("+", 1)) for c in (a.combine if a.combine is not None else
                                                ("" if q else "lookahead+fc-evict,ffn+lfu,ffn+lirs")).split(",") if c]
     for name, pol in combos:
@@ -366,15 +370,18 @@ def summarise(a, runs, configs, requests, tier, hw, prof_path, L, E, loads, t_st
 
 
 def parse_gates(text: str) -> dict[str, dict]:
-    """'p0.1,top3' -> {'p0.1': {'prefetch_min_prob': 0.1}, 'top3': {'prefetch_top': 3}} (OffloadConfig fields)."""
+    """'p0.1,top3' -> {'p0.1': {'prefetch_min_prob': 0.1}, 'top3': {'prefetch_top': 3}} (OffloadConfig fields), or
+    one sentence (ConfigError) for a gate that is neither a probability in [0, 1) nor a count of at least 1."""
     out = {}
     for g in filter(None, (x.strip() for x in text.split(","))):
         try:
             kw = {"prefetch_top": int(g[3:])} if g.startswith("top") else {"prefetch_min_prob": float(g[1:])}
         except ValueError:
             kw = None
-        if kw is None or not (g.startswith("top") or g.startswith("p")):
-            raise SystemExit(f"--gate {g!r}: expected 'pX' (a probability) or 'topN' (a count).")
+        ok = kw is not None and (g.startswith("top") and kw["prefetch_top"] >= 1
+                                 or g.startswith("p") and 0.0 <= kw.get("prefetch_min_prob", -1.0) < 1.0)
+        if not ok:
+            raise ConfigError(f"--gate {g!r}: expected 'pX' (a probability in [0, 1)) or 'topN' (a count of at least 1).")
         out[g] = kw
     return out
 

@@ -124,11 +124,12 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
     none = np.zeros_like(routing["pred"])
     step = a.geometry_order == "step"
     tok = step and "token_use" in routing
-    rows, lru = [], {}
+    rows, lru, sets = [], {}, {}
     for label, b, pol, pf, ru, top in configs:
-        pred = np.array(prefetch_sets(routing, top), bool)
-        pred[:, 0] = False  # GeometryRun never forecasts layer 0
-        fig = {"log": log, "pred_sets": pred if pf else none, "compute_s_per_expert": comp_ms / 1e3, "policy": pol,
+        if pf and top not in sets:  # each gate's sets once
+            sets[top] = np.array(prefetch_sets(routing, top), bool)
+            sets[top][:, 0] = False  # GeometryRun never forecasts layer 0
+        fig = {"log": log, "pred_sets": sets[top] if pf else none, "compute_s_per_expert": comp_ms / 1e3, "policy": pol,
                "budget": b, "prefetch": pf, "reuse": ru, "warmup": warm}
         rep = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3)
         fc = pol == "fc-evict" and step

@@ -94,6 +94,8 @@ def test_rounds_keep_the_reference_first_and_permute_the_rest():
     (["--geometry-replay", "1,1", "--geometry-device", "cpu"], "expected neither --geometry-device"),
     (["--geometry-replay", "1,1", "--policies", "lfu"], "expected lru among --policies"),
     (["--gate", "p0.2"], "keeps each forecast's rank, not its probability"),
+    (["--gate", "top0"], "--gate 'top0': expected 'pX' (a probability in [0, 1)) or 'topN'"),
+    (["--gate", "pnan"], "--gate 'pnan': expected 'pX'"),
     (["--gate", "top2"], "expected topN with N from 1 to 1"),
     (["--gate", "top1", "--geometry-prefetch", ""], "expected the demand policies to combine it with"),
 ])
