@@ -13,12 +13,14 @@ key k, capped at `cap` (also when the request ends first):
 
 Row l needs only the router inputs up to layer l, so a cache evicting at layer l of a step reads row l of the
 step's forecast and nothing it could not know yet (DESIGN's causality rule). Fitted on training documents
-only; the replay reads the held-out ones. 1/d̂ is then a per-token hazard of reuse, which the cache mixes with
+only; the replay reads the held-out ones (adapting_probe_steps: and keeps learning on them, causally, as their
+distances become known). 1/d̂ is then a per-token hazard of reuse, which the cache mixes with
 the request's profile (cache/reuse.py ReuseMix).
 
     fit_reuse_probe(trace, rows=None, cap=32, lam=1.0) -> ReuseProbe
     ReuseProbe.predict(hidden_nLH) -> log d̂ (n, L, K)
     probe_steps(probe, trace, rows=None) -> one (R, L, K) float32 array per step (requests in ascending order)
+    adapting_probe_steps(trace, train, rows, weight=4.0, every=32) -> the same, the probe refitted as it replays
 """
 
 from __future__ import annotations
@@ -114,22 +116,43 @@ probe_row = _probe_row if njit is None else njit(cache=True, nogil=True)(_probe_
 CHUNK_ROWS = 16384  # fit_reuse_probe: tokens per chunk (whole requests), so memory does not grow with the trace
 
 
-def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 32, lam: float = 1.0,
-                    chunk_rows: int = CHUNK_ROWS) -> ReuseProbe:
-    """Fit the probe on `rows` (bool (T,); None = all) of a trace with router inputs (module docstring). The normal
-    equations are summed over chunks of whole requests (a reuse never crosses a request), about chunk_rows tokens
-    each, so the memory is bounded by a chunk, not the trace (a mmap'd trace is read chunk by chunk)."""
+def _check_fit(cap: int, lam: float) -> None:
     if cap < 2 or not np.isfinite(lam) or lam <= 0:
         raise ConfigError(f"reuse probe: cap {cap} and lam {lam}; expected cap >= 2 tokens and lam > 0.")
-    hid = _router_inputs(trace, "reuse probe")
-    s = trace.spec
+
+
+def _by_request(trace: Trace, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids of `rows` sorted by (request, position), with their requests and positions."""
     idx = np.arange(trace.num_tokens) if rows is None else np.flatnonzero(np.asarray(rows, bool))
-    if len(idx) < 2:
-        raise ConfigError(f"reuse probe: {len(idx)} training tokens; expected at least 2.")
     req = np.asarray(trace.tokens["request"])[idx]
     pos = np.asarray(trace.tokens["position"])[idx]
     o = np.lexsort((pos, req))
-    idx, req, pos = idx[o], req[o], pos[o]
+    return idx[o], req[o], pos[o]
+
+
+def _add_rows(xtx: list[np.ndarray], xty: list[np.ndarray], h_nLH: np.ndarray, logd_nK: np.ndarray,
+              weight: float = 1.0) -> None:
+    """Add rows (router inputs, log distances) to each layer's normal equations, in place."""
+    h = np.asarray(h_nLH, np.float64)
+    for lay in range(len(xtx)):
+        x = _features(h, lay)
+        xtx[lay] += weight * (x.T @ x)
+        xty[lay] += weight * (x.T @ logd_nK)
+
+
+def _solve(xtx: list[np.ndarray], xty: list[np.ndarray], lam: float) -> list[np.ndarray]:
+    return [np.linalg.solve(a + lam * np.eye(len(a)), b) for a, b in zip(xtx, xty, strict=True)]
+
+
+def _normal_equations(trace: Trace, rows: np.ndarray | None, cap: int,
+                      chunk_rows: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each layer's XᵀX and Xᵀ log D over `rows`, summed over chunks of whole requests (about chunk_rows tokens
+    each), so the memory is bounded by a chunk, not the trace (a mmap'd trace is read chunk by chunk)."""
+    hid = _router_inputs(trace, "reuse probe")
+    s = trace.spec
+    idx, req, pos = _by_request(trace, rows)
+    if len(idx) < 2:
+        raise ConfigError(f"reuse probe: {len(idx)} training tokens; expected at least 2.")
     L, H = s.num_layers, hid.shape[2]
     F = [(lay + 1) * H + 1 for lay in range(L)]
     xtx = [np.zeros((f, f)) for f in F]
@@ -144,28 +167,114 @@ def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 
         sl = idx[a:b]
         logd = np.log(reuse_distances(req[a:b], pos[a:b], np.asarray(trace.experts_TLK[sl], np.int64),
                                       s.num_experts, cap))
-        h = np.asarray(hid[sl], np.float64)
-        for lay in range(L):
-            x = _features(h, lay)
-            xtx[lay] += x.T @ x
-            xty[lay] += x.T @ logd
-    weights = [np.linalg.solve(xtx[lay] + lam * np.eye(F[lay]), xty[lay]) for lay in range(L)]
-    return ReuseProbe(weights=tuple(weights), cap=cap, num_layers=L, num_experts=s.num_experts, hidden_size=H)
+        _add_rows(xtx, xty, hid[sl], logd)
+    return xtx, xty
+
+
+def fit_reuse_probe(trace: Trace, rows: np.ndarray | None = None, *, cap: int = 32, lam: float = 1.0,
+                    chunk_rows: int = CHUNK_ROWS) -> ReuseProbe:
+    """Fit the probe on `rows` (bool (T,); None = all) of a trace with router inputs (module docstring); the
+    normal equations are summed over chunks of whole requests (a reuse never crosses a request)."""
+    _check_fit(cap, lam)
+    xtx, xty = _normal_equations(trace, rows, cap, chunk_rows)
+    s = trace.spec
+    return ReuseProbe(weights=tuple(_solve(xtx, xty, lam)), cap=cap, num_layers=s.num_layers,
+                      num_experts=s.num_experts, hidden_size=trace.hidden_TLH.shape[2])
+
+
+def _step_rows(trace: Trace, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows the replay's forecasts come from: each (step, request)'s last token of `rows`, in (step, request)
+    order, and the start of each step's run among them."""
+    idx = np.arange(trace.num_tokens) if rows is None else np.flatnonzero(np.asarray(rows, bool))
+    step = np.asarray(trace.step)[idx]
+    req = np.asarray(trace.tokens["request"])[idx]
+    pos = np.asarray(trace.tokens["position"])[idx]
+    if len(idx) == 0:
+        return idx, np.zeros(0, np.int64)
+    o = np.lexsort((pos, req, step))
+    idx, step, req = idx[o], step[o], req[o]
+    last = np.append((step[1:] != step[:-1]) | (req[1:] != req[:-1]), True)
+    cut = np.flatnonzero(np.append(True, step[last][1:] != step[last][:-1]))
+    return idx[last], cut
 
 
 def probe_steps(probe: ReuseProbe, trace: Trace, rows: np.ndarray | None = None) -> list[np.ndarray]:
     """One (R, L, K) float32 log d̂ per step of `rows` (steps ascending, as objreplay.step_uses): row r is the
     step's request r (ascending ids), forecast from its last token in the step."""
     hid = _router_inputs(trace, "reuse probe")
-    idx = np.arange(trace.num_tokens) if rows is None else np.flatnonzero(np.asarray(rows, bool))
-    if len(idx) == 0:
+    last, cut = _step_rows(trace, rows)
+    if len(last) == 0:
         return []
+    return np.split(probe.predict(hid[last]), cut[1:])
+
+
+def _known_from(step_n: np.ndarray, req_n: np.ndarray, pos_n: np.ndarray, cap: int) -> np.ndarray:
+    """Rows sorted by (request, position) -> the step after which each row's capped distances are all known: the
+    step of its request's first row at position >= pos + cap, else the request's last step."""
+    out = np.empty(len(step_n), np.int64)
+    starts = np.flatnonzero(np.append(True, req_n[1:] != req_n[:-1]))
+    for a, b in zip(starts, np.append(starts[1:], len(step_n)), strict=True):
+        j = np.searchsorted(pos_n[a:b], pos_n[a:b] + cap) + a
+        out[a:b] = np.where(j < b, step_n[np.minimum(j, b - 1)], step_n[a:b].max())
+    return out
+
+
+def adapting_probe_steps(trace: Trace, train: np.ndarray, rows: np.ndarray, *, weight: float = 4.0,
+                         every: int = 32, cap: int = 32, lam: float = 1.0) -> list[np.ndarray]:
+    """probe_steps of a probe fitted on `train` that keeps learning on the replayed `rows`, causally.
+
+    A replayed token joins the fit, with `weight` times a training token's weight, once every distance of its
+    row is known: from the step after its request reached position p + cap (or ended), a step whose routing
+    the replay has seen in full. The weights are solved again each time `every` such rows have joined, so the
+    forecast for step s reads the router inputs of step s and the routing of steps before it, never later ones
+    (DESIGN's causality rule). weight 0 gives probe_steps(fit_reuse_probe(trace, train), trace, rows).
+    Measured on the builtin-fine replay (benchmarks/cache_policies.py): a probe fitted on four corpus tasks
+    transfers badly to the fifth, and learning on the fifth as it is served recovers part of it.
+    """
+    _check_fit(cap, lam)
+    if not (np.isfinite(weight) and weight >= 0) or every < 1:
+        raise ConfigError(f"reuse probe: adapting weight {weight} and every {every}; expected weight >= 0 and "
+                          "every >= 1 row.")
+    hid = _router_inputs(trace, "reuse probe")
+    E = trace.spec.num_experts
+    xtx, xty = _normal_equations(trace, train, cap, CHUNK_ROWS)
+    w = _solve(xtx, xty, lam)
+    last, cut = _step_rows(trace, rows)
+    if len(last) == 0:
+        return []
+    idx, req, pos = _by_request(trace, rows)
     step = np.asarray(trace.step)[idx]
-    req = np.asarray(trace.tokens["request"])[idx]
-    pos = np.asarray(trace.tokens["position"])[idx]
-    o = np.lexsort((pos, req, step))
-    idx, step, req = idx[o], step[o], req[o]
-    last = np.append((step[1:] != step[:-1]) | (req[1:] != req[:-1]), True)
-    pred = probe.predict(hid[idx[last]])
-    cut = np.flatnonzero(np.append(True, step[last][1:] != step[last][:-1]))
-    return np.split(pred, cut[1:])
+    known = _known_from(step, req, pos, cap)
+    order = np.argsort(known, kind="stable")  # rows in the order they become known
+    joined = 0  # rows of `order` in the fit
+    steps = np.asarray(trace.step)[last[cut]]
+    log_cap = np.log(cap)
+    out = []
+    for g, (a, b) in enumerate(zip(cut, np.append(cut[1:], len(last)), strict=True)):
+        ready = int(np.searchsorted(known[order], steps[g], side="left"))  # known after a step before this one
+        if weight > 0 and ready - joined >= every:
+            new = np.sort(order[joined:ready])
+            _add_rows(xtx, xty, hid[idx[new]], np.log(_distances_of(new, idx, req, pos, trace, E, cap)), weight)
+            w = _solve(xtx, xty, lam)
+            joined = ready
+        h = np.asarray(hid[last[a:b]], np.float64)
+        pr = np.empty((b - a, len(w), w[0].shape[1]), np.float32)
+        for lay, wl in enumerate(w):
+            pr[:, lay] = np.clip(_features(h, lay) @ wl, 0.0, log_cap)
+        out.append(pr)
+    return out
+
+
+def _distances_of(new: np.ndarray, idx: np.ndarray, req: np.ndarray, pos: np.ndarray, trace: Trace, E: int,
+                  cap: int) -> np.ndarray:
+    """reuse_distances of the rows `new` (ascending positions into the (request, position) order), each computed
+    over its request's rows up to cap positions past the last new one (a capped distance looks no further)."""
+    out = np.empty((len(new), trace.spec.num_layers * E))
+    starts = np.flatnonzero(np.append(True, req[new][1:] != req[new][:-1]))
+    for a, b in zip(starts, np.append(starts[1:], len(new)), strict=True):
+        lo, hi = int(new[a]), int(new[b - 1])
+        r_end = int(np.searchsorted(req, req[lo], side="right"))
+        end = lo + int(np.searchsorted(pos[lo:r_end], pos[hi] + cap, side="right"))
+        d = reuse_distances(req[lo:end], pos[lo:end], np.asarray(trace.experts_TLK[idx[lo:end]], np.int64), E, cap)
+        out[a:b] = d[new[a:b] - lo]
+    return out

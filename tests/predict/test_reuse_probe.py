@@ -148,3 +148,37 @@ def test_runtime_probe_row_equals_predict(seed, B, L, H, E, prefill):
         seq[:, -1] = hid[:, li]
         got = probe_row(x, seq[:, -1], w, li, float(np.log(32)))
         np.testing.assert_allclose(got, want[:, li], atol=2e-4)
+
+
+def test_adapting_probe_with_weight_zero_is_the_fixed_probe():
+    from routecast.predict.reuse_probe import adapting_probe_steps
+    tr = planted_trace(1)
+    rows = np.asarray(tr.tokens["request"]) % 3 == 0
+    got = adapting_probe_steps(tr, ~rows, rows, weight=0.0)
+    want = probe_steps(fit_reuse_probe(tr, ~rows), tr, rows)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="expected weight >= 0"):
+        adapting_probe_steps(tr, ~rows, rows, weight=float("nan"))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1000), cut=st.integers(1, 60), every=st.integers(1, 8))
+def test_adapting_probe_reads_no_later_routing(seed, cut, every):
+    """The forecast for step s is unchanged when the routing of steps >= s is rewritten (it learns only from
+    rows whose distances the replay has seen in full)."""
+    from routecast.predict.reuse_probe import adapting_probe_steps
+    tr = planted_trace(seed, requests=9, length=16, L=2, E=4)
+    rows = np.asarray(tr.tokens["request"]) % 3 == 0
+    before = adapting_probe_steps(tr, ~rows, rows, weight=4.0, every=every, cap=4)
+    step = np.asarray(tr.step)
+    ex = np.asarray(tr.experts_TLK).copy()
+    late = (step >= cut) & rows  # the replayed rows only: the training rows are fitted before the replay
+    ex[late] = np.random.default_rng(seed).integers(0, 4, ex[late].shape)
+    tr2 = Trace(spec=tr.spec, tokens=tr.tokens, experts_TLK=ex, weights_TLK=tr.weights_TLK, hidden_TLH=tr.hidden_TLH)
+    after = adapting_probe_steps(tr2, ~rows, rows, weight=4.0, every=every, cap=4)
+    steps = np.unique(step[rows])
+    for s, a, b in zip(steps, before, after, strict=True):
+        if s <= cut:
+            np.testing.assert_array_equal(a, b)
