@@ -16,7 +16,8 @@ standard_trace("mixtral-8x7b") (made on first use). Policies: kernel lru, lfu, l
 belady; objects arc, s3fifo, lirs (no prediction), fc-evict (forecast-guided eviction, zero extra bytes),
 fc-evict+admit and lirs+admit (cost-aware prefetch admission on top). On a trace with router inputs
 (builtin-fine) fc-evict also reads the reuse probe (predict/reuse_probe.py), fitted on the same training rows as
-the predictor; the row 'fc-evict [profiles only]' is fc-evict without it (the request profiles alone).
+the predictor and learning on the replayed rows as their distances become known (adapting_probe_steps); the row
+'fc-evict [fixed probe]' is fc-evict with that probe not adapting, 'fc-evict [profiles only]' without it.
 
 Run: python benchmarks/cache_policies.py [--quick]   (quick: 2 folds, builtin-fine, h100-sxm only)
 Prints per trace / profile / mode a table (median and min-max), then per policy and budget
@@ -40,7 +41,7 @@ from routecast.cache.compare import compare_policies, is_predictive  # noqa: E40
 from routecast.cache.forecasts import forecast_sets  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
-from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps  # noqa: E402
+from routecast.predict.reuse_probe import adapting_probe_steps, fit_reuse_probe, probe_steps  # noqa: E402
 
 POLICIES = ["lru", "lfu", "lfuda", "arc", "s3fifo", "lirs", "semoe", "plec-correct", "fc-evict", "fc-evict+admit",
             "lirs+admit", "belady"]
@@ -49,7 +50,8 @@ PROFILES = ["h100-sxm", "a100-sxm-80gb"]
 PREDICTOR = "conditional-token"
 ORACLE_ROW = "fc-evict [oracle sets]"  # an upper bound for the step's forecast, not a policy: never ranked
 PROFILES_ROW = "fc-evict [profiles only]"  # fc-evict without the reuse probe (an ablation; ranked as predictive)
-EXTRA_ROWS = [PROFILES_ROW, ORACLE_ROW]
+FIXED_ROW = "fc-evict [fixed probe]"  # the reuse probe fitted on the training rows only, not adapting (an ablation)
+EXTRA_ROWS = [PROFILES_ROW, FIXED_ROW, ORACLE_ROW]
 
 
 def parts(trace, mode: str, n: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -66,9 +68,10 @@ def parts(trace, mode: str, n: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
 def run_part(trace, train: np.ndarray, test: np.ndarray, budgets, profiles) -> dict[tuple[str, str], list[dict]]:
     pred = fit_or_load(PREDICTOR, trace, model=None, seed=0, threads=1, quiet=True, rows=train)
     sets, layer_ahead = forecast_sets(pred, trace, rows=test)
-    reuse = None
-    if trace.hidden_TLH is not None:  # fc-evict's forecast from the router inputs, fitted on the training rows only
-        reuse = probe_steps(fit_reuse_probe(trace, train), trace, test)
+    reuse = fixed = None
+    if trace.hidden_TLH is not None:  # fc-evict's forecast from the router inputs: fitted on the training rows, then
+        reuse = adapting_probe_steps(trace, train, test)  # learning on the replayed ones as their distances are seen
+        fixed = probe_steps(fit_reuse_probe(trace, train), trace, test)
     out = {}
     for hw in profiles:
         for b in budgets:
@@ -82,6 +85,9 @@ def run_part(trace, train: np.ndarray, test: np.ndarray, budgets, profiles) -> d
                 pro = compare_policies(trace, budget=b, hardware=hw, policies=["fc-evict"], mask=test, forecast=sets,
                                        layer_ahead=layer_ahead)
                 rows.append(dict(next(r for r in pro if r["policy"] == "fc-evict"), policy=PROFILES_ROW))
+                fix = compare_policies(trace, budget=b, hardware=hw, policies=["fc-evict"], mask=test, forecast=sets,
+                                       layer_ahead=layer_ahead, reuse=fixed)
+                rows.append(dict(next(r for r in fix if r["policy"] == "fc-evict"), policy=FIXED_ROW))
             out[(hw, b)] = rows
     return out
 
