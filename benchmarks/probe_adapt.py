@@ -4,7 +4,7 @@ builtin-fine, leave-one-task-out (fitted on four corpus tasks, replayed on the f
 simulated µs per token of LRU, LFU, LIRS, Belady, and fc-evict reading the reuse probe fitted on the training
 tasks only (fixed) or also learning on the replayed task as its distances become known (adapting,
 predict/reuse_probe.adapting_probe_steps, weight 4). Prints one line per part and the medians with min-max; writes
-out/bench/probe_adapt.json. Run: python benchmarks/probe_adapt.py (captures the standard trace on first use).
+out/bench/probe_adapt.json. Run: python benchmarks/probe_adapt.py [--quick: the same run] (captures the standard trace on first use).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
 from cache_policies import PREDICTOR, parts  # noqa: E402
@@ -28,6 +30,9 @@ BASE = ["lru", "lfu", "lirs", "belady"]
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~40 s)")
+    ap.parse_args()
     trace = read_trace(standard_trace("fine"), mmap=False, load_hidden=True, load_logits=False)
     per = {}
     for name, train, test in parts(trace, "task", 5):

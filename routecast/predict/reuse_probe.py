@@ -236,9 +236,14 @@ def adapting_probe_steps(trace: Trace, train: np.ndarray, rows: np.ndarray, *, w
         raise ConfigError(f"reuse probe: adapting weight {weight} and every {every}; expected weight >= 0 and "
                           "every >= 1 row.")
     hid = _router_inputs(trace, "reuse probe")
-    E = trace.spec.num_experts
+    s = trace.spec
     xtx, xty = _normal_equations(trace, train, cap, CHUNK_ROWS)
-    w = _solve(xtx, xty, lam)
+
+    def solved() -> ReuseProbe:
+        return ReuseProbe(weights=tuple(_solve(xtx, xty, lam)), cap=cap, num_layers=s.num_layers,
+                          num_experts=s.num_experts, hidden_size=hid.shape[2])
+
+    probe = solved()
     last, cut = _step_rows(trace, rows)
     if len(last) == 0:
         return []
@@ -248,27 +253,23 @@ def adapting_probe_steps(trace: Trace, train: np.ndarray, rows: np.ndarray, *, w
     order = np.argsort(known, kind="stable")  # rows in the order they become known
     joined = 0  # rows of `order` in the fit
     steps = np.asarray(trace.step)[last[cut]]
-    log_cap = np.log(cap)
     out = []
     for g, (a, b) in enumerate(zip(cut, np.append(cut[1:], len(last)), strict=True)):
         ready = int(np.searchsorted(known[order], steps[g], side="left"))  # known after a step before this one
         if weight > 0 and ready - joined >= every:
             new = np.sort(order[joined:ready])
-            _add_rows(xtx, xty, hid[idx[new]], np.log(_distances_of(new, idx, req, pos, trace, E, cap)), weight)
-            w = _solve(xtx, xty, lam)
+            _add_rows(xtx, xty, hid[idx[new]], np.log(_distances_of(new, idx, req, pos, trace, cap)), weight)
+            probe = solved()
             joined = ready
-        h = np.asarray(hid[last[a:b]], np.float64)
-        pr = np.empty((b - a, len(w), w[0].shape[1]), np.float32)
-        for lay, wl in enumerate(w):
-            pr[:, lay] = np.clip(_features(h, lay) @ wl, 0.0, log_cap)
-        out.append(pr)
+        out.append(probe.predict(hid[last[a:b]]))
     return out
 
 
-def _distances_of(new: np.ndarray, idx: np.ndarray, req: np.ndarray, pos: np.ndarray, trace: Trace, E: int,
+def _distances_of(new: np.ndarray, idx: np.ndarray, req: np.ndarray, pos: np.ndarray, trace: Trace,
                   cap: int) -> np.ndarray:
     """reuse_distances of the rows `new` (ascending positions into the (request, position) order), each computed
     over its request's rows up to cap positions past the last new one (a capped distance looks no further)."""
+    E = trace.spec.num_experts
     out = np.empty((len(new), trace.spec.num_layers * E))
     starts = np.flatnonzero(np.append(True, req[new][1:] != req[new][:-1]))
     for a, b in zip(starts, np.append(starts[1:], len(new)), strict=True):
