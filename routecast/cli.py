@@ -218,6 +218,7 @@ def cmd_cache(a: argparse.Namespace) -> int:
         hardware=a.hardware, dense_us=a.dense_us, plec_fallback=a.plec_fallback, plec_depth=a.plec_depth,
         expert_bytes=a.expert_bytes, model=a.model, train_fraction=a.train_fraction, seed=a.seed, split=a.split,
         threads=a.threads, quiet=a.quiet, score_all=a.score_all, reuse_probe=a.reuse_probe,
+        probe_adapt=a.probe_adapt,
     )
 
 
@@ -435,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-fraction", type=N.fraction(hi_open=True), default=0.8, help="share of requests the predictor is fitted on")
     p.add_argument("--reuse-probe", action="store_true",
                    help="fc-evict also reads a probe of the router inputs fitted on the same rows (a trace with hidden states)")
+    p.add_argument("--probe-adapt", type=N.real(0.0, 1e6), default=None, metavar="W",
+                   help="with --reuse-probe: a replayed row joins the probe's fit with weight W once its distances "
+                        "are all seen (default 4; 0 = the probe stays as fitted)")
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 

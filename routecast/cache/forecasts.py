@@ -33,7 +33,7 @@ from routecast.predict.evaluate import (
     trace_fingerprint,
 )
 from routecast.predict.harness import LAYER, Predictor, StepRouting, StepView, run_harness
-from routecast.predict.reuse_probe import fit_reuse_probe, probe_steps
+from routecast.predict.reuse_probe import adapting_probe_steps, fit_reuse_probe, probe_steps
 from routecast.trace import Trace
 
 
@@ -159,7 +159,7 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
                split: str = "document", threads: int = 1, quiet: bool = True,
                tmp_dir: str | Path | None = None, score_all: bool = False,
                forecast: tuple[np.ndarray | None, Any, bool, str] | None = None,
-               reuse_probe: bool = False) -> dict[str, Any]:
+               reuse_probe: bool = False, probe_adapt: float | None = None) -> dict[str, Any]:
     """The whole replay as a dict: settings and one row per policy (LRU and Belady always included), fastest
     first. Kernel policies stream the trace; with a policy object (arc, s3fifo, lirs, fc-evict, +admit) every
     policy replays the replayed rows in memory (cache.compare.compare_policies), with the same time model.
@@ -167,7 +167,9 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
     tmp_dir: where the temporary files go (the bit-packed forecast, Belady's next use; None = the system's
     temporary directory); they are removed at the end. forecast: make_forecast's result (made in memory),
     reused across budgets; else made here from `predictor`, bit-packed in tmp_dir. reuse_probe: fc-evict also
-    reads a reuse probe of the router inputs (predict/reuse_probe.py), fitted on the predictor's training rows."""
+    reads a reuse probe of the router inputs (predict/reuse_probe.py), fitted on the predictor's training rows.
+    probe_adapt: the weight of a replayed row once it joins the probe's fit (adapting_probe_steps; None = 4,
+    0 = the probe stays as fitted); only with reuse_probe."""
     from routecast.sim.hardware import load_hardware
 
     names = parse_policies(policies)
@@ -177,6 +179,10 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
         raise ConfigError(f"--expert-bytes is {expert_bytes}; expected a positive byte count (0 = the trace's spec).")
     eb = expert_bytes or trace.spec.expert_bytes
     s = trace.spec
+    if probe_adapt is not None and not reuse_probe:
+        raise ConfigError(f"--probe-adapt {probe_adapt} weighs the reuse probe's replayed rows; expected it with "
+                          "--reuse-probe.")
+    adapt = 4.0 if probe_adapt is None else probe_adapt
     if reuse_probe:
         _check_reuse_probe(trace, names, predictor, score_all)
     slots = parse_budget(budget, s.num_layers * s.num_experts, eb)
@@ -203,8 +209,12 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
             sets = pred_SLE[0:pred_SLE.shape[0]] if isinstance(pred_SLE, PackedSets) else pred_SLE
             reuse = None
             if reuse_probe:  # fitted on the rows the predictor was fitted on, never on the replayed ones
-                reuse = probe_steps(fit_reuse_probe(trace, ~test), trace, test)
-                fitted += "; reuse probe fitted on the same rows"
+                if adapt > 0:  # keeps learning on the replayed rows, each once its distances are all seen
+                    reuse = adapting_probe_steps(trace, ~test, test, weight=adapt)
+                    fitted += f"; reuse probe fitted on the same rows, learning on the replayed ones (weight {adapt:g})"
+                else:
+                    reuse = probe_steps(fit_reuse_probe(trace, ~test), trace, test)
+                    fitted += "; reuse probe fitted on the same rows"
             rows = compare_policies(trace, budget=slots, hardware=cfg.hardware, policies=names, mask=test,
                                     forecast=sets, layer_ahead=layer_ahead, dense_us=dense_us, expert_bytes=eb,
                                     reuse=reuse)
@@ -217,7 +227,7 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
                      "hardware": cfg.hardware.name, "expert_bytes": eb, "dense_us": dense_us,
                      "plec_fallback": plec_fallback, "plec_depth": plec_depth, "predictor": fitted,
                      "replayed_tokens": replayed, "layers": s.num_layers, "experts": s.num_experts,
-                     "reuse_probe": reuse_probe},
+                     "reuse_probe": reuse_probe, "probe_adapt": adapt if reuse_probe else None},
         "rows": rows,
     }
 

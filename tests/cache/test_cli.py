@@ -126,16 +126,28 @@ def test_reuse_probe_flag_fits_on_the_training_rows_and_refuses_what_it_cannot_r
     assert main(["cache", "replay", str(d), "--policies", "lru,fc-evict", "--reuse-probe", "--out", str(out),
                  "--quiet"]) == 0
     res = json.loads(out.read_text())
-    assert res["settings"]["reuse_probe"] and "reuse probe fitted on the same rows" in res["settings"]["predictor"]
+    assert res["settings"]["reuse_probe"] and "learning on the replayed ones (weight 4)" in res["settings"]["predictor"]
+    assert res["settings"]["probe_adapt"] == 4.0
     rows = {r["policy"]: r for r in res["rows"]}
     assert rows["fc-evict"]["demand_loads"] >= rows["belady"]["demand_loads"]
+    fixed = tmp_path / "f.json"  # --probe-adapt 0: the probe stays as fitted
+    assert main(["cache", "replay", str(d), "--policies", "lru,fc-evict", "--reuse-probe", "--probe-adapt", "0",
+                 "--out", str(fixed), "--quiet"]) == 0
+    st = json.loads(fixed.read_text())["settings"]
+    assert st["probe_adapt"] == 0.0 and st["predictor"].endswith("reuse probe fitted on the same rows")
     no_hidden = write_trace(build_small_trace(num_requests=10, num_experts=8), tmp_path / "n")
     for trace, args, want in ((d, ["--policies", "lru"], "fc-evict only"),
                               (d, ["--policies", "fc-evict", "--predictor", "oracle"], "--predictor oracle"),
-                              (no_hidden, ["--policies", "fc-evict"], "router inputs")):
+                              (no_hidden, ["--policies", "fc-evict"], "router inputs"),
+                              (d, ["--policies", "fc-evict", "--probe-adapt", "-1"], "--probe-adapt"),
+                              (d, ["--policies", "fc-evict", "--probe-adapt", "nan"], "--probe-adapt")):
         capsys.readouterr()
         assert main(["cache", "replay", str(trace), "--reuse-probe", "--quiet", "--out", str(tmp_path / "x.json"),
                      *args]) == 2
         err = capsys.readouterr().err.strip()
         assert want in err and len(err.splitlines()) == 1, err
         assert not (tmp_path / "x.json").exists()
+    capsys.readouterr()  # the weight without the probe it weighs
+    assert main(["cache", "replay", str(d), "--policies", "fc-evict", "--probe-adapt", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "expected it with --reuse-probe" in err and len(err.splitlines()) == 1, err
