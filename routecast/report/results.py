@@ -1,6 +1,6 @@
 """Render benchmark JSON (out/bench/*.json, routecast.common.bench's shape) into markdown: the docs' only figures.
 
-    python -m routecast.report.results [--bench out/bench] [--docs docs] [--readme README.md]
+    python -m routecast.report.results [--bench out/bench] [--docs docs] [--readme README.md] [--only NAMES]
 
 writes docs/results/NAME.md for every benchmark JSON found (title, command, machine, load, quick or full,
 headline lines, tables) and docs/results/index.md listing them, then fills every marked region
@@ -145,10 +145,24 @@ def summary_table(docs: Mapping[str, Mapping[str, Any]], link_prefix: str) -> st
     return md_table(rows, max_rows=len(rows))
 
 
-def fill_regions(text: str, docs: Mapping[str, Mapping[str, Any]], link_prefix: str) -> str:
-    """text with every results region's body replaced by its rendering (markers kept)."""
-    return REGION.sub(lambda m: f"{m.group(1)}\n{render_region(m.group('spec'), docs, link_prefix)}\n{m.group(4)}",
-                      text)
+def fill_regions(text: str, docs: Mapping[str, Mapping[str, Any]], link_prefix: str,
+                 only: frozenset[str] | None = None, index: str = "") -> str:
+    """text with every results region's body replaced by its rendering (markers kept); with `only`, just the
+    regions of those benchmarks, and the summary from `index` (the merged index page's table, links re-pointed);
+    every other region is left as it is."""
+    def fill(m: re.Match[str]) -> str:
+        spec = m.group("spec").strip()
+        if only is not None and spec == "summary":
+            body = "\n".join(ln.replace("](", f"]({link_prefix}", 1) if ROW.match(ln) else ln
+                             for ln in index.splitlines() if ln.startswith("|"))
+            return f"{m.group(1)}\n{body}\n{m.group(4)}"
+        if only is not None:
+            name = SPEC.match(spec)
+            if name is None or name.group("name") not in only:
+                return m.group(0)
+        return f"{m.group(1)}\n{render_region(m.group('spec'), docs, link_prefix)}\n{m.group(4)}"
+
+    return REGION.sub(fill, text)
 
 
 def load_all(bench_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -189,6 +203,19 @@ def index_page(docs: Mapping[str, Mapping[str, Any]]) -> str:
             + summary_table(docs, "") + "\n")
 
 
+def _merge_index(old: str, docs: Mapping[str, Mapping[str, Any]]) -> str:
+    """index_page with the rows of `docs` put in place of theirs in `old` (another run's index); the rows of
+    every other benchmark are kept, all sorted by name."""
+    new = index_page(docs).splitlines()
+    rows = {m.group(1): line for line in [*old.splitlines(), *new[new.index("| benchmark | headline | run | load |") + 2:]]
+            if (m := ROW.match(line))}
+    head = new[:new.index("| benchmark | headline | run | load |") + 2]
+    return "\n".join([*head, *(rows[k] for k in sorted(rows))]) + "\n"
+
+
+ROW = re.compile(r"^\| \[([A-Za-z0-9_.-]+)\]\(\1\.md\) \|")
+
+
 def _write_if_changed(path: Path, text: str) -> bool:
     if path.is_file() and path.read_text() == text:
         return False
@@ -196,20 +223,32 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def render_all(bench_dir: Path, docs_dir: Path, readme: Path | None) -> list[str]:
-    """Write docs/results/*.md, fill the regions of readme and docs_dir/**/*.md; return one line per file written."""
+def render_all(bench_dir: Path, docs_dir: Path, readme: Path | None,
+               only: Sequence[str] | None = None) -> list[str]:
+    """Write docs/results/*.md, fill the regions of readme and docs_dir/**/*.md; return one line per file written.
+    only: benchmark names to refresh alone (their pages, regions and index rows; no page is removed),
+    for a checkout whose out/bench holds some benchmarks' JSON only."""
     docs, notes = load_all(bench_dir)
+    keep = None if only is None else frozenset(only)
+    if keep is not None:
+        missing = sorted(keep - set(docs))
+        if missing:
+            raise ConfigError(f"--only {','.join(missing)}: no {bench_dir}/{missing[0]}.json; expected benchmarks "
+                              f"with JSON there ({', '.join(sorted(docs)) or 'none'}).")
+        docs = {k: v for k, v in docs.items() if k in keep}
     res_dir = docs_dir / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
     for name, d in docs.items():
         if _write_if_changed(res_dir / f"{name}.md", render_page(d)):
             notes.append(f"wrote {res_dir / name}.md")
-    for stale in res_dir.glob("*.md"):  # a page whose JSON is gone would show figures nothing made
+    for stale in res_dir.glob("*.md") if keep is None else ():  # a page whose JSON is gone shows figures nothing made
         if stale.stem != "index" and stale.stem not in docs:
             stale.unlink()
             notes.append(f"removed {stale} (no out/bench/{stale.stem}.json)")
-    if _write_if_changed(res_dir / "index.md", index_page(docs)):
-        notes.append(f"wrote {res_dir / 'index.md'}")
+    index = res_dir / "index.md"
+    text_index = index_page(docs) if keep is None else _merge_index(index.read_text() if index.is_file() else "", docs)
+    if _write_if_changed(index, text_index):
+        notes.append(f"wrote {index}")
     targets: list[tuple[Path, str]] = []
     if readme is not None and readme.is_file():
         targets.append((readme, f"{docs_dir.name}/results/"))
@@ -221,7 +260,7 @@ def render_all(bench_dir: Path, docs_dir: Path, readme: Path | None) -> list[str
     for path, prefix in targets:
         text = path.read_text()
         try:
-            new = fill_regions(text, docs, prefix)
+            new = fill_regions(text, docs, prefix, keep, text_index)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
         if new != text and _write_if_changed(path, new):
@@ -235,9 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", default="out/bench", help="folder of benchmark JSON (default out/bench)")
     ap.add_argument("--docs", default="docs", help="docs folder (default docs)")
     ap.add_argument("--readme", default="README.md", help="README to fill ('' for none; default README.md)")
+    ap.add_argument("--only", default=None, metavar="NAMES",
+                    help="comma-separated benchmark names: refresh their pages and regions alone, keep every other "
+                         "page, region and the index (for a checkout whose out/bench holds some JSON only)")
     a = ap.parse_args(argv)
+    only = None if a.only is None else [n.strip() for n in a.only.split(",") if n.strip()]
+    if only is not None and not only:
+        print(f"error: --only {a.only!r} names no benchmark; expected e.g. --only cache_policies.", file=sys.stderr)
+        return 2
     try:
-        notes = render_all(Path(a.bench), Path(a.docs), Path(a.readme) if a.readme else None)
+        notes = render_all(Path(a.bench), Path(a.docs), Path(a.readme) if a.readme else None, only)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -96,3 +96,38 @@ def test_readme_summary_lists_every_results_page_and_links_it():
     pages = {p.stem for p in (root / "docs/results").glob("*.md")} - {"index"}
     linked = [re.match(r"\| \[[^\]]+\]\(([^)]+)\.md\)", ln).group(1) for ln in index]
     assert sorted(linked) == sorted(pages)
+
+
+def test_only_refreshes_the_named_benchmarks_and_keeps_every_other_page_and_region(tmp_path, capsys):
+    bench, docs = tmp_path / "bench", tmp_path / "docs"
+    bench.mkdir()
+    _bench(bench, "alpha")
+    (docs / "results").mkdir(parents=True)
+    (docs / "results" / "gamma.md").write_text("# gamma from another run\n")  # its JSON is not here: kept
+    (docs / "results" / "index.md").write_text("# Results\n\n| benchmark | headline | run | load |\n|---|---|---|---|\n"
+                                               "| [alpha](alpha.md) | old | quick | 1 |\n"
+                                               "| [gamma](gamma.md) | gamma 2.0x | full | 1 |\n")
+    page = docs / "p.md"
+    page.write_text("<!-- results:alpha -->\nold alpha\n<!-- /results -->\n"
+                    "<!-- results:gamma -->\ngamma 2.0x\n<!-- /results -->\n<!-- results:summary -->\nS\n<!-- /results -->\n")
+    render_all(bench, docs, None, only=["alpha"])
+    text = page.read_text()
+    assert "- alpha: 1.25x faster" in text and "old alpha" not in text
+    assert "gamma 2.0x" in text and "[gamma](results/gamma.md)" in text and "\nS\n" not in text
+    assert sorted(p.name for p in (docs / "results").glob("*.md")) == ["alpha.md", "gamma.md", "index.md"]
+    rows = [r for r in (docs / "results" / "index.md").read_text().splitlines() if r.startswith("| [")]
+    assert rows[0].startswith("| [alpha](alpha.md) | alpha: 1.25x faster |") and len(rows) == 2
+    assert rows[1] == "| [gamma](gamma.md) | gamma 2.0x | full | 1 |"
+    before = page.read_text()
+    for only, needle in (("gamma", "no "), (",", "names no benchmark")):
+        capsys.readouterr()
+        assert main(["--bench", str(bench), "--docs", str(docs), "--readme", "", "--only", only]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1, err
+    assert page.read_text() == before
+    readme = tmp_path / "README.md"  # the summary: the merged index's rows, links into docs/results/
+    readme.write_text("<!-- results:summary -->\nold\n<!-- /results -->\n")
+    render_all(bench, docs, readme, only=["alpha"])
+    assert [ln for ln in readme.read_text().splitlines() if ln.startswith("| [")] == [
+        r.replace("](", "](docs/results/", 1) for r in (docs / "results" / "index.md").read_text().splitlines()
+        if r.startswith("| [")]
