@@ -32,6 +32,7 @@ from routecast.common.outputs import write_atomic
 
 REGION = re.compile(r"(<!-- results:(?P<spec>[^>]*?) -->)(?P<body>.*?)(<!-- /results -->)", re.S)
 SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(?:/table:(?P<table>\d+))?$")
+ROW = re.compile(r"^\| \[([A-Za-z0-9_.-]+)\]\(\1\.md\) \|")  # a summary row: | [NAME](NAME.md) | ...
 MAX_ROWS = 60  # a table longer than this is cut on its page, with a line saying how many rows were left out
 
 
@@ -147,16 +148,17 @@ def summary_table(docs: Mapping[str, Mapping[str, Any]], link_prefix: str) -> st
 
 def fill_regions(text: str, docs: Mapping[str, Mapping[str, Any]], link_prefix: str,
                  only: frozenset[str] | None = None, index: str = "") -> str:
-    """text with every results region's body replaced by its rendering (markers kept); with `only`, just the
-    regions of those benchmarks, and the summary from `index` (the merged index page's table, links re-pointed);
-    every other region is left as it is."""
+    """text with every results region's body replaced by its rendering (markers kept). index: the index page's
+    text; when it has a table, the summary is that table with its links re-pointed (one source for both). With
+    `only`, just the regions of those benchmarks and the summary; every other region is left as it is."""
+    rows = [ln.replace("](", f"]({link_prefix}", 1) if ROW.match(ln) else ln
+            for ln in index.splitlines() if ln.startswith("|")]
+
     def fill(m: re.Match[str]) -> str:
         spec = m.group("spec").strip()
-        if only is not None and spec == "summary":
-            body = "\n".join(ln.replace("](", f"]({link_prefix}", 1) if ROW.match(ln) else ln
-                             for ln in index.splitlines() if ln.startswith("|"))
-            return f"{m.group(1)}\n{body}\n{m.group(4)}"
-        if only is not None:
+        if spec == "summary" and rows:
+            return f"{m.group(1)}\n" + "\n".join(rows) + f"\n{m.group(4)}"
+        if only is not None and spec != "summary":
             name = SPEC.match(spec)
             if name is None or name.group("name") not in only:
                 return m.group(0)
@@ -207,13 +209,9 @@ def _merge_index(old: str, docs: Mapping[str, Mapping[str, Any]]) -> str:
     """index_page with the rows of `docs` put in place of theirs in `old` (another run's index); the rows of
     every other benchmark are kept, all sorted by name."""
     new = index_page(docs).splitlines()
-    rows = {m.group(1): line for line in [*old.splitlines(), *new[new.index("| benchmark | headline | run | load |") + 2:]]
-            if (m := ROW.match(line))}
-    head = new[:new.index("| benchmark | headline | run | load |") + 2]
-    return "\n".join([*head, *(rows[k] for k in sorted(rows))]) + "\n"
-
-
-ROW = re.compile(r"^\| \[([A-Za-z0-9_.-]+)\]\(\1\.md\) \|")
+    body = new.index("| benchmark | headline | run | load |") + 2  # after the header and its rule
+    rows = {m.group(1): line for line in [*old.splitlines(), *new[body:]] if (m := ROW.match(line))}
+    return "\n".join([*new[:body], *(rows[k] for k in sorted(rows))]) + "\n"
 
 
 def _write_if_changed(path: Path, text: str) -> bool:
@@ -228,6 +226,8 @@ def render_all(bench_dir: Path, docs_dir: Path, readme: Path | None,
     """Write docs/results/*.md, fill the regions of readme and docs_dir/**/*.md; return one line per file written.
     only: benchmark names to refresh alone (their pages, regions and index rows; no page is removed),
     for a checkout whose out/bench holds some benchmarks' JSON only."""
+    if not docs_dir.is_dir():  # the pages and regions live there: a wrong path is named, never created
+        raise ConfigError(f"--docs {docs_dir} is not a folder; expected the docs folder (default docs).")
     docs, notes = load_all(bench_dir)
     keep = None if only is None else frozenset(only)
     if keep is not None:

@@ -125,6 +125,9 @@ def test_only_refreshes_the_named_benchmarks_and_keeps_every_other_page_and_regi
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1, err
     assert page.read_text() == before
+    capsys.readouterr()  # a docs folder that is not there is named, never created
+    assert main(["--bench", str(bench), "--docs", str(tmp_path / "nope"), "--readme", "", "--only", "alpha"]) == 2
+    assert "--docs" in capsys.readouterr().err and not (tmp_path / "nope").exists()
     readme = tmp_path / "README.md"  # the summary: the merged index's rows, links into docs/results/
     readme.write_text("<!-- results:summary -->\nold\n<!-- /results -->\n")
     render_all(bench, docs, readme, only=["alpha"])
