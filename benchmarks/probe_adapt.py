@@ -64,7 +64,7 @@ def variants(trace, centred, train, test) -> dict[str, list[np.ndarray]]:
             CEILING: probe_steps(fit_reuse_probe(trace, test), trace, test)}
 
 
-def medians(per: dict[str, dict[str, float]], names, non: str | None = None) -> list[dict]:
+def medians(per: dict[str, dict[str, float]], names) -> list[dict]:
     rows = []
     for k in names:
         v = np.array([per[n][k] for n in per])
