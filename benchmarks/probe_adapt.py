@@ -6,9 +6,11 @@ tasks only (fixed) or also learning on the replayed task as its distances become
 predict/reuse_probe.adapting_probe_steps, weight 4). Then what was tried to make the probe transfer better (the
 issue-21 task-mode target, 15% faster than the best policy without prediction): a stronger ridge penalty (lam 100,
 1000), router inputs centred on the request's running mean (causal: tokens up to this one), an adapting weight of
-16 and 64; and, as a ceiling that is not causal, the probe fitted on the held-out task itself. Prints one line per
+16 and 64; per-key request history added to the adapting probe (each key's regression also reads log tokens since the
+request last used that key, capped at 64, and the request's decayed count of it, 0.9 per token, both from tokens before
+this one; the key-specific weights solved through a Schur complement of the shared block); and, as a ceiling that is not causal, the probe fitted on the held-out task itself. Prints one line per
 part, the medians with min-max and the variants' table; writes out/bench/probe_adapt.json.
-Run: python benchmarks/probe_adapt.py [--quick: the same run, ~2 min] (captures the standard trace on first use).
+Run: python benchmarks/probe_adapt.py [--quick: the same run, ~3 min] (captures the standard trace on first use).
 """
 
 from __future__ import annotations
@@ -27,12 +29,23 @@ from routecast.cache.compare import compare_policies  # noqa: E402
 from routecast.cache.forecasts import forecast_sets  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
-from routecast.predict.reuse_probe import adapting_probe_steps, fit_reuse_probe, probe_steps  # noqa: E402
+from routecast.predict.reuse_probe import (  # noqa: E402
+    _by_request,
+    _distances_of,
+    _features,
+    _known_from,
+    _step_rows,
+    adapting_probe_steps,
+    fit_reuse_probe,
+    probe_steps,
+    reuse_distances,
+)
 from routecast.trace.io import read_trace  # noqa: E402
 from routecast.trace.standard import standard_trace  # noqa: E402
 
 BASE = ["lru", "lfu", "lirs", "belady"]
 FIXED, ADAPT = "fc-evict [fixed probe]", "fc-evict [adapting probe]"
+HISTORY = "fc-evict [adapting probe + per-key request history]"
 CEILING = "fc-evict [probe fitted on the held-out task: not causal, a ceiling]"
 
 
@@ -52,7 +65,85 @@ def request_centred(trace):
     return dataclasses.replace(trace, hidden_TLH=(h - mean).astype(np.float32))
 
 
-def variants(trace, centred, train, test) -> dict[str, list[np.ndarray]]:
+def history_features(trace) -> np.ndarray:
+    """(T, K, 2) per token and key: log min(tokens since its request last used the key, 64) and the request's decayed
+    count of the key (0.9 per token), both over the request's tokens before this one (known when it is decoded)."""
+    s = trace.spec
+    K, T = s.num_layers * s.num_experts, trace.num_tokens
+    req, pos = np.asarray(trace.tokens["request"]), np.asarray(trace.tokens["position"])
+    ex = np.asarray(trace.experts_TLK, np.int64)
+    used = np.zeros((T, K), bool)
+    ok = ex >= 0
+    used[np.broadcast_to(np.arange(T)[:, None, None], ex.shape)[ok],
+         (np.arange(s.num_layers)[None, :, None] * s.num_experts + ex)[ok]] = True
+    out = np.zeros((T, K, 2))
+    prev, last, c = -1, np.zeros(K), np.zeros(K)
+    for t in np.lexsort((pos, req)):
+        if req[t] != prev:
+            prev, last, c = req[t], np.full(K, -1e9), np.zeros(K)
+        out[t, :, 0], out[t, :, 1] = np.log(np.minimum(pos[t] - last, 64.0)), c
+        last, c = np.where(used[t], pos[t], last), 0.9 * c + used[t]
+    return out
+
+
+def history_steps(trace, Z, train, rows, weight=4.0, every=32, cap=32, lam=1.0) -> list[np.ndarray]:
+    """adapting_probe_steps with Z's per-key inputs added: log d_k = [h_0..h_l, 1]·w_k + z_k·v_k, one ridge per key
+    whose shared block (the router inputs) is inverted once per layer (Schur complement for the J inputs of each key)."""
+    hid = np.asarray(trace.hidden_TLH, np.float64)
+    s = trace.spec
+    L, E, K, J = s.num_layers, s.num_experts, s.num_layers * s.num_experts, Z.shape[2]
+    ex = np.asarray(trace.experts_TLK, np.int64)
+    S = [[np.zeros((f, f)), np.zeros((f, K)), np.zeros((f, K, J)), np.zeros((K, J, J)), np.zeros((K, J))]
+         for f in [(lay + 1) * hid.shape[2] + 1 for lay in range(L)]]
+
+    def add(idx, logd, w):
+        z = Z[idx]
+        for lay in range(L):
+            X = _features(hid[idx], lay)
+            S[lay][0] += w * X.T @ X
+            S[lay][1] += w * X.T @ logd
+            S[lay][2] += w * (X.T @ z.reshape(len(idx), J * K)).reshape(-1, K, J)
+            S[lay][3] += w * np.einsum("nki,nkj->kij", z, z, optimize=True)
+            S[lay][4] += w * np.einsum("nki,nk->ki", z, logd, optimize=True)
+
+    def solve():
+        W = []
+        for A, a, B, C, b in S:
+            F = len(A)
+            Ai = np.linalg.inv(A + lam * np.eye(F))
+            Aia, AiB = Ai @ a, (Ai @ B.reshape(F, J * K)).reshape(F, K, J)
+            Sm = C + lam * np.eye(J) - np.einsum("fki,fkj->kij", B, AiB, optimize=True)
+            v = np.linalg.solve(Sm, (b - np.einsum("fki,fk->ki", B, Aia, optimize=True))[..., None])[..., 0]
+            W.append((Aia - np.einsum("fkj,kj->fk", AiB, v, optimize=True), v))
+        return W
+
+    def predict(W, r):
+        out = np.empty((len(r), L, K), np.float32)
+        for lay, (w, v) in enumerate(W):
+            out[:, lay] = np.clip(_features(hid[r], lay) @ w + np.einsum("nkj,kj->nk", Z[r], v), 0, np.log(cap))
+        return out
+
+    idx, req, pos = _by_request(trace, train)
+    logd = np.log(reuse_distances(req, pos, ex[idx], E, cap))
+    for a in range(0, len(idx), 4096):
+        add(idx[a:a + 4096], logd[a:a + 4096], 1.0)
+    W = solve()
+    last, cut = _step_rows(trace, rows)
+    idx, req, pos = _by_request(trace, rows)
+    known = _known_from(np.asarray(trace.step)[idx], req, pos, cap)
+    order, joined = np.argsort(known, kind="stable"), 0
+    steps, out = np.asarray(trace.step)[last[cut]], []
+    for g, (a, b) in enumerate(zip(cut, np.append(cut[1:], len(last)), strict=True)):
+        ready = int(np.searchsorted(known[order], steps[g], side="left"))  # as adapting_probe_steps: causal
+        if ready - joined >= every:
+            new = np.sort(order[joined:ready])
+            add(idx[new], np.log(_distances_of(new, idx, req, pos, trace, cap)), weight)
+            W, joined = solve(), ready
+        out.append(predict(W, last[a:b]))
+    return out
+
+
+def variants(trace, centred, Z, train, test) -> dict[str, list[np.ndarray]]:
     """Each fc-evict row's reuse forecast (one (R, L, K) log d̂ per step of `test`)."""
     return {FIXED: probe_steps(fit_reuse_probe(trace, train), trace, test),
             ADAPT: adapting_probe_steps(trace, train, test),
@@ -61,6 +152,7 @@ def variants(trace, centred, train, test) -> dict[str, list[np.ndarray]]:
             "fc-evict [fixed probe, request-centred inputs]": probe_steps(fit_reuse_probe(centred, train), centred, test),
             "fc-evict [adapting probe, weight 16]": adapting_probe_steps(trace, train, test, weight=16.0),
             "fc-evict [adapting probe, weight 64]": adapting_probe_steps(trace, train, test, weight=64.0),
+            HISTORY: history_steps(trace, Z, train, test),
             CEILING: probe_steps(fit_reuse_probe(trace, test), trace, test)}
 
 
@@ -74,17 +166,18 @@ def medians(per: dict[str, dict[str, float]], names) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~2 min)")
+    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~3 min)")
     ap.parse_args()
     trace = read_trace(standard_trace("fine"), mmap=False, load_hidden=True, load_logits=False)
     centred = request_centred(trace)
+    Z = history_features(trace)
     per = {}
     for name, train, test in parts(trace, "task", 5):
         pred = fit_or_load(PREDICTOR, trace, model=None, seed=0, threads=1, quiet=True, rows=train)
         sets, la = forecast_sets(pred, trace, rows=test)
         got = {r["policy"]: r["us_per_token"] for r in compare_policies(
             trace, budget="50%", hardware="h100-sxm", policies=BASE, mask=test, forecast=sets, layer_ahead=la)}
-        for label, reuse in variants(trace, centred, train, test).items():
+        for label, reuse in variants(trace, centred, Z, train, test).items():
             got[label] = next(r["us_per_token"] for r in compare_policies(
                 trace, budget="50%", hardware="h100-sxm", policies=["fc-evict"], mask=test, forecast=sets,
                 layer_ahead=la, reuse=reuse) if r["policy"] == "fc-evict")
