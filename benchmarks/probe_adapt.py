@@ -7,8 +7,8 @@ predict/reuse_probe.adapting_probe_steps, weight 4). Then what was tried to make
 issue-21 task-mode target, 15% faster than the best policy without prediction): a stronger ridge penalty (lam 100,
 1000), router inputs centred on the request's running mean (causal: tokens up to this one), an adapting weight of
 16 and 64; per-key request history added to the adapting probe (each key's regression also reads log tokens since the
-request last used that key, capped at 64, and the request's decayed count of it, 0.9 per token, both from tokens before
-this one; the key-specific weights solved through a Schur complement of the shared block); and, as a ceiling that is not causal, the probe fitted on the held-out task itself. Prints one line per
+request last used that key, capped at 64, and the request's decayed count of it, 0.9 per token, both from its earlier
+steps; the key-specific weights solved through a Schur complement of the shared block); and, as a ceiling that is not causal, the probe fitted on the held-out task itself. Prints one line per
 part, the medians with min-max and the variants' table; writes out/bench/probe_adapt.json.
 Run: python benchmarks/probe_adapt.py [--quick: the same run, ~3 min] (captures the standard trace on first use).
 """
@@ -31,11 +31,9 @@ from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
 from routecast.predict.reuse_probe import (  # noqa: E402
     _by_request,
-    _distances_of,
     _features,
-    _known_from,
-    _step_rows,
     adapting_probe_steps,
+    causal_joins,
     fit_reuse_probe,
     probe_steps,
     reuse_distances,
@@ -67,7 +65,8 @@ def request_centred(trace):
 
 def history_features(trace) -> np.ndarray:
     """(T, K, 2) per token and key: log min(tokens since its request last used the key, 64) and the request's decayed
-    count of the key (0.9 per token), both over the request's tokens before this one (known when it is decoded)."""
+    count of the key (0.9 per token), both over the request's tokens of earlier steps (a prefill's own tokens are routed layer by layer in its
+    step: only earlier steps' routing is all known when a layer of this one is forecast)."""
     s = trace.spec
     K, T = s.num_layers * s.num_experts, trace.num_tokens
     req, pos = np.asarray(trace.tokens["request"]), np.asarray(trace.tokens["position"])
@@ -76,13 +75,18 @@ def history_features(trace) -> np.ndarray:
     ok = ex >= 0
     used[np.broadcast_to(np.arange(T)[:, None, None], ex.shape)[ok],
          (np.arange(s.num_layers)[None, :, None] * s.num_experts + ex)[ok]] = True
+    step = np.asarray(trace.step)
     out = np.zeros((T, K, 2))
-    prev, last, c = -1, np.zeros(K), np.zeros(K)
-    for t in np.lexsort((pos, req)):
+    prev, last, c, new = -1, np.zeros(K), np.zeros(K), []
+    for t in np.lexsort((pos, step, req)):
         if req[t] != prev:
-            prev, last, c = req[t], np.full(K, -1e9), np.zeros(K)
+            prev, last, c, new = req[t], np.full(K, -1e9), np.zeros(K), []
+        elif step[t] != step[new[0]]:  # the request's tokens of its previous step are all routed now: fold them in
+            for u in new:
+                last, c = np.where(used[u], pos[u], last), 0.9 * c + used[u]
+            new = []
         out[t, :, 0], out[t, :, 1] = np.log(np.minimum(pos[t] - last, 64.0)), c
-        last, c = np.where(used[t], pos[t], last), 0.9 * c + used[t]
+        new.append(t)
     return out
 
 
@@ -127,19 +131,12 @@ def history_steps(trace, Z, train, rows, weight=4.0, every=32, cap=32, lam=1.0) 
     logd = np.log(reuse_distances(req, pos, ex[idx], E, cap))
     for a in range(0, len(idx), 4096):
         add(idx[a:a + 4096], logd[a:a + 4096], 1.0)
-    W = solve()
-    last, cut = _step_rows(trace, rows)
-    idx, req, pos = _by_request(trace, rows)
-    known = _known_from(np.asarray(trace.step)[idx], req, pos, cap)
-    order, joined = np.argsort(known, kind="stable"), 0
-    steps, out = np.asarray(trace.step)[last[cut]], []
-    for g, (a, b) in enumerate(zip(cut, np.append(cut[1:], len(last)), strict=True)):
-        ready = int(np.searchsorted(known[order], steps[g], side="left"))  # as adapting_probe_steps: causal
-        if ready - joined >= every:
-            new = np.sort(order[joined:ready])
-            add(idx[new], np.log(_distances_of(new, idx, req, pos, trace, cap)), weight)
-            W, joined = solve(), ready
-        out.append(predict(W, last[a:b]))
+    W, out = solve(), []
+    for last, joins in causal_joins(trace, rows, cap=cap, every=every):  # adapting_probe_steps' causal schedule
+        if joins is not None:
+            add(joins[0], np.log(joins[1]), weight)
+            W = solve()
+        out.append(predict(W, last))
     return out
 
 

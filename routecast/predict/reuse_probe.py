@@ -21,6 +21,7 @@ the request's profile (cache/reuse.py ReuseMix).
     ReuseProbe.predict(hidden_nLH) -> log d̂ (n, L, K)
     probe_steps(probe, trace, rows=None) -> one (R, L, K) float32 array per step (requests in ascending order)
     adapting_probe_steps(trace, train, rows, weight=4.0, every=32) -> the same, the probe refitted as it replays
+    causal_joins(trace, rows, cap=32, every=32) -> per step: its forecast rows, and the rows that joined the fit
 """
 
 from __future__ import annotations
@@ -244,25 +245,36 @@ def adapting_probe_steps(trace: Trace, train: np.ndarray, rows: np.ndarray, *, w
                           num_experts=s.num_experts, hidden_size=hid.shape[2])
 
     probe = solved()
-    last, cut = _step_rows(trace, rows)
-    if len(last) == 0:
-        return []
-    idx, req, pos = _by_request(trace, rows)
-    step = np.asarray(trace.step)[idx]
-    known = _known_from(step, req, pos, cap)
-    order = np.argsort(known, kind="stable")  # rows in the order they become known
-    joined = 0  # rows of `order` in the fit
-    steps = np.asarray(trace.step)[last[cut]]
     out = []
-    for g, (a, b) in enumerate(zip(cut, np.append(cut[1:], len(last)), strict=True)):
-        ready = int(np.searchsorted(known[order], steps[g], side="left"))  # known after a step before this one
-        if weight > 0 and ready - joined >= every:
-            new = np.sort(order[joined:ready])
-            _add_rows(xtx, xty, hid[idx[new]], np.log(_distances_of(new, idx, req, pos, trace, cap)), weight)
+    for last, joins in causal_joins(trace, rows, cap=cap, every=every):
+        if joins is not None and weight > 0:
+            _add_rows(xtx, xty, hid[joins[0]], np.log(joins[1]), weight)
             probe = solved()
-            joined = ready
-        out.append(probe.predict(hid[last[a:b]]))
+        out.append(probe.predict(hid[last]))
     return out
+
+
+def causal_joins(trace: Trace, rows: np.ndarray, *, cap: int = 32, every: int = 32):
+    """The schedule of adapting_probe_steps, for any model that learns on the replayed rows: yields, per step of `rows`
+    (ascending), (last, joins): `last` the token ids of the step's forecast rows (probe_steps' order) and `joins`
+    None, or (token ids, capped distances (n, L·E)) of the rows whose distances all became known after a step before
+    this one, given once at least `every` have (the model refits on them before forecasting this step)."""
+    last_all, cut = _step_rows(trace, rows)
+    if len(last_all) == 0:
+        return
+    idx, req, pos = _by_request(trace, rows)
+    known = _known_from(np.asarray(trace.step)[idx], req, pos, cap)
+    order = np.argsort(known, kind="stable")  # rows in the order they become known
+    joined = 0  # rows of `order` given so far
+    steps = np.asarray(trace.step)[last_all[cut]]
+    for g, (a, b) in enumerate(zip(cut, np.append(cut[1:], len(last_all)), strict=True)):
+        ready = int(np.searchsorted(known[order], steps[g], side="left"))  # known after a step before this one
+        joins = None
+        if ready - joined >= every:
+            new = np.sort(order[joined:ready])
+            joins = (idx[new], _distances_of(new, idx, req, pos, trace, cap))
+            joined = ready
+        yield last_all[a:b], joins
 
 
 def _distances_of(new: np.ndarray, idx: np.ndarray, req: np.ndarray, pos: np.ndarray, trace: Trace,
