@@ -182,3 +182,36 @@ def test_adapting_probe_reads_no_later_routing(seed, cut, every):
     for s, a, b in zip(steps, before, after, strict=True):
         if s <= cut:
             np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1000), every=st.integers(1, 8), cap=st.integers(2, 6))
+def test_causal_joins_gives_each_row_once_after_its_distances_are_known(seed, every, cap):
+    """Every replayed row joins at most once, never before a step after the one in which its request reached
+    position p + cap (or ended), and with the distances reuse_distances gives it over its whole request."""
+    from routecast.predict.reuse_probe import causal_joins, reuse_distances
+    tr = planted_trace(seed, requests=9, length=16, L=2, E=4)
+    rows = np.asarray(tr.tokens["request"]) % 3 == 0
+    req, pos, step = (np.asarray(tr.tokens["request"]), np.asarray(tr.tokens["position"]), np.asarray(tr.step))
+    idx = np.flatnonzero(rows)
+    o = np.lexsort((pos[idx], req[idx]))
+    idx = idx[o]
+    full = dict(zip(idx.tolist(), reuse_distances(req[idx], pos[idx], np.asarray(tr.experts_TLK)[idx], 4, cap),
+                    strict=True))
+    seen, steps = set(), []
+    for last, joins in causal_joins(tr, rows, cap=cap, every=every):
+        now = int(step[last[0]])
+        assert (step[last] == now).all()
+        steps.append(now)
+        if joins is None:
+            continue
+        ids, d = joins
+        assert len(ids) >= every and not seen & set(ids.tolist())
+        seen |= set(ids.tolist())
+        for t, dt in zip(ids.tolist(), d, strict=True):
+            np.testing.assert_array_equal(dt, full[t])
+            mine = (req == req[t]) & rows
+            later = mine & (pos >= pos[t] + cap)
+            known = step[later].min() if later.any() else step[mine].max()
+            assert known < now
+    assert steps == sorted(set(step[rows].tolist()))
