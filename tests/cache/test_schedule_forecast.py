@@ -183,9 +183,10 @@ def test_known_next_use_gives_each_served_unfinished_requests_next_token_and_the
     assert got == [{5: 0}, {5: 2, 7: 1}, {7: 4, 5: 2}, {5: 5, 7: 4, 9: 3}, {5: 5, 9: 6, 7: 4}, {9: 6, 5: 5}, {9: 6}]
 
 
-def test_next_token_mix_is_chosen_by_log_loss_and_skips_the_running_request():
+def test_next_token_mix_is_chosen_by_its_order_and_skips_the_running_request():
     """NextTokenMix: no token forecast (a = 0) until one is scored; a forecast that names the keys a waiting request
-    then uses wins the log-loss and is mixed in at its next turns; the running request never gets one."""
+    then uses orders them first (every mix with it ties on AUC; the lowest log-loss of those wins) and is mixed in at
+    its next turns; the running request never gets one."""
     from routecast.cache.reuse import NextTokenMix
 
     K = 6
@@ -201,6 +202,41 @@ def test_next_token_mix_is_chosen_by_log_loss_and_skips_the_running_request():
     out = mix.mix(pi.copy(), np.array([1, 2]), nu, running=set())
     np.testing.assert_allclose(out[0], a * nu[1] + (1 - a) * pi[0])
     np.testing.assert_allclose(out[1], a * nu[2] + (1 - a) * pi[1])
+
+
+def test_next_token_mix_prefers_the_better_order_to_the_better_calibration():
+    """The profile ranks the used key first but is overconfident on the rest; the token forecast is calibrated but
+    ranks an unused key first: log-loss would pick a token mix, the order (AUC) keeps the profile (a = 0)."""
+    from routecast.cache.reuse import NextTokenMix, auc, log_loss
+
+    mix = NextTokenMix()
+    pi = np.array([[0.99, 0.98, 0.98, 0.98]])
+    nu = np.array([0.3, 0.4, 0.0, 0.0])
+    mix.mix(pi.copy(), np.array([1]), {1: nu}, running=set())
+    mix.observe(StepUse.from_routing(np.array([1]), np.array([[[0]]]), 4))
+    assert int(np.argmin(mix.loss)) != 0  # calibration alone would mix the token forecast in
+    assert mix.chosen == 0 and mix.ALPHAS[mix.chosen] == 0.0
+    used = np.array([True, False, False, False])
+    a = np.asarray(mix.ALPHAS)[:, None]
+    np.testing.assert_allclose(mix.auc, auc(a * nu + (1 - a) * pi, used))
+    np.testing.assert_allclose(mix.loss, log_loss(a * nu + (1 - a) * pi, used))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 12).flatmap(lambda k: st.tuples(
+    st.lists(st.integers(0, 4), min_size=2 * k, max_size=2 * k), st.lists(st.booleans(), min_size=k, max_size=k))))
+def test_auc_counts_ordered_pairs(case):
+    """auc equals the share of (used, unused) key pairs in order, ties half, counted pair by pair; 0 without both."""
+    from routecast.cache.reuse import auc
+
+    vals, used = case
+    used = np.array(used)
+    q = np.array(vals, float).reshape(2, -1) / 4
+    got = auc(q, used)
+    for m in range(2):
+        pairs = [(a, b) for a in q[m, used] for b in q[m, ~used]]
+        want = np.mean([1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs]) if pairs else 0.0
+        assert got[m] == pytest.approx(want)
 
 
 def test_fc_evict_keeps_the_expert_a_waiting_requests_next_token_needs():
