@@ -134,6 +134,9 @@ def main() -> None:
     ap.add_argument("--geometry-wait-all", action="store_true",
                     help="geometry mode: a layer computes only once every expert it needs is in its slot (the timing "
                     "before StoreConfig.early: resident experts no longer computed while the misses are read)")
+    ap.add_argument("--geometry-kernel", default="numba", choices=("numba", "torch"),
+                    help="geometry mode on the CPU: each round's expert compute, numba's bf16 loop "
+                    "(runtime/offload/expert_kernel.py) or torch's bf16 matmul (1.75-2x slower: benchmarks/expert_kernel.py)")
     ap.add_argument("--geometry-threads", type=int, default=None,
                     help="loader threads (reads in flight) in geometry mode (default: the fastest of 1/2/4, measured)")
     ap.add_argument("--geometry-device", default=None,

@@ -305,7 +305,8 @@ def main_geometry(a, gates: dict[str, dict]) -> None:
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; {WEIGHT_NOTE}; {warm} warm-up + "
           f"{tokens} timed decode tokens of {trace} in {a.geometry_order} order, geometry layer g <- trace layer g mod "
           f"{routing['trace_layers']}; "
-          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms)",
+          f"tier {tier['mode']} {tier['bandwidth_Bps'] / 1e6:.0f} MB/s per read (median {tier['median_read_s'] * 1e3:.1f} ms); "
+          f"experts computed {'on the GPU (torch)' if gpu else f'on the CPU by the {a.geometry_kernel} kernel'}",
           flush=True)
     bounds = {}
     n_bound = min(BOUND_TOKENS, long["tokens"])  # a --routing-file may hold only the tokens driven
@@ -330,7 +331,7 @@ def main_geometry(a, gates: dict[str, dict]) -> None:
             near = measure_concurrency(probe.tier, [probe.store.slot_dests(i) for i in range(threads)],
                                        threads=(threads,), reads=max(4, threads), seed=len(loads))[threads]
             r = run_geometry(path, geom, routing, budget=b, policy=pol, prefetch=pf, warmup=warm, loader_threads=threads,
-                             reuse=ru, tier=shared, early=not a.geometry_wait_all, pred_top=top)
+                             reuse=ru, tier=shared, early=not a.geometry_wait_all, pred_top=top, kernel=a.geometry_kernel)
             r["tier_read_s"] = near
             loads.append(os.getloadavg()[0])
             runs[label].append(r)
@@ -388,8 +389,8 @@ def main_geometry(a, gates: dict[str, dict]) -> None:
     if gpu:
         head += gpu_lines(geom, tier, rows, budgets)
     asked = "" if done == repeats else f" (of {repeats} asked: --geometry-minutes)"
-    head.append(f"median of {done} interleaved rounds{asked}; load average {lo:.1f}-{hi:.1f}; " + (
-        f"experts computed on {tier['device']}" if gpu else "experts computed on the CPU (no GPU)"))
+    where = f"on {tier['device']}" if gpu else f"on the CPU (no GPU) by the {a.geometry_kernel} kernel"
+    head.append(f"median of {done} interleaved rounds{asked}; load average {lo:.1f}-{hi:.1f}; experts computed {where}")
     for line in head:
         print(line)
     name = f"offload_geometry_{geom.name}" + ("" if a.geometry_order == "step" else f"-{a.geometry_order}") + (
@@ -403,5 +404,5 @@ def main_geometry(a, gates: dict[str, dict]) -> None:
                       "eviction_bound_tokens": n_bound,
                       "routing": {k: v for k, v in routing.items() if k in ("trace", "trace_layers", "predict_s",
                                                                             "reuse_s", "reuse_train_tokens")},
-                      "rounds": done, "early": not a.geometry_wait_all, "rows": rows, "wall_s": time.time() - t_start})
+                      "rounds": done, "early": not a.geometry_wait_all, "kernel": a.geometry_kernel, "rows": rows, "wall_s": time.time() - t_start})
     print(f"wrote out/bench/{name}.json")

@@ -96,6 +96,8 @@ def add_parser(sub: Any) -> None:
                    "misses copied to GPU slots on a CUDA stream of their own, experts computed on the GPU (no weights "
                    "file); default: the weights file on disk, experts computed on the CPU")
     g.add_argument("--weights-dir", default=None, help="where the random weights are written once (default out/geometry)")
+    g.add_argument("--geometry-kernel", default=None, help="a CPU run's expert compute: numba (default: a bf16 loop, "
+                   "runtime/offload/expert_kernel.py) or torch (bf16 matmul, 1.75-2x slower: benchmarks/expert_kernel.py)")
     g.add_argument("--reuse-probe", action="store_true",
                    help="--policy fc-evict also reads the reuse probe of the router inputs: fitted on --fit-trace (a model "
                    "run) or on the --routing trace's documents not driven (a --geometry run)")
@@ -158,7 +160,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 SKIP = ("tokens", "log", "pred_sets", "logits", "generations", "uses", "reuse_steps", "next_uses")
 GEOMETRY_ONLY = ("routing", "geometry_layers", "geometry_tokens", "geometry_warmup", "geometry_order", "baseline",
-                 "weights_dir", "geometry_device")
+                 "weights_dir", "geometry_device", "geometry_kernel")
 
 
 def cmd_geometry(a: argparse.Namespace) -> int:
@@ -176,7 +178,8 @@ def cmd_geometry(a: argparse.Namespace) -> int:
     if bad:
         raise ConfigError(f"{', '.join(bad)} {'acts' if len(bad) == 1 else 'act'} on a model run; a --geometry run takes --budget, --policy, --baseline, "
                           "--prefetch none|lookahead, --prefetch-top, --loader-threads, --no-direct, --routing and --figures.")
-    disk = [f for f, on in (("--weights-dir", a.weights_dir), ("--no-direct", a.no_direct)) if on]
+    disk = [f for f, on in (("--weights-dir", a.weights_dir), ("--no-direct", a.no_direct),
+                            ("--geometry-kernel", a.geometry_kernel)) if on]
     if a.geometry_device is not None and disk:
         raise ConfigError(f"{', '.join(disk)} {'acts' if len(disk) == 1 else 'act'} on the weights file on disk; "
                           "--geometry-device keeps every expert in host memory: expected one or the other.")
@@ -191,7 +194,8 @@ def cmd_geometry(a: argparse.Namespace) -> int:
                         warmup=given(a.geometry_warmup, 16), budget=a.budget, policy=a.policy, prefetch=a.prefetch,
                         baseline=given(a.baseline, "lru"), loader_threads=a.loader_threads, direct=not a.no_direct,
                         weights_dir=given(a.weights_dir, "out/geometry"), order=given(a.geometry_order, "step"),
-                        reuse_probe=bool(a.reuse_probe), device=a.geometry_device, prefetch_top=a.prefetch_top)
+                        reuse_probe=bool(a.reuse_probe), device=a.geometry_device, prefetch_top=a.prefetch_top,
+                        kernel=given(a.geometry_kernel, "numba"))
     print(format_geometry(res))
     if a.figures:
         write_atomic(a.figures, json.dumps(res, indent=1, default=float), "--figures")

@@ -288,3 +288,16 @@ def test_fc_evict_reads_the_waiting_requests_next_tokens_and_the_replay_makes_th
     fig = run_geometry(weights, TINY, one, budget=6, policy="fc-evict", warmup=warm, direct=False)
     rep = replay_geometry(fig, TINY, one, xfer_s=1e-3)
     assert fig["next_tokens"] and (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])
+
+
+def test_every_policy_and_budget_computes_the_same_outputs_as_all_resident(weights) -> None:
+    rt, n = routing(12, interleave=True), TINY.layers * TINY.experts
+    want = run_geometry(weights, TINY, rt, budget=n, warmup=3, direct=False)["outputs"]  # all-resident: no read
+    assert want.shape == (9 * TINY.layers, TINY.hidden) and np.abs(want).max() > 0
+    for policy, budget, prefetch in (("lru", 2, False), ("lirs", 4, True), ("fc-evict", 6, False), ("arc", 5, True)):
+        fig = run_geometry(weights, TINY, rt, budget=budget, policy=policy, prefetch=prefetch, warmup=3, direct=False)
+        assert fig["misses"] > 0 and np.array_equal(fig["outputs"], want), (policy, budget)  # each slot held its expert
+    slow = run_geometry(weights, TINY, rt, budget=4, warmup=3, direct=False, kernel="torch")["outputs"]
+    np.testing.assert_allclose(slow, want, rtol=0.02, atol=0.02 * np.abs(want).max())  # torch rounds h to bf16
+    with pytest.raises(ConfigError, match="--geometry-kernel is 'cuda'; expected one of numba, torch"):
+        run_geometry(weights, TINY, rt, budget=4, warmup=3, direct=False, kernel="cuda")

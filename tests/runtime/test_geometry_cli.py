@@ -176,6 +176,8 @@ def test_a_device_run_keeps_the_experts_in_host_memory_and_makes_the_disk_runs_d
     (["--geometry-device", "cpu", "--weights-dir", "w"], "--weights-dir acts on the weights file on disk"),
     (["--geometry-device", "cpu", "--no-direct"], "--no-direct acts on the weights file on disk"),
     (["--geometry-device", "cpu", "--geometry-layers", "1000"], "GB are available: expected fewer --geometry-layers"),
+    (["--geometry-device", "cpu", "--geometry-kernel", "torch"], "--geometry-kernel acts on the weights file on disk"),
+    (["--geometry-kernel", "cuda"], "--geometry-kernel is 'cuda'; expected one of numba, torch"),
 ])
 def test_bad_device_flags_are_one_sentence_before_anything_is_made(args, needle, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)

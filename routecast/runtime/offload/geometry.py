@@ -37,6 +37,7 @@ import torch
 
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import write_atomic
+from routecast.runtime.offload.expert_kernel import swiglu_round
 from routecast.runtime.offload.gpu import sync
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
@@ -138,15 +139,19 @@ def write_weights(folder: str | Path, geom: Geometry, *, seed: int = 0) -> Path:
     return path
 
 
+KERNELS = ("numba", "torch")  # a CPU round's expert compute (GeometryRun's kernel)
+
+
 class GeometryRun:
     """The geometry's layers over an ExpertStore of `budget` slots; ``step(t)`` runs decode token t of the routing."""
 
     def __init__(self, path: Path | None, geom: Geometry, *, budget: int, policy: str = "lru", loader_threads: int = 4,
-                 direct: bool = True, tier=None, early: bool = True) -> None:
+                 direct: bool = True, tier=None, early: bool = True, kernel: str = "numba") -> None:
         """path: the weights file (a DiskTier over it is opened and closed with the run); tier: a slow tier shared
         by many runs instead (gpu.PinnedTier: host memory copied to GPU slots; path is then unused). early: each
         layer computes its resident experts while its misses are read (StoreConfig.early, the replay's timing);
-        False: once all are in."""
+        False: once all are in. kernel: a CPU round's expert compute, 'numba' (expert_kernel.py) or 'torch' (bf16
+        matmul; a GPU round is always torch)."""
         from routecast.cache.zoo import split_name
 
         self.geom, self.L, self.E = geom, geom.layers, geom.experts
@@ -159,6 +164,12 @@ class GeometryRun:
         self.store = ExpertStore(self.tier, StoreConfig(budget=budget, loader_threads=loader_threads, policy=policy,
                                                           early=early))
         self.x = torch.randn(1, geom.hidden, generator=torch.Generator().manual_seed(0)).bfloat16().to(self.device)
+        self.x32 = self.x[0].float().cpu().numpy()
+        if kernel not in KERNELS:
+            raise ConfigError(f"--geometry-kernel is {kernel!r}; expected one of {', '.join(KERNELS)}.")
+        self.kernel = kernel
+        self.outputs: list[np.ndarray] = []  # on the CPU, each layer's output of each token (fp32, H), in order:
+        # the same for every policy and budget (each slot held the expert it was asked for)
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.pred_sets: list[np.ndarray] = []
         self.compute_s: list[float] = []  # seconds per expert computed: a round's time (on a GPU, until its kernels
@@ -173,13 +184,17 @@ class GeometryRun:
 
     def _compute(self, w_E: np.ndarray, out: list[torch.Tensor]):
         gu, dn, I = self.store.pools["gate_up_proj"], self.store.pools["down_proj"], self.geom.ffn
+        cpu = self.kernel == "numba" and self.device.type == "cpu"
 
         def compute(exps: np.ndarray, slots: np.ndarray) -> None:
             t0 = time.perf_counter()
-            for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
-                h = self.x @ gu[s].T  # (1, 2I)
-                y = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T
-                out[0] = out[0] + float(w_E[e]) * y.float()
+            if cpu:  # expert_kernel.py: fp32 sums of the bf16 weights, ~1.8x torch's bf16 GEMV
+                swiglu_round(gu, dn, slots, w_E[exps], self.x32, out[1])
+            else:
+                for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
+                    h = self.x @ gu[s].T  # (1, 2I)
+                    y = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T
+                    out[0] = out[0] + float(w_E[e]) * y.float()
             # one wait per round, not per expert: a GPU's kernels of the round queue back to back (a wait after each
             # expert made every expert pay a launch-and-sync round trip); they must be done before the store unpins
             # the round's slots, which a loader may then refill
@@ -214,8 +229,10 @@ class GeometryRun:
             w_E = np.zeros(self.E, np.float32)
             np.add.at(w_E, ids_LK[g][ok], w_LK[g][ok])
             self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))
-            out = [torch.zeros(1, self.geom.hidden, device=self.device)]
+            out = [torch.zeros(1, self.geom.hidden, device=self.device), np.zeros(self.geom.hidden, np.float32)]
             self.store.access(g, uniq, self._compute(w_E, out))
+            if self.device.type == "cpu":  # (a GPU's output stays there: copying it back would wait on every layer)
+                self.outputs.append(out[1] if self.kernel == "numba" else out[0][0].float().numpy())
         t0 = time.perf_counter()
         self.store.end_step(StepUse.from_routing(np.array([request]), ids_LK[None], self.E) if self.profiles else None)
         if self.profiles:
@@ -275,7 +292,8 @@ def next_token_forecasts(routing: dict[str, Any], policy: str) -> list[dict[int,
 
 def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget: int, policy: str = "lru",
                  prefetch: bool = False, loader_threads: int = 4, direct: bool = True, warmup: int = 0,
-                 reuse: bool = False, tier=None, early: bool = True, pred_top: int = 0) -> dict[str, Any]:
+                 reuse: bool = False, tier=None, early: bool = True, pred_top: int = 0,
+                 kernel: str = "numba") -> dict[str, Any]:
     """Every token of `routing` through the geometry's layers at `budget` slots; the first `warmup` tokens fill the
     fast tier untimed (a server runs warm; cold first uses would otherwise dominate a short run) -> figures of the
     timed tokens: s_per_token (wall), hit ratio, bytes read, predictor seconds (the forecasts' measured per-token
@@ -287,7 +305,8 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     their seconds added too). tier: a shared
     slow tier (GeometryRun; path unused). A budget of every expert preloads them all (the all-resident floor: no read in the timed run).
     early: GeometryRun's (hits computed while the misses are read; False: once all are in). pred_top: prefetch only
-    each token's pred_top most likely experts per layer (prefetch_sets; 0 = the whole forecast)."""
+    each token's pred_top most likely experts per layer (prefetch_sets; 0 = the whole forecast). kernel: GeometryRun's
+    (a CPU round's expert compute); fig['outputs']: every layer output of the timed tokens on the CPU, (T·L, H)."""
     from routecast.cache.zoo import check_reuse_policy
 
     n = routing["tokens"]
@@ -298,7 +317,7 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     if reuse:
         check_reuse_policy(policy)
     r = GeometryRun(path, geom, budget=budget, policy=policy, loader_threads=loader_threads, direct=direct, tier=tier,
-                    early=early)
+                    early=early, kernel=kernel)
     if budget >= geom.layers * geom.experts:
         r.store.preload(np.arange(geom.layers * geom.experts))
     ids, w, pred, req = routing["ids"], routing["w"], prefetch_sets(routing, pred_top), routing["request"]
@@ -325,7 +344,8 @@ def run_geometry(path: Path, geom: Geometry, routing: dict[str, Any], *, budget:
     wall += pred_s  # computed before the run (the trace's forecasts): added; fc-evict's upkeep is inside the wall
     fig.update(wall_s=wall, s_per_token=wall / timed, predict_s=pred_s + r.predict_s - upkeep0, budget=budget, policy=policy,
                prefetch=prefetch, pred_top=pred_top, reuse=reuse, next_tokens=tokens, log=r.log, pred_sets=np.array(r.pred_sets), warmup=warmup, timed_tokens=timed,
-               read_s_per_expert=fig["read_s"] / max(fig["reads"], 1))
+               read_s_per_expert=fig["read_s"] / max(fig["reads"], 1), kernel=kernel,
+               outputs=np.array(r.outputs[warmup * geom.layers:]) if r.outputs else None)
     return fig
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.geometry import (
+    KERNELS,
     WEIGHT_NOTE,
     Geometry,
     GeometryRun,
@@ -50,7 +51,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
                   warmup: int = 16, budget: str = "50%", policy: str = "lru", prefetch: str = "none",
                   baseline: str = "lru", loader_threads: int = 2, direct: bool = True,
                   weights_dir: str | Path = "out/geometry", order: str = "step",
-                  reuse_probe: bool = False, device: str | None = None, prefetch_top: int = 0) -> dict[str, Any]:
+                  reuse_probe: bool = False, device: str | None = None, prefetch_top: int = 0,
+                  kernel: str = "numba") -> dict[str, Any]:
     """One geometry run of `policy` (+ lookahead prefetch) and one of `baseline` ('none': skipped) -> {'geometry',
     'budget', 'runs': {label: figures + replay}, 'bound', 'tier_read_s', 'x_baseline', ...}. name: a GEOMETRIES
     name, or a Geometry (tests: a tiny one; `layers` is then its own). order: the decode tokens' order
@@ -58,7 +60,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     (geometry_routing.trace_routing). device: 'cuda' (or 'cuda:N', 'cpu'): every expert in pinned host memory,
     copied to slots on that device and computed there (gpu.PinnedTier; no weights file); None: the weights file on
     disk, computed on the CPU. prefetch_top: the lookahead prefetches only each token's N most likely experts per
-    layer (geometry.prefetch_sets; 0 = its whole top-k). Every flag is checked before the weights are written or the
+    layer (geometry.prefetch_sets; 0 = its whole top-k). kernel: a CPU run's expert compute (geometry.KERNELS:
+    numba's bf16 loop, expert_kernel.py, or torch's matmul). Every flag is checked before the weights are written or the
     trace is read."""
     from routecast.cache.replay import parse_budget
     from routecast.cache.zoo import check_reuse_policy
@@ -81,6 +84,8 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warmup}: expected at least 1 timed token and "
                           "0 or more warm-up tokens.")
     check_order(order)
+    if kernel not in KERNELS:
+        raise ConfigError(f"--geometry-kernel is {kernel!r}; expected one of {', '.join(KERNELS)}.")
     if device is not None:
         check_device(device)
         check_host_memory(geom)
@@ -131,7 +136,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
     for label, pol, p, ru in configs:
         r = run_geometry(path, geom, route, budget=slots, policy=pol, prefetch=p, warmup=warmup,
                          loader_threads=loader_threads, direct=direct, reuse=ru, tier=shared,
-                         pred_top=prefetch_top if p else 0)
+                         pred_top=prefetch_top if p else 0, kernel=kernel)
         rep = replay_geometry(r, geom, route, xfer_s=read_s)
         runs[label] = {**{k: r[k] for k in FIG_KEYS if k in r}, "policy": pol, "prefetch": p, "reuse_probe": ru,
                        "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
@@ -141,7 +146,7 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
            "trace": str(trace), "order": order, "warmup": warmup, "tokens": tokens, "tier_read_s": read_s, "note": WEIGHT_NOTE,
            "loader_threads": loader_threads, "prefetch_top": prefetch_top, "runs": runs, "bound": eviction_bound(geom, route, slots),
            "load_average": os.getloadavg()[0], "device": device_name(shared.device) if shared is not None else "cpu",
-           "tier_mode": mode}
+           "tier_mode": mode, "kernel": "torch" if shared is not None else kernel}
     first, *rest = runs
     out["x_baseline"] = runs[rest[0]]["s_per_token"] / runs[first]["s_per_token"] if rest else None
     return out
@@ -166,6 +171,6 @@ def format_geometry(res: dict[str, Any]) -> str:
     lines.append(f"eviction bound on the same {res['warmup'] + res['tokens']} tokens (no I/O): misses LRU {b['lru']:.0f}, "
                  f"LFU {b['lfu']:.0f}, Belady {b['belady']:.0f}: no eviction rule reads less than "
                  f"{b['belady'] / max(b['lru'], 1):.2f}x LRU's experts")
-    on = "the CPU (no GPU)" if res["device"] == "cpu" else res["device"]
+    on = f"the CPU (no GPU; {res['kernel']} kernel)" if res["device"] == "cpu" else res["device"]
     lines.append(f"{res['note']}; load average {res['load_average']:.1f}; experts computed on {on} ({res['tier_mode']})")
     return "\n".join(lines)
