@@ -136,7 +136,7 @@ def main() -> None:
                     "before StoreConfig.early: resident experts no longer computed while the misses are read)")
     ap.add_argument("--geometry-kernel", default="numba", choices=("numba", "torch"),
                     help="geometry mode on the CPU: each round's expert compute, numba's bf16 loop "
-                    "(runtime/offload/expert_kernel.py) or torch's bf16 matmul (1.75-2x slower: benchmarks/expert_kernel.py)")
+                    "(runtime/offload/expert_kernel.py) or torch's bf16 matmul (1.2-2.2x slower: benchmarks/expert_kernel.py)")
     ap.add_argument("--geometry-threads", type=int, default=None,
                     help="loader threads (reads in flight) in geometry mode (default: the fastest of 1/2/4, measured)")
     ap.add_argument("--geometry-device", default=None,

@@ -97,7 +97,7 @@ def add_parser(sub: Any) -> None:
                    "file); default: the weights file on disk, experts computed on the CPU")
     g.add_argument("--weights-dir", default=None, help="where the random weights are written once (default out/geometry)")
     g.add_argument("--geometry-kernel", default=None, help="a CPU run's expert compute: numba (default: a bf16 loop, "
-                   "runtime/offload/expert_kernel.py) or torch (bf16 matmul, 1.75-2x slower: benchmarks/expert_kernel.py)")
+                   "runtime/offload/expert_kernel.py) or torch (bf16 matmul, 1.2-2.2x slower: benchmarks/expert_kernel.py)")
     g.add_argument("--reuse-probe", action="store_true",
                    help="--policy fc-evict also reads the reuse probe of the router inputs: fitted on --fit-trace (a model "
                    "run) or on the --routing trace's documents not driven (a --geometry run)")

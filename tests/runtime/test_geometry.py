@@ -290,14 +290,22 @@ def test_fc_evict_reads_the_waiting_requests_next_tokens_and_the_replay_makes_th
     assert fig["next_tokens"] and (rep["hits"], rep["misses"]) == (fig["hits"], fig["misses"])
 
 
-def test_every_policy_and_budget_computes_the_same_outputs_as_all_resident(weights) -> None:
-    rt, n = routing(12, interleave=True), TINY.layers * TINY.experts
-    want = run_geometry(weights, TINY, rt, budget=n, warmup=3, direct=False)["outputs"]  # all-resident: no read
-    assert want.shape == (9 * TINY.layers, TINY.hidden) and np.abs(want).max() > 0
-    for policy, budget, prefetch in (("lru", 2, False), ("lirs", 4, True), ("fc-evict", 6, False), ("arc", 5, True)):
-        fig = run_geometry(weights, TINY, rt, budget=budget, policy=policy, prefetch=prefetch, warmup=3, direct=False)
-        assert fig["misses"] > 0 and np.array_equal(fig["outputs"], want), (policy, budget)  # each slot held its expert
-    slow = run_geometry(weights, TINY, rt, budget=4, warmup=3, direct=False, kernel="torch")["outputs"]
+def test_every_policy_and_budget_computes_the_same_outputs_as_all_resident(tmp_path) -> None:
+    wide = Geometry(name="wide", hidden=64, ffn=32, experts=8, top_k=4, layers=3)  # 4 terms: order would show
+    weights = write_weights(tmp_path, wide)
+    rng = np.random.default_rng(3)
+    T, n = 12, wide.layers * wide.experts
+    p = np.array([8, 8, 4, 4, 2, 1, 1, 1]) / 29  # skewed, as routing is: a cache of a few slots hits
+    ids = np.stack([[rng.choice(wide.experts, 4, replace=False, p=p) for _ in range(wide.layers)] for _ in range(T)])
+    rt = {"ids": ids, "w": rng.random(ids.shape).astype(np.float32), "pred": np.zeros((T, wide.layers, wide.experts), bool),
+          "predict_s": 0.0, "tokens": T, "request": np.arange(T) % 3}
+    want = run_geometry(weights, wide, rt, budget=n, warmup=3, direct=False)["outputs"]  # all-resident: no read
+    assert want.shape == (9 * wide.layers, wide.hidden) and np.abs(want).max() > 0
+    for policy, budget in (("lru", 14), ("lirs", 10), ("fc-evict", 16), ("arc", 20)):
+        fig = run_geometry(weights, wide, rt, budget=budget, policy=policy, warmup=3, direct=False)
+        assert fig["misses"] > 0 and fig["hits"] > 0  # layers split into rounds: hits first, then misses
+        assert np.array_equal(fig["outputs"], want), (policy, budget)  # each slot held its expert; sums in one order
+    slow = run_geometry(weights, wide, rt, budget=4, warmup=3, direct=False, kernel="torch")["outputs"]
     np.testing.assert_allclose(slow, want, rtol=0.02, atol=0.02 * np.abs(want).max())  # torch rounds h to bf16
     with pytest.raises(ConfigError, match="--geometry-kernel is 'cuda'; expected one of numba, torch"):
-        run_geometry(weights, TINY, rt, budget=4, warmup=3, direct=False, kernel="cuda")
+        run_geometry(weights, wide, rt, budget=4, warmup=3, direct=False, kernel="cuda")

@@ -5,8 +5,8 @@ Legend: S slots of the fast tier, I the expert's FFN width, H the hidden size, R
 A decode token multiplies each of its experts' weights by one vector, so the work is a matrix-vector product bound
 by the memory it streams. torch's bf16 CPU matmul at batch 1 streams the weights well below the memory's rate; this
 loop widens each bf16 weight to fp32 by a 16-bit shift and accumulates in fp32, rows split over the threads
-(`python benchmarks/expert_kernel.py`: 1.75x torch's speed on deepseek-v2-lite experts, 2.0x on mixtral-8x7b's, on
-this 2-core machine). The geometry runs (geometry.py) compute their CPU rounds with it; a GPU round stays on torch.
+(`python benchmarks/expert_kernel.py`, three runs on this 2-core machine: 1.6-2.2x torch's speed on deepseek-v2-lite
+experts, 1.2-2.0x on mixtral-8x7b's, as the memory's rate drifts). The geometry runs (geometry.py) compute their CPU rounds with it; a GPU round stays on torch.
 
 The result is the fp32 SwiGLU of the bf16 weights and the fp32 input, row by row in a fixed order (deterministic,
 whatever the thread count); torch's bf16 matmul rounds h to bf16 between the two products, so the two agree to
@@ -20,8 +20,8 @@ import torch
 
 
 def _swiglu_rows(gu_SNH: np.ndarray, dn_SHI: np.ndarray, slots_R: np.ndarray, w_R: np.ndarray, x_H: np.ndarray,
-                 out_H: np.ndarray) -> None:
-    """out_H += sum_r w_R[r] * down[slot_r] @ (silu(gate[slot_r] @ x) * (up[slot_r] @ x)); pools as uint16 bf16 bits
+                 out_RH: np.ndarray) -> None:
+    """out_RH[r] = w_R[r] * down[slot_r] @ (silu(gate[slot_r] @ x) * (up[slot_r] @ x)); pools as uint16 bf16 bits
     (gu_SNH: (S, 2I, H), gate rows first; dn_SHI: (S, H, I)). Rows split over the threads; each row's sum in order."""
     N, H = gu_SNH.shape[1], gu_SNH.shape[2]
     I = N // 2
@@ -40,7 +40,7 @@ def _swiglu_rows(gu_SNH: np.ndarray, dn_SHI: np.ndarray, slots_R: np.ndarray, w_
             acc = np.float32(0.0)
             for c in range(I):
                 acc += np.uint32(np.uint32(dn_SHI[s, r, c]) << np.uint32(16)).view(np.float32) * a[c]
-            out_H[r] += w * acc
+            out_RH[j, r] = w * acc
 
 
 _prange = range
@@ -63,9 +63,11 @@ def bits(pool: torch.Tensor) -> np.ndarray:
 
 
 def swiglu_round(gu: torch.Tensor, dn: torch.Tensor, slots_R: np.ndarray, w_R: np.ndarray, x_H: np.ndarray,
-                 out_H: np.ndarray) -> None:
-    """out_H (fp32, H) += each slot's SwiGLU of x_H (fp32, H) weighted by w_R; gu (S, 2I, H), dn (S, H, I) bf16 CPU
-    pools. numba's loop when installed, else torch per expert in fp32 (exact, slower)."""
+                 out_RH: np.ndarray) -> None:
+    """out_RH[r] (fp32) = slot r's SwiGLU of x_H (fp32, H) times w_R[r]; gu (S, 2I, H), dn (S, H, I) bf16 CPU pools.
+    One row per expert, not a running sum: the caller adds a layer's rows in expert order, so its output does not
+    depend on how the experts were split into rounds (hits first, then misses). numba's loop when installed, else
+    torch per expert in fp32 (slower)."""
     slots = np.ascontiguousarray(slots_R, np.int64)
     w = np.ascontiguousarray(w_R, np.float32)
     if len(slots) != len(w):
@@ -73,23 +75,22 @@ def swiglu_round(gu: torch.Tensor, dn: torch.Tensor, slots_R: np.ndarray, w_R: n
     S, H = gu.shape[0], gu.shape[2]
     if len(slots) and not (0 <= slots.min() and slots.max() < S):  # the compiled loop checks no bounds
         raise ValueError(f"slot {int(slots.max() if slots.max() >= S else slots.min())} is outside the pool's 0..{S - 1}")
-    for name, v in (("x_H", x_H), ("out_H", out_H)):
-        if v.shape != (H,) or v.dtype != np.float32 or not v.flags.c_contiguous:
-            raise ValueError(f"{name} is {v.dtype} {v.shape}; expected contiguous float32 ({H},)")
+    for name, v, want in (("x_H", x_H, (H,)), ("out_RH", out_RH, (len(slots), H))):
+        if v.shape != want or v.dtype != np.float32 or not v.flags.c_contiguous:
+            raise ValueError(f"{name} is {v.dtype} {v.shape}; expected contiguous float32 {want}")
     if _kernel is not None:
-        _kernel(bits(gu), bits(dn), slots, w, x_H, out_H)
+        _kernel(bits(gu), bits(dn), slots, w, x_H, out_RH)
         return
-    x, I = torch.from_numpy(x_H), dn.shape[2]  # pragma: no cover - numba missing
-    for s, wj in zip(slots.tolist(), w.tolist(), strict=True):  # pragma: no cover
+    x, I = torch.from_numpy(x_H), dn.shape[2]  # numba missing
+    for j, (s, wj) in enumerate(zip(slots.tolist(), w.tolist(), strict=True)):
         h = gu[s].float() @ x
-        out_H += wj * (dn[s].float() @ (torch.nn.functional.silu(h[:I]) * h[I:])).numpy()
+        out_RH[j] = (wj * (dn[s].float() @ (torch.nn.functional.silu(h[:I]) * h[I:]))).numpy()
 
 
 def reference(gu: torch.Tensor, dn: torch.Tensor, slots_R: np.ndarray, w_R: np.ndarray, x_H: np.ndarray) -> np.ndarray:
-    """The same sum by torch in fp64 (tests and the kernel line of the benchmark): (H,) fp64."""
+    """The same rows by torch in fp64 (tests, benchmarks/expert_kernel.py): (R, H) fp64."""
     x, I = torch.from_numpy(np.asarray(x_H, np.float64)), dn.shape[2]
-    out = torch.zeros(dn.shape[1], dtype=torch.float64)
-    for s, wj in zip(np.asarray(slots_R).tolist(), np.asarray(w_R, np.float64).tolist(), strict=True):
-        h = gu[s].double() @ x
-        out += wj * (dn[s].double() @ (torch.nn.functional.silu(h[:I]) * h[I:]))
-    return out.numpy()
+    rows = [wj * (dn[s].double() @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+            for s, wj in zip(np.asarray(slots_R).tolist(), np.asarray(w_R, np.float64).tolist(), strict=True)
+            for h in [gu[s].double() @ x]]
+    return torch.stack(rows).numpy() if rows else np.zeros((0, dn.shape[1]))

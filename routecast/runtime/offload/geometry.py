@@ -169,7 +169,7 @@ class GeometryRun:
             raise ConfigError(f"--geometry-kernel is {kernel!r}; expected one of {', '.join(KERNELS)}.")
         self.kernel = kernel
         self.outputs: list[np.ndarray] = []  # on the CPU, each layer's output of each token (fp32, H), in order:
-        # the same for every policy and budget (each slot held the expert it was asked for)
+        # bit for bit the same for every policy and budget (each slot held the expert it was asked for)
         self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.pred_sets: list[np.ndarray] = []
         self.compute_s: list[float] = []  # seconds per expert computed: a round's time (on a GPU, until its kernels
@@ -182,19 +182,28 @@ class GeometryRun:
         if self._own_tier:
             self.tier.close()
 
-    def _compute(self, w_E: np.ndarray, out: list[torch.Tensor]):
+    def _compute(self, w_E: np.ndarray, uniq: np.ndarray, out: dict[str, Any]):
+        """The store's compute callback of one layer: on the CPU each expert's weighted output goes to its row of
+        out['rows'] (U, H) (the layer's output is their sum in expert order, whatever the rounds); on a GPU the
+        outputs add up in out['dev'] there."""
         gu, dn, I = self.store.pools["gate_up_proj"], self.store.pools["down_proj"], self.geom.ffn
-        cpu = self.kernel == "numba" and self.device.type == "cpu"
+        on_cpu = self.device.type == "cpu"
 
         def compute(exps: np.ndarray, slots: np.ndarray) -> None:
             t0 = time.perf_counter()
-            if cpu:  # expert_kernel.py: fp32 sums of the bf16 weights, ~1.8x torch's bf16 GEMV
-                swiglu_round(gu, dn, slots, w_E[exps], self.x32, out[1])
+            rows = np.searchsorted(uniq, exps)
+            if on_cpu and self.kernel == "numba":  # expert_kernel.py: fp32 sums of the bf16 weights, 1.2-2.2x torch's
+                part = np.empty((len(exps), self.geom.hidden), np.float32)
+                swiglu_round(gu, dn, slots, w_E[exps], self.x32, part)
+                out["rows"][rows] = part
             else:
-                for e, s in zip(exps.tolist(), slots.tolist(), strict=True):
+                for j, (e, s) in enumerate(zip(exps.tolist(), slots.tolist(), strict=True)):
                     h = self.x @ gu[s].T  # (1, 2I)
-                    y = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T
-                    out[0] = out[0] + float(w_E[e]) * y.float()
+                    y = float(w_E[e]) * ((torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T).float()
+                    if on_cpu:
+                        out["rows"][rows[j]] = y[0].numpy()
+                    else:
+                        out["dev"] = out["dev"] + y
             # one wait per round, not per expert: a GPU's kernels of the round queue back to back (a wait after each
             # expert made every expert pay a launch-and-sync round trip); they must be done before the store unpins
             # the round's slots, which a loader may then refill
@@ -229,10 +238,11 @@ class GeometryRun:
             w_E = np.zeros(self.E, np.float32)
             np.add.at(w_E, ids_LK[g][ok], w_LK[g][ok])
             self.log.append((g, uniq, np.bincount(inv, minlength=len(uniq))))
-            out = [torch.zeros(1, self.geom.hidden, device=self.device), np.zeros(self.geom.hidden, np.float32)]
-            self.store.access(g, uniq, self._compute(w_E, out))
+            out = {"rows": np.zeros((len(uniq), self.geom.hidden), np.float32),
+                   "dev": torch.zeros(1, self.geom.hidden, device=self.device)}
+            self.store.access(g, uniq, self._compute(w_E, uniq, out))
             if self.device.type == "cpu":  # (a GPU's output stays there: copying it back would wait on every layer)
-                self.outputs.append(out[1] if self.kernel == "numba" else out[0][0].float().numpy())
+                self.outputs.append(out["rows"].sum(0))
         t0 = time.perf_counter()
         self.store.end_step(StepUse.from_routing(np.array([request]), ids_LK[None], self.E) if self.profiles else None)
         if self.profiles:
