@@ -26,18 +26,17 @@ sys.path.insert(0, str(ROOT))
 
 from routecast.common import numbers as N  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
-from routecast.runtime.offload.expert_kernel import reference, swiglu_round  # noqa: E402
+from routecast.runtime.offload.expert_kernel import reference, swiglu_round, torch_expert  # noqa: E402
 from routecast.runtime.offload.geometry import geometry  # noqa: E402
 
 SETUPS = {"deepseek-v2-lite": (64, 6), "mixtral-8x7b": (4, 2)}  # slots in the pool, experts per round
 
 
 def torch_round(gu: torch.Tensor, dn: torch.Tensor, slots: np.ndarray, w: np.ndarray, x: torch.Tensor) -> torch.Tensor:
-    """The torch path of geometry.py: bf16 matmuls per expert, fp32 sum."""
-    I, out = dn.shape[2], torch.zeros(1, dn.shape[1])
+    """The torch path of geometry.py: bf16 matmuls per expert (expert_kernel.torch_expert), fp32 sum."""
+    out = torch.zeros(1, dn.shape[1])
     for s, wj in zip(slots.tolist(), w.tolist(), strict=True):
-        h = x @ gu[s].T
-        out = out + wj * ((torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T).float()
+        out = out + torch_expert(gu, dn, s, wj, x)
     return out
 
 

@@ -87,6 +87,14 @@ def swiglu_round(gu: torch.Tensor, dn: torch.Tensor, slots_R: np.ndarray, w_R: n
         out_RH[j] = (wj * (dn[s].float() @ (torch.nn.functional.silu(h[:I]) * h[I:]))).numpy()
 
 
+def torch_expert(gu: torch.Tensor, dn: torch.Tensor, s: int, w: float, x_1H: torch.Tensor) -> torch.Tensor:
+    """Slot s's SwiGLU of x_1H (bf16, (1, H), on the pools' device) times w by torch's bf16 matmuls: (1, H) fp32 (the
+    geometry's GPU rounds and its `--geometry-kernel torch`)."""
+    I = dn.shape[2]
+    h = x_1H @ gu[s].T  # (1, 2I)
+    return w * ((torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T).float()
+
+
 def reference(gu: torch.Tensor, dn: torch.Tensor, slots_R: np.ndarray, w_R: np.ndarray, x_H: np.ndarray) -> np.ndarray:
     """The same rows by torch in fp64 (tests, benchmarks/expert_kernel.py): (R, H) fp64."""
     x, I = torch.from_numpy(np.asarray(x_H, np.float64)), dn.shape[2]

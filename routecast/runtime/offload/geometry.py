@@ -37,7 +37,7 @@ import torch
 
 from routecast.common.errors import ConfigError
 from routecast.common.outputs import write_atomic
-from routecast.runtime.offload.expert_kernel import swiglu_round
+from routecast.runtime.offload.expert_kernel import swiglu_round, torch_expert
 from routecast.runtime.offload.gpu import sync
 from routecast.runtime.offload.store import ExpertStore, StoreConfig
 from routecast.runtime.offload.tier import DiskTier, ExpertLayout
@@ -186,7 +186,7 @@ class GeometryRun:
         """The store's compute callback of one layer: on the CPU each expert's weighted output goes to its row of
         out['rows'] (U, H) (the layer's output is their sum in expert order, whatever the rounds); on a GPU the
         outputs add up in out['dev'] there."""
-        gu, dn, I = self.store.pools["gate_up_proj"], self.store.pools["down_proj"], self.geom.ffn
+        gu, dn = self.store.pools["gate_up_proj"], self.store.pools["down_proj"]
         on_cpu = self.device.type == "cpu"
 
         def compute(exps: np.ndarray, slots: np.ndarray) -> None:
@@ -198,8 +198,7 @@ class GeometryRun:
                 out["rows"][rows] = part
             else:
                 for j, (e, s) in enumerate(zip(exps.tolist(), slots.tolist(), strict=True)):
-                    h = self.x @ gu[s].T  # (1, 2I)
-                    y = float(w_E[e]) * ((torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ dn[s].T).float()
+                    y = torch_expert(gu, dn, s, float(w_E[e]), self.x)
                     if on_cpu:
                         out["rows"][rows[j]] = y[0].numpy()
                     else:
