@@ -14,7 +14,9 @@ on all tasks but one, replayed on that one, 5 (or as many as there are tasks) pa
 non-expert time (dense 0 µs: the link is the bottleneck, as measured). Traces: standard_trace("fine") and
 standard_trace("mixtral-8x7b") (made on first use). Policies: kernel lru, lfu, lfuda, semoe, plec-correct,
 belady; objects arc, s3fifo, lirs (no prediction), fc-evict (forecast-guided eviction, zero extra bytes),
-fc-evict+admit and lirs+admit (cost-aware prefetch admission on top). On a trace with router inputs
+fc-evict+admit and lirs+admit (cost-aware prefetch admission on top), fc-evict+bypass and lfu+bypass (a miss the
+policy ranks below its victim is read into a staging slot of the budget and not kept: Belady's bypass on the forecast,
+and TinyLFU's admission rule on LFU's counts). On a trace with router inputs
 (builtin-fine) fc-evict also reads the reuse probe (predict/reuse_probe.py), fitted on the same training rows as
 the predictor and learning on the replayed rows as their distances become known (adapting_probe_steps); the row
 'fc-evict [fixed probe]' is fc-evict with that probe not adapting, 'fc-evict [profiles only]' without it.
@@ -43,8 +45,8 @@ from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
 from routecast.predict.reuse_probe import adapting_probe_steps, fit_reuse_probe, probe_steps  # noqa: E402
 
-POLICIES = ["lru", "lfu", "lfuda", "arc", "s3fifo", "lirs", "semoe", "plec-correct", "fc-evict", "fc-evict+admit",
-            "lirs+admit", "belady"]
+POLICIES = ["lru", "lfu", "lfuda", "arc", "s3fifo", "lirs", "lfu+bypass", "semoe", "plec-correct", "fc-evict",
+            "fc-evict+bypass", "fc-evict+admit", "lirs+admit", "belady"]
 BUDGETS = ["25%", "50%", "75%"]
 PROFILES = ["h100-sxm", "a100-sxm-80gb"]
 PREDICTOR = "conditional-token"

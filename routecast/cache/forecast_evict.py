@@ -256,6 +256,14 @@ class ForecastEvictPolicy(BasePolicy):
         far = off + self.L * (1.0 / np.maximum(q[keys], 1e-9) - 1.0)
         return np.where(self.fset[keys] & (lk > layer), off, far)
 
+    def keeps_out(self, incoming: int, victim: int) -> bool:
+        """Belady's bypass on the forecast: keep `victim` when the missing key's predicted next use is farther."""
+        d = self.next_use(np.array([incoming, victim], np.int64), incoming // self.E)
+        return bool(d[0] > d[1])
+
+    def passed(self, key: int) -> None:
+        self._use(key)
+
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
         # distances from the running layer: a demand miss's own; a prefetch (`below` given) is reserved while the layer
         # before its own runs (depth 1: its own layer counts as ahead, with the other forecast keys of it)

@@ -23,7 +23,7 @@ import numpy as np
 from routecast.cache.compare import ALL_POLICIES, add_time_metrics, compare_policies, is_predictive
 from routecast.cache.replay import ORACLE, POLICIES, ReplayConfig, parse_budget, replay
 from routecast.cache.stream import PackedSets
-from routecast.cache.zoo import ADMIT, DESCRIBE
+from routecast.cache.zoo import ADMIT, BYPASSES, bypasses, split_name
 from routecast.common.errors import ConfigError
 from routecast.predict.evaluate import (
     PREDICTOR_NAMES,
@@ -144,12 +144,21 @@ def make_forecast(trace: Trace, predictor: str, *, model: str | None = None, tra
     return test, pred_SLE, layer_ahead, fitted
 
 
+def _object_name(name: str) -> bool:
+    try:
+        split_name(name)
+    except ConfigError:
+        return False
+    return name.endswith(ADMIT) or bypasses(name)
+
+
 def parse_policies(text: str | Sequence[str]) -> list[str]:
     items = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
-    bad = [p for p in items if p not in ALL_POLICIES and not (p.endswith(ADMIT) and p[: -len(ADMIT)] in DESCRIBE)]
+    bad = [p for p in items if p not in ALL_POLICIES and not _object_name(p)]
     if not items or bad:
         raise ConfigError(f"--policies holds {bad or text!r}; expected a comma-separated list of "
-                          f"{', '.join(ALL_POLICIES)} (a policy object may take +admit).")
+                          f"{', '.join(ALL_POLICIES)} (a policy object may take +admit; {' and '.join(BYPASSES)} "
+                          "also +bypass, before it).")
     return items
 
 

@@ -8,7 +8,11 @@ Per access (step s, layer l), as kernel.replay_window with demand loads queued F
    (incoming = the missing key) and is loaded on demand at max(link free, tr), one transfer after another;
 2. experts are computed earliest-ready first; the layer ends when the last one ends; stall = end - (tr + Σ
    compute) (time the compute waits for the link); the clock moves to the end.
-3. with prefetch admission (NAME+admit): after the demand loads are queued, each forecast key of layer l+1
+3. NAME+bypass (zoo.BYPASSES): the pool has the budget less zoo.STAGING slots; a miss the policy keeps out
+   (keeps_out(miss, victim)) evicts nothing and is read, after the layer's other demand loads, into a staging
+   slot, free again once its expert is computed: with one slot each such read waits for the one before it to be
+   computed. Belady here never bypasses, so it bounds the demand-only policies, not these.
+4. with prefetch admission (NAME+admit): after the demand loads are queued, each forecast key of layer l+1
    that no slot holds is weighed by forecast_evict.admit_prefetch, with W = (estimated start of layer l+1's
    router) - (when the link frees), the victim the policy would evict and its reuse probability; admitted
    ones are queued behind the demand loads and W shrinks by a transfer each.
@@ -27,7 +31,7 @@ import numpy as np
 
 from routecast.cache.forecast_evict import PrefetchAdmission, admit_prefetch
 from routecast.cache.reuse import StepUse
-from routecast.cache.zoo import make_policy, split_name
+from routecast.cache.zoo import STAGING, bypasses, make_policy, split_name
 from routecast.common.errors import ConfigError
 from routecast.trace import Trace
 
@@ -85,15 +89,21 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
         raise ConfigError(f"reuse forecasts for {len(reuse)} steps of {S} replayed ones; expected one per step, "
                           "with the steps' request routing.")
     n_pools = L if per_layer else 1
-    cap = [budget // n_pools + (1 if i < budget % n_pools else 0) for i in range(n_pools)]
+    bypass = bypasses(name)
+    stage = STAGING if bypass else 0
+    if bypass and per_layer:
+        raise ConfigError(f"policy {name}: +bypass shares its staging slots across layers; expected pooled slots, "
+                          "not per-layer pools.")
+    cap = [(budget - stage) // n_pools + (1 if i < (budget - stage) % n_pools else 0) for i in range(n_pools)]
     if min(cap) < 1:
-        raise ConfigError(f"budget of {budget} slots leaves pools with none; expected at least {n_pools}.")
+        raise ConfigError(f"budget of {budget} slots leaves pools with none; expected at least {n_pools + stage}"
+                          + (f" ({stage} staging)." if stage else "."))
     pols = [make_policy(base, c, L, E) for c in cap]
     adm = PrefetchAdmission(L, E) if admit else None
     ready = np.zeros(L * E)
     pf = np.zeros(L * E, bool)  # prefetched, not used since
     link_free = clock = stall = demand_stall = ideal = 0.0
-    hits = on_time = misses = pref = useful = unused = evs = 0
+    hits = on_time = misses = pref = useful = unused = evs = passed = 0
 
     def pool(k: int) -> int:
         return k // E if per_layer else 0
@@ -126,6 +136,7 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
                         pf[k] = False
             dcur = max(link_free, tr)
             is_miss = np.zeros(len(keys), bool)
+            out = []  # indices of the misses read through staging (+bypass)
             for i, (k, h) in enumerate(zip(keys, held, strict=True)):
                 if h:
                     continue
@@ -136,6 +147,10 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
                     v = pol.victim(no_pin, None, k)
                     if v < 0:
                         raise RuntimeError(f"replay: policy {name} found no victim in a full pool")
+                    if bypass and pol.keeps_out(k, v):
+                        pol.passed(k)
+                        out.append(i)
+                        continue
                     pol.remove(v)
                     evs += 1
                     unused += bool(pf[v])
@@ -143,15 +158,24 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
                 pol.admit(k)
                 ready[k] = dcur + xfer_s
                 dcur = ready[k]
-            link_free = max(link_free, dcur)
             r = ready[np.asarray(keys, np.int64)]
             order = np.argsort(r, kind="mergesort")
+            if out:
+                order = order[~np.isin(order, out)]
             e_end = tr
             for j in order.tolist():
                 w = max(0.0, r[j] - e_end)
                 if is_miss[j]:
                     demand_stall += w
                 e_end = max(e_end, r[j]) + comp[j]
+            free = [tr] * stage  # when each staging slot is free: its last expert computed
+            for n, j in enumerate(out):  # after every slot holder, so each read lands after the layer's others
+                got = max(dcur, free[n % stage]) + xfer_s
+                dcur = got
+                demand_stall += max(0.0, got - e_end)
+                e_end = free[n % stage] = max(e_end, got) + comp[j]
+            passed += len(out)
+            link_free = max(link_free, dcur)
             stall += e_end - (tr + comp.sum())
             ideal += dense_s + comp.sum()
             if adm is not None and fc is not None and lay + 1 < L:
@@ -193,7 +217,7 @@ def replay_objects(name: str, req_off: np.ndarray, req_key: np.ndarray, comp_s: 
     tok = max(num_tokens, 1)
     return {
         "policy": name, "budget": budget, "hit_ratio": on_time / max(req, 1), "covered_ratio": hits / max(req, 1),
-        "demand_loads": misses, "prefetches": pref, "useful_prefetches": useful, "evictions": evs,
+        "demand_loads": misses, "bypassed": passed, "prefetches": pref, "useful_prefetches": useful, "evictions": evs,
         "bytes_moved": float((misses + pref) * expert_bytes), "prefetch_bytes_unused": float(unused * expert_bytes),
         "stall_s": stall, "demand_stall_s": demand_stall, "sim_s": clock, "us_per_token": 1e6 * clock / tok,
         "ideal_us_per_token": 1e6 * ideal / tok, "requests": req,

@@ -70,6 +70,15 @@ class BasePolicy(ABC):
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
         """The resident key to evict (not `pinned`; ranked below `below` when given), -1 if none may go."""
 
+    def keeps_out(self, incoming: int, victim: int) -> bool:
+        """A demand miss of `incoming` in a full pool whose victim would be `victim`: True to read it through a
+        staging slot and keep `victim` (NAME+bypass, zoo.BYPASSES); the others always evict."""
+        return False
+
+    def passed(self, key: int) -> None:
+        """`key` was computed from a staging slot without being admitted (after keeps_out said so)."""
+        return None
+
     def mark_predicted(self, keys: Iterable[int], layer_of: Callable[[int], int]) -> None:
         return None
 

@@ -2,8 +2,9 @@
 
 Names: lru (policy.ExpertPolicy: LRU with PLEC's forecast marks), lfu, arc, s3fifo, lirs, fc-evict
 (forecast_evict.ForecastEvictPolicy). ``NAME+admit`` in the replay adds cost-aware prefetch admission
-(forecast_evict.PrefetchAdmission) to any of them. lru and lfu also run in the numba kernel (kernel.py);
-tests/cache/test_zoo.py checks that both forms make the same decisions and give the same time.
+(forecast_evict.PrefetchAdmission) to any of them; ``lfu+bypass`` and ``fc-evict+bypass`` keep `STAGING` slots of
+the budget for the demand misses their keeps_out would rather not admit (objreplay.py). lru and lfu also run in
+the numba kernel (kernel.py); tests/cache/test_zoo.py checks that both forms make the same decisions and give the same time.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class LFUPolicy(BasePolicy):
             self.res[key] = False
             self.n -= 1
 
+    def keeps_out(self, incoming: int, victim: int) -> bool:
+        """TinyLFU's admission rule (Einziger et al., 2017) on LFU's exact counts: read the miss without admitting it
+        unless, counting this use, it was used more often than the victim (ties keep the resident)."""
+        return bool(self.cnt[incoming] + 1.0 <= self.cnt[victim])
+
+    def passed(self, key: int) -> None:
+        self.touch(key)
+
     def victim(self, pinned: Callable[[int], bool], below: Rank | None = None, incoming: int = -1) -> int:
         if self.refuses(below):
             return -1
@@ -75,14 +84,26 @@ DESCRIBE = {
                 "no prefetch",
 }
 ADMIT = "+admit"
+BYPASS = "+bypass"
+BYPASSES = ("lfu", "fc-evict")  # the objects whose keeps_out can decline a demand miss a slot
+STAGING = 1  # slots of the budget a +bypass policy keeps for misses it reads without admitting
 
 
 def split_name(name: str) -> tuple[str, bool]:
-    """'arc+admit' -> ('arc', True): the base policy object and whether prefetch admission is on."""
+    """'arc+admit' -> ('arc', True): the base policy object and whether prefetch admission is on; a +bypass before
+    +admit (bypasses()) is part of the name, not of the base ('fc-evict+bypass+admit' -> ('fc-evict', True))."""
     base, admit = (name[: -len(ADMIT)], True) if name.endswith(ADMIT) else (name, False)
+    if base.endswith(BYPASS) and base[: -len(BYPASS)] in BYPASSES:
+        base = base[: -len(BYPASS)]
     if base not in DESCRIBE:
-        raise ConfigError(f"policy {name!r} is unknown; expected one of {', '.join(DESCRIBE)} (optionally +admit).")
+        raise ConfigError(f"policy {name!r} is unknown; expected one of {', '.join(DESCRIBE)} (optionally +admit; "
+                          f"{' and '.join(BYPASSES)} also +bypass, before +admit).")
     return base, admit
+
+
+def bypasses(name: str) -> bool:
+    """Whether `name` (a valid policy object name) reads misses its policy keeps out through the staging slot."""
+    return name.removesuffix(ADMIT).endswith(BYPASS)
 
 
 def check_reuse_policy(policy: str) -> None:
@@ -94,7 +115,9 @@ def check_reuse_policy(policy: str) -> None:
 
 def describe(name: str) -> str:
     base, admit = split_name(name)
-    return DESCRIBE[base] + ("; prefetch only when the stall saved beats the bytes' cost" if admit else "")
+    return (DESCRIBE[base] + ("; a miss it ranks below its victim is read into a staging slot and not kept"
+                              if bypasses(name) else "")
+            + ("; prefetch only when the stall saved beats the bytes' cost" if admit else ""))
 
 
 def uses_forecast(name: str) -> bool:

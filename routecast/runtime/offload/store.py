@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from routecast.cache.slots import Load, SlotCache
-from routecast.cache.zoo import DESCRIBE, split_name
+from routecast.cache.zoo import DESCRIBE, bypasses, split_name
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload import reader_child as RC
 from routecast.runtime.offload.reader import ProcessReader, process_reader_fits
@@ -83,12 +83,15 @@ class StoreConfig:
 
 
 READERS = ("threads", "process", "auto")
-RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit runs in the replay only
+RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit and +bypass run in the replay only
 
 
 def check_runtime_policy(name: str) -> None:
     """--policy NAME for the runtime: a cache/zoo.py policy object (prefetch admission, NAME+admit, is timed by the
     replay's link model and is not run here)."""
+    if bypasses(name):
+        raise ConfigError(f"--policy is {name!r}; a staging slot for misses kept out (+bypass) runs in `routecast "
+                          f"cache replay` only; expected one of {', '.join(RUNTIME_POLICIES)}.")
     if name.removesuffix("+admit") not in DESCRIBE:
         raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(RUNTIME_POLICIES)}.")
     _base, admit = split_name(name)
