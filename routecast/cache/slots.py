@@ -20,6 +20,10 @@ Decisions, in call order:
   All of the access's slot holders are pinned; misses that find every slot pinned (an access's union larger
   than its pool) are deferred: ``next_round`` serves them once the caller has computed and ``unpin``-ed the
   previous group.
+- ``NAME+bypass`` (zoo.BYPASSES): the policies share the budget less zoo.STAGING slots; a demand miss in a full
+  pool that the policy keeps out (``keeps_out(miss, victim)``) evicts nothing and holds a staging slot until the
+  caller computes it (``unpin`` gives the slot back and returns the key); with the staging slots in use it is
+  deferred to the next round, as cache/objreplay.py times it.
 - ``end_step()``: the step's forecast marks are dropped.
 """
 
@@ -32,10 +36,11 @@ import numpy as np
 
 from routecast.cache.policy import BasePolicy
 from routecast.cache.reuse import StepUse
-from routecast.cache.zoo import make_policy
+from routecast.cache.zoo import STAGING, bypasses, make_policy
 from routecast.common.errors import ConfigError
 
 Load = tuple[int, int, int]  # (key, slot, evicted key or -1)
+STAGED = -2  # _take_slot's victim for a miss read into a staging slot (+bypass): nothing evicted
 
 
 class SlotCache:
@@ -62,10 +67,19 @@ class SlotCache:
                               f"expected at least {L} for per-layer pools.")
         self.L, self.E, self.budget, self.per_layer, self.depth = L, E, int(budget), per_layer, depth
         n_pools = L if per_layer else 1
-        base, extra = divmod(self.budget, n_pools)
-        self.capacity = [base + (i < extra) for i in range(n_pools)]
+        stage = STAGING if bypasses(policy) else 0
+        if stage and (per_layer or self.budget <= stage + keep_per_layer * L):
+            raise ConfigError(f"policy {policy}: +bypass keeps {stage} of the {self.budget} slots as staging for the misses it "
+                              "does not admit; expected pooled slots (not per-layer) and a budget above that"
+                              + (f" plus the fallback's {keep_per_layer * L}." if keep_per_layer else "."))
+        base, extra = divmod(self.budget - stage, n_pools)
+        self.capacity = [base + (i < extra) for i in range(n_pools)]  # the policies' slots, staging apart
         starts = np.concatenate([[0], np.cumsum(self.capacity)])
         self.free = [list(range(int(starts[i + 1]) - 1, int(starts[i]) - 1, -1)) for i in range(n_pools)]
+        self.stage_free = list(range(self.budget - 1, self.budget - stage - 1, -1))  # the last `stage` slots
+        self.staged = np.zeros(n_keys, bool)  # holds a staging slot until computed (unpin)
+        self.bypass = stage > 0
+        self.kept_out: set[int] = set()  # misses kept out, deferred until a staging slot frees
         self.policies: list[BasePolicy] = [make_policy(policy, c, L, E) for c in self.capacity]
         self.held = np.zeros(n_keys, bool)
         self.slot_of = np.full(n_keys, -1, np.int64)
@@ -79,14 +93,17 @@ class SlotCache:
         self.held_L = np.zeros(L, np.int64)
         self.stats: dict[str, Any] = dict(hits=0, misses=0, accesses=0, prefetch_issued=0, prefetch_useful=0,
                                           prefetch_cancelled=0, prefetch_dropped=0, evictions=0, mispredicted=0,
-                                          max_occupied=0)
+                                          max_occupied=0, bypassed=0)
 
     # ------------------------------------------------------------------ slots
     def pool_of(self, key: int) -> int:
         return key // self.E if self.per_layer else 0
 
-    def _take_slot(self, key: int, below: tuple[int, int] | None) -> Load:
-        """A free slot of key's pool, or the slot of the policy's victim (evicted now); slot -1 if none may go."""
+    def _take_slot(self, key: int, below: tuple[int, int] | None, stage: bool = False) -> Load:
+        """A free slot of key's pool, or the slot of the policy's victim (evicted now); slot -1 if none may go.
+        stage (a demand miss under +bypass): when the policy keeps the key out (keeps_out(key, victim)), a staging
+        slot and victim STAGED instead, nothing evicted (slot -1 while the staging slots are all in use: the key
+        waits for one, kept out, as cache/objreplay.py has it)."""
         p = self.pool_of(key)
         if self.free[p]:
             return key, self.free[p].pop(), -1
@@ -98,6 +115,10 @@ class SlotCache:
         victim = self.policies[p].victim(kept, below, key)
         if victim < 0:
             return key, -1, -1
+        if stage and self.policies[p].keeps_out(key, victim):
+            self.policies[p].passed(key)
+            self.stats["bypassed"] += 1
+            return key, self.stage_free.pop() if self.stage_free else -1, STAGED
         slot = self._drop(victim)
         self.stats["evictions"] += 1
         return key, slot, victim
@@ -120,9 +141,19 @@ class SlotCache:
         self.slot_of[key] = slot
         self.key_of[slot] = key
         self.policies[self.pool_of(key)].admit(key)
+        self._occupy()
+
+    def _occupy(self) -> None:
         self.occupied += 1
         assert self.occupied <= self.budget, f"{self.occupied} experts hold slots; the budget is {self.budget}"
         self.stats["max_occupied"] = max(self.stats["max_occupied"], self.occupied)
+
+    def _stage(self, key: int, slot: int) -> None:
+        """A miss the policy keeps out holds staging slot `slot` until computed (unpin gives it back)."""
+        self.held[key] = self.staged[key] = True
+        self.slot_of[key] = slot
+        self.key_of[slot] = key
+        self._occupy()
 
     # ------------------------------------------------------------------ decisions
     def prefetch(self, layers: Sequence[int], keys_by_layer: Sequence[np.ndarray], current_layer: int = -1,
@@ -192,21 +223,41 @@ class SlotCache:
         """Reserve slots for missing keys (demand: any unpinned victim) -> (loads, keys still without a slot)."""
         loads, deferred = [], []
         for k in missing:
-            load = self._take_slot(int(k), None)
+            if k in self.kept_out:  # kept out in an earlier round: waits for a staging slot, not asked again
+                load = (int(k), self.stage_free.pop(), STAGED) if self.stage_free else (int(k), -1, STAGED)
+            else:
+                load = self._take_slot(int(k), None, self.bypass)
             if load[1] < 0:
+                if load[2] == STAGED:
+                    self.kept_out.add(int(k))
                 deferred.append(int(k))
                 continue
-            self._reserve(int(k), load[1])
+            self.kept_out.discard(int(k))
+            if load[2] == STAGED:
+                self._stage(int(k), load[1])
+                load = (load[0], load[1], -1)
+            else:
+                self._reserve(int(k), load[1])
             self.pins[k] += 1
             loads.append(load)
         if deferred and not loads and not self.pins.any():
             raise RuntimeError("slot cache: a miss found no slot although nothing is pinned")
         return loads, deferred
 
-    def unpin(self, keys: Sequence[int]) -> None:
-        """The caller computed `keys`: they may be evicted again."""
+    def unpin(self, keys: Sequence[int]) -> list[int]:
+        """The caller computed `keys`: they may be evicted again -> the keys that gave a staging slot back (+bypass:
+        no longer held; the caller forgets their weights)."""
+        out = []
         for k in keys:
             self.pins[k] -= 1
+            if self.staged[k] and self.pins[k] == 0:
+                slot = int(self.slot_of[k])
+                self.held[k] = self.staged[k] = False
+                self.key_of[slot], self.slot_of[k] = -1, -1
+                self.occupied -= 1
+                self.stage_free.append(slot)
+                out.append(int(k))
+        return out
 
     def _correct(self, layer: int, used: set[int]) -> list[int]:
         """Real-time correction: release unused prefetch reservations of `layer` that its routing does not use, mark
@@ -247,13 +298,15 @@ class SlotCache:
         """Assert the slot accounting: held keys <= each pool's capacity (the budget), maps consistent."""
         held = np.flatnonzero(self.held)
         assert len(held) == self.occupied <= self.budget, f"{len(held)} experts hold slots; budget {self.budget}"
-        assert len(held) + sum(len(f) for f in self.free) == self.budget, "slot leak"
+        assert len(held) + sum(len(f) for f in self.free) + len(self.stage_free) == self.budget, "slot leak"
         assert np.all(self.key_of[self.slot_of[held]] == held), "slot map mismatch"
         if self.per_layer:
             per = np.bincount(held // self.E, minlength=self.L)
             assert np.all(per <= np.asarray(self.capacity)), f"per-layer occupancy {per} over {self.capacity}"
         for p, pol in enumerate(self.policies):
-            assert len(pol) == sum(1 for k in held if self.pool_of(int(k)) == p), "policy out of sync"
+            assert len(pol) == sum(1 for k in held if self.pool_of(int(k)) == p and not self.staged[k]), \
+                "policy out of sync"
+            assert len(pol) <= self.capacity[p], f"pool {p} holds {len(pol)} experts; its capacity is {self.capacity[p]}"
 
 
 def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budget: int, *, per_layer: bool = False,

@@ -1,7 +1,9 @@
-"""NAME+bypass: a miss the policy keeps out is read into a staging slot and not admitted (cache/objreplay.py).
+"""NAME+bypass: a miss the policy keeps out is read into a staging slot and not admitted (cache/objreplay.py, and
+cache/slots.py for the runtime).
 
 Golden timings of the staging slot on a hand-made access log, TinyLFU's rule on a scan, the budget on generated
-traces, and the equality with the plain policy one slot smaller when keeps_out never says so."""
+traces, the equality with the plain policy one slot smaller when keeps_out never says so, and the runtime's slot
+cache making the replay's decisions."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import routecast.cache.objreplay as objreplay
 from routecast.cache.compare import compare_policies, is_predictive
 from routecast.cache.forecast_evict import ForecastEvictPolicy
 from routecast.cache.forecasts import parse_policies
+from routecast.cache.objreplay import step_uses
 from routecast.cache.replay import build_accesses, true_sets
+from routecast.cache.slots import SlotCache
 from routecast.cache.zoo import STAGING, LFUPolicy, bypasses, describe, split_name
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.store import check_runtime_policy
@@ -42,8 +46,12 @@ def test_names():
             split_name(bad)
         with pytest.raises(ConfigError, match="--policies"):
             parse_policies(bad)
+    check_runtime_policy("fc-evict+bypass")
+    check_runtime_policy("lfu+bypass")
     with pytest.raises(ConfigError, match="cache replay` only"):
-        check_runtime_policy("fc-evict+bypass")
+        check_runtime_policy("fc-evict+bypass+admit")
+    with pytest.raises(ConfigError, match="expected one of"):
+        check_runtime_policy("arc+bypass")
 
 
 def test_tinylfu_rule_keeps_the_hot_keys_through_a_scan():
@@ -142,3 +150,54 @@ def test_never_keeping_out_is_the_plain_policy_a_staging_slot_smaller(args, frac
                                              policies=["fc-evict"]) if r["policy"] == "fc-evict")
     assert byp["bypassed"] == 0
     assert byp["demand_loads"] == plain["demand_loads"] and byp["sim_s"] == pytest.approx(plain["sim_s"], rel=1e-12)
+
+
+def drive_slots(tr, name: str, budget: int, sets: np.ndarray) -> dict:
+    """SlotCache(policy=name) driven as the runtime's store drives it (compute, unpin, the deferred rounds), its
+    accounting checked after every access -> its stats."""
+    acc = build_accesses(tr)
+    L, E = tr.spec.num_layers, tr.spec.num_experts
+    _, uses = step_uses(tr)
+    sc = SlotCache(L, E, budget, policy=name)
+    for s in range(len(acc.step_ids)):
+        sc.begin_step(uses[s].requests, sets[s], None, None, None, uses[s].tokens)
+        for lay in range(L):
+            a = s * L + lay
+            keys = acc.req_key[acc.req_off[a]:acc.req_off[a + 1]].tolist()
+            _, hits, loads, deferred, _ = sc.access(lay, keys)
+            gone = sc.unpin(hits + [kk for kk, _, _ in loads])
+            while deferred:
+                more, deferred = sc.next_round(deferred)
+                gone += sc.unpin([kk for kk, _, _ in more])
+            assert not any(sc.held[g] for g in gone)  # a staging slot given back holds nothing
+            sc.check()
+        sc.end_step(uses[s])
+    return sc.stats
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=trace_args, frac=st.floats(0.0, 1.0))
+def test_the_runtimes_slot_cache_keeps_out_what_the_replay_does(args, frac):
+    """Where a layer's experts fit the pool, the runtime's decisions (SlotCache) are the object replay's: the same
+    demand reads, the same misses kept out; the staging slot never makes the slots exceed the budget."""
+    seed, L, E, k, steps, per_step = args
+    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
+    acc = build_accesses(tr)
+    widest = int(np.diff(acc.req_off).max())
+    if widest + STAGING + 1 > L * E:
+        return
+    budget = widest + STAGING + 1 + int(frac * (L * E - widest - STAGING - 1))
+    sets = true_sets(acc)
+    for name in ("fc-evict+bypass", "lfu+bypass"):
+        got = drive_slots(tr, name, budget, sets)
+        want = next(r for r in compare_policies(tr, budget=budget, hardware=HW, forecast=sets, policies=[name])
+                    if r["policy"] == name)
+        assert (got["misses"], got["bypassed"]) == (want["demand_loads"], want["bypassed"])
+        assert got["max_occupied"] <= budget
+
+
+def test_slot_cache_refuses_bypass_without_room():
+    with pytest.raises(ConfigError, match="staging"):
+        SlotCache(2, 4, STAGING, policy="fc-evict+bypass")
+    with pytest.raises(ConfigError, match="per-layer"):
+        SlotCache(2, 4, 6, per_layer=True, policy="lfu+bypass")

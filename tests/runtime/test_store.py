@@ -296,3 +296,32 @@ def test_early_computes_the_resident_experts_while_the_misses_are_read(early: bo
         assert store.slots.pins.sum() == 0  # every key unpinned after the access
     finally:
         store.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 12), st.integers(0, 2**31 - 1), st.sampled_from(["lfu+bypass", "fc-evict+bypass"]),
+       st.booleans())
+def test_bypass_computes_kept_out_misses_from_the_staging_slot(budget: int, seed: int, policy: str, early: bool) -> None:
+    """+bypass in the runtime: a miss kept out is read into the staging slot, computed from it (the slot holds that
+    expert's weights), and forgotten; every expert is computed once and the slots never exceed the budget."""
+    L, E = 3, 6
+    rng = np.random.default_rng(seed)
+    tier = MemTier(L, E)
+    store = ExpertStore(tier, StoreConfig(budget=budget, check=True, loader_threads=2, policy=policy, early=early))
+    total = 0
+    try:
+        for _step in range(8):
+            store.begin_step()
+            hot = rng.choice(E, size=2, replace=False)  # two experts of each layer used often, the rest now and then
+            acc = [(lay, sorted(set(hot.tolist()) | set(np.flatnonzero(rng.random(E) < 0.3).tolist())))
+                   for lay in range(L)]
+            run_accesses(store, L, E, acc)
+            total += sum(len(x) for _, x in acc)
+            assert not store.ready[store.slots.staged].any() and not store.slots.staged.any()
+            store.end_step()
+        st_ = store.stats
+        assert st_["max_occupied"] <= budget and st_["hits"] + st_["misses"] == total
+        assert len(tier.reads) == st_["misses"]  # a kept-out miss is one read, like any demand load
+        assert store.slots.capacity == [budget - 1]
+    finally:
+        store.close()

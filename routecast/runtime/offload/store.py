@@ -16,6 +16,8 @@ are in their slots at once and waits for the rest.
   queued one jumps to the front of the queue) and counted in ``late``; the wait is stall time.
 - A miss reserves a slot (evicting the policy's victim) and is read on demand; the layer computes once all of
   its experts are in their slots (straight from the slot pool: no copy, no scratch memory beyond the budget).
+- NAME+bypass: a miss the policy keeps out is read into a staging slot of the budget, computed from it and
+  forgotten when SlotCache.unpin gives the slot back (its ready flag cleared, as for an eviction).
 - Real-time correction: a prefetch of this layer that the routing does not use and nothing used yet gives its
   slot back, and its read is skipped if it has not started (``reads_skipped``).
 - An evicted or released key's queued read is skipped; a slot still being written by an old read is reused
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 
 from routecast.cache.slots import Load, SlotCache
-from routecast.cache.zoo import DESCRIBE, bypasses, split_name
+from routecast.cache.zoo import ADMIT, BYPASS, BYPASSES, DESCRIBE
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload import reader_child as RC
 from routecast.runtime.offload.reader import ProcessReader, process_reader_fits
@@ -83,21 +85,18 @@ class StoreConfig:
 
 
 READERS = ("threads", "process", "auto")
-RUNTIME_POLICIES = tuple(DESCRIBE)  # every policy object of cache/zoo.py; +admit and +bypass run in the replay only
+RUNTIME_POLICIES = (*DESCRIBE, *(b + BYPASS for b in BYPASSES))  # the policy objects of cache/zoo.py; +admit runs
+# in the replay only
 
 
 def check_runtime_policy(name: str) -> None:
-    """--policy NAME for the runtime: a cache/zoo.py policy object (prefetch admission, NAME+admit, is timed by the
-    replay's link model and is not run here)."""
-    if bypasses(name):
-        raise ConfigError(f"--policy is {name!r}; a staging slot for misses kept out (+bypass) runs in `routecast "
-                          f"cache replay` only; expected one of {', '.join(RUNTIME_POLICIES)}.")
-    if name.removesuffix("+admit") not in DESCRIBE:
-        raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(RUNTIME_POLICIES)}.")
-    _base, admit = split_name(name)
-    if admit:
+    """--policy NAME for the runtime: a cache/zoo.py policy object, +bypass included (prefetch admission, NAME+admit,
+    is timed by the replay's link model and is not run here)."""
+    if name.endswith(ADMIT) and name.removesuffix(ADMIT) in RUNTIME_POLICIES:
         raise ConfigError(f"--policy is {name!r}; prefetch admission (+admit) runs in `routecast cache replay` only; "
                           f"expected one of {', '.join(RUNTIME_POLICIES)}.")
+    if name not in RUNTIME_POLICIES:
+        raise ConfigError(f"--policy is {name!r}; expected one of {', '.join(RUNTIME_POLICIES)}.")
 
 
 class ExpertStore:
@@ -387,7 +386,8 @@ class ExpertStore:
         if first:
             self._run(first, slots, compute)
             with self.cond:
-                self.slots.unpin(first)
+                for k in self.slots.unpin(first):
+                    self._lose(k)
         while True:
             if wait:
                 t0 = time.perf_counter()
@@ -400,7 +400,8 @@ class ExpertStore:
                 slots = self.slots.slot_of[np.asarray(group, np.int64)].copy()
             self._run(group, slots, compute)
             with self.cond:
-                self.slots.unpin(group)
+                for k in self.slots.unpin(group):  # a staging slot given back (+bypass): its weights are gone
+                    self._lose(k)
                 if not deferred:
                     return
                 loads, deferred = self.slots.next_round(deferred)
