@@ -80,6 +80,7 @@ from offload_report import ceiling, cost_model_error, headline, print_report, ti
 
 from routecast.cache.replay import ReplayConfig, compute_seconds, forecast_entries, run_policy  # noqa: E402
 from routecast.cache.slots import replay_slots  # noqa: E402
+from routecast.cache.zoo import is_fc_evict  # noqa: E402
 from routecast.common.bench import read_bench, round_order, table, write_bench  # noqa: E402
 from routecast.common.errors import ConfigError  # noqa: E402
 from routecast.common.machine import machine_info  # noqa: E402
@@ -199,8 +200,9 @@ def main() -> None:
     predictors = {n: fitted_predictor(n, model, a.model, scratch) for n in a.predictors.split(",") if n}
     del model
     policies = a.policies.split(",") if a.policies else list(RUNTIME_POLICIES)
-    probe = reuse_probe_for(a.model) if "fc-evict" in policies else None
-    table = token_table_for(a.model) if a.token_table and "fc-evict" in policies else None
+    fcs = [p for p in policies if is_fc_evict(p)]  # each also runs reading the reuse probe (and the token table)
+    probe = reuse_probe_for(a.model) if fcs else None
+    table = token_table_for(a.model) if a.token_table and fcs else None
 
     # -- the disk tier's bandwidth -> the CPU profile the cost model and `cache replay` use
     base = a.hardware
@@ -234,9 +236,9 @@ def main() -> None:
         if a.reader != "threads":
             configs.append((f"lru [threads]@{pct}%", b, "none", None, {"policy": "lru", "reader": "threads"}))
         if probe is not None:
-            configs.append((f"fc-evict+probe@{pct}%", b, "none", None, {"policy": "fc-evict", "reuse_probe": probe}))
+            configs += [(f"{p}+probe@{pct}%", b, "none", None, {"policy": p, "reuse_probe": probe}) for p in fcs]
         if table is not None:
-            configs.append((f"fc-evict+tokens@{pct}%", b, "none", None, {"policy": "fc-evict", "token_table": table}))
+            configs += [(f"{p}+tokens@{pct}%", b, "none", None, {"policy": p, "token_table": table}) for p in fcs]
         for name, pred in predictors.items():
             configs.append((f"{name}@{pct}%", b, name, pred, {}))
             if name == "lookahead":  # without its first-layer forecast (runtime/offload/inblock.py): what that adds

@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 
+from routecast.cache.zoo import is_fc_evict
 from routecast.common.bench import round_order, table, write_bench
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.store import RUNTIME_POLICIES
@@ -74,7 +75,7 @@ def geometry_configs(geom, budgets: list[int], policies: list[str], combined: li
     for pct in budgets:
         b = max(geom.top_k, int(round(pct / 100 * n)))
         configs += [(f"{pol}@{pct}%", b, pol, False, False, 0) for pol in policies]
-        configs += [(f"fc-evict+probe@{pct}%", b, "fc-evict", False, True, 0)] if probed else []
+        configs += [(f"{pol}+probe@{pct}%", b, pol, False, True, 0) for pol in policies if probed and is_fc_evict(pol)]
         for pol in combined:
             configs += [(f"lookahead+{pol}@{pct}%", b, pol, True, False, 0)]
             configs += [(f"lookahead {g}+{pol}@{pct}%", b, pol, True, False, top) for g, top in (tops or {}).items()]
@@ -132,13 +133,13 @@ def replay_table(a, geom, routing, configs: list[tuple], budgets: list[int], war
         fig = {"log": log, "pred_sets": sets[top] if pf else none, "compute_s_per_expert": comp_ms / 1e3, "policy": pol,
                "budget": b, "prefetch": pf, "reuse": ru, "warmup": warm}
         rep = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3)
-        fc = pol == "fc-evict" and step
+        fc = is_fc_evict(pol) and step
         alone = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3, schedule=False) if fc else None
         no_tok = replay_geometry(fig, geom, routing, xfer_s=read_ms / 1e3, next_tokens=False) if fc and tok else None
         pct = label.rsplit("@", 1)[1] if "@" in label else None
         if pol == "lru" and not pf and pct:
             lru[pct] = rep["s_per_token"]
-        rows.append({"config": label, "budget": b, "prediction": pf or pol == "fc-evict",
+        rows.append({"config": label, "budget": b, "prediction": pf or is_fc_evict(pol),
                      "replay_s_per_token": rep["s_per_token"], "replay_hit_ratio": rep["hit_ratio"],
                      "without_next_tokens_s_per_token": no_tok["s_per_token"] if no_tok else None,
                      "without_next_tokens_hit_ratio": no_tok["hit_ratio"] if no_tok else None,
@@ -250,7 +251,7 @@ def main_geometry(a, gates: dict[str, dict]) -> None:
         raise ConfigError(f"--geometry-tokens {tokens} / --geometry-warmup {warm} / --repeats {repeats}: expected at least "
                          "1 timed token, 0 or more warm-up tokens and at least 1 round.")
     t_start, loads = time.time(), [os.getloadavg()[0]]
-    probed = "fc-evict" in policies  # fc-evict also runs reading the reuse probe (fitted on the documents not driven)
+    probed = any(is_fc_evict(p) for p in policies)  # fc-evict also runs reading the reuse probe (fitted on the documents not driven)
     if a.routing_file is not None:  # computed where the trace is (--save-routing), with the forecasts' measured seconds
         long = load_routing(a.routing_file, geom)
         trace = long["trace"]
@@ -353,7 +354,7 @@ def main_geometry(a, gates: dict[str, dict]) -> None:
         pct = label.rsplit("@", 1)[1] if "@" in label else None
         lru = runs.get(f"lru@{pct}") if pct else None
         ratios = [y["s_per_token"] / x["s_per_token"] for x, y in zip(rs, lru, strict=True)] if lru else []
-        rows.append({"config": label, "budget": b, "prediction": pf or pol == "fc-evict",
+        rows.append({"config": label, "budget": b, "prediction": pf or is_fc_evict(pol),
                      "s_per_token": statistics.median(spt), "s_min": min(spt), "s_max": max(spt),
                      "x_lru_tokens_per_s": statistics.median(ratios) if ratios else None,
                      "x_lru_min": min(ratios) if ratios else None, "x_lru_max": max(ratios) if ratios else None,

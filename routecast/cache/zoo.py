@@ -101,6 +101,11 @@ def split_name(name: str) -> tuple[str, bool]:
     return base, admit
 
 
+def is_fc_evict(name: str) -> bool:
+    """fc-evict with or without +bypass / +admit: the policy that keeps request profiles and reads forecasts."""
+    return name.removesuffix(ADMIT).removesuffix(BYPASS) == "fc-evict"
+
+
 def bypasses(name: str) -> bool:
     """Whether `name` (a valid policy object name) reads misses its policy keeps out through the staging slot."""
     return name.removesuffix(ADMIT).endswith(BYPASS)

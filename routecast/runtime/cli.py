@@ -125,7 +125,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     if not a.offload and (a.prefetch != "none" or a.write_profile or a.fallback or a.reuse_probe):
         raise ConfigError("--prefetch, --fallback, --reuse-probe and --write-profile act on offloaded experts; expected "
                           "--offload with them.")
-    if a.token_table and a.policy != "fc-evict":
+    from routecast.cache.zoo import is_fc_evict
+
+    if a.token_table and not is_fc_evict(a.policy):
         raise ConfigError(f"--token-table acts on fc-evict's forecasts; --policy is {a.policy!r}: expected --policy "
                           "fc-evict with it.")
     if a.reuse_probe:
@@ -278,10 +280,12 @@ def format_figures(r: dict[str, Any]) -> str:
                          f"mispredicted evicted first {r['mispredicted']}; predictor {r['predict_s']:.3f} s = "
                          f"{r['predict_s'] / r['wall_s']:.1%} of the run (with handing its sets to the store "
                          f"{r['issue_s'] / r['wall_s']:.1%})")
-    if r["config"] == "none" and r.get("policy") == "fc-evict":
+    from routecast.cache.zoo import is_fc_evict
+
+    if r["config"] == "none" and is_fc_evict(r.get("policy") or ""):
         used = ["request profiles"] + [n for k, n in (("token_table", "token table"), ("reuse_probe", "reuse probe"))
                                        if r.get(k)]
-        lines.append(f"fc-evict's forecasts ({', '.join(used)}): "
+        lines.append(f"{r['policy']}'s forecasts ({', '.join(used)}): "
                      f"{r['predict_s']:.3f} s = {r['predict_s'] / r['wall_s']:.1%} of the run")
     if "rerouted" in r:
         lines.append(f"fallback: rerouted {r['rerouted']} of {r['routed_slots']} routed (token, k) slots "

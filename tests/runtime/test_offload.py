@@ -256,7 +256,7 @@ def test_swapping_two_experts_of_one_layer_is_caught_by_logits(tmp_path) -> None
     assert not ok and diff > 1e-3
 
 
-@pytest.mark.parametrize("policy", ["lfu", "arc", "s3fifo", "lirs", "fc-evict"])
+@pytest.mark.parametrize("policy", ["lfu", "arc", "s3fifo", "lirs", "fc-evict", "lfu+bypass", "fc-evict+bypass"])
 def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> None:
     """The runtime drives cache/zoo.py's policy objects: logits equal all-resident's, the budget holds, and for the
     demand policies the slot replay of the run's own access log counts the same hits (the same objects decide)."""
@@ -278,6 +278,8 @@ def test_every_zoo_policy_runs_exactly_with_the_replays_decisions(policy) -> Non
     # fc-evict's request profiles get each step's routing in the replay as in the run (replay_feed)
     rep = replay_slots(acc.req_off, acc.req_key, acc.L, acc.E, budget, policy=policy, **replay_feed(got))
     assert (rep["hits"], rep["misses"]) == (got["hits"], got["misses"])
+    assert (got["bypassed"] > 0) == policy.endswith("+bypass") and rep["bypassed"] == got["bypassed"]
+    assert bool(got.get("uses")) == policy.startswith("fc-evict")  # the profiles got every step, +bypass too
 
 
 def test_admission_policies_are_refused_by_the_runtime() -> None:

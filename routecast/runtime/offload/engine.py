@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from routecast.cache.zoo import check_reuse_policy
+from routecast.cache.zoo import check_reuse_policy, is_fc_evict
 from routecast.common.errors import ConfigError
 from routecast.predict.lookahead import LookaheadPredictor
 from routecast.predict.reuse_probe import probe_row
@@ -237,7 +237,7 @@ class OffloadedModel:
         self.step = 0
         self._step_ids: list[torch.Tensor | None] = [None] * self.L
         self._tokens: np.ndarray | None = None
-        self._profiles = cfg.policy == "fc-evict"  # the policy keeps per-request profiles: feed it the steps
+        self._profiles = is_fc_evict(cfg.policy)  # the policy keeps per-request profiles: feed it the steps
         self._rp_W: list[np.ndarray] | None = None  # the reuse probe's weights per layer (features, K), float32
         if reuse_probe is not None:
             check_reuse_policy(cfg.policy)

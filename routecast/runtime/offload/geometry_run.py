@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from routecast.cache.zoo import is_fc_evict
 from routecast.common.errors import ConfigError
 from routecast.runtime.offload.geometry import (
     KERNELS,
@@ -100,12 +101,12 @@ def geometry_main(name: str | Geometry, *, routing: str | Path | None = None, la
         raise ConfigError(f"--routing {trace}: no trace there; expected a folder written by `routecast trace capture`.")
     pf = prefetch == "lookahead"
     route = trace_routing(trace, geom, warmup + tokens, forecast=pf, order=order, reuse_probe=reuse_probe,
-                          token_table=policy == "fc-evict")
+                          token_table=is_fc_evict(policy))
     print(f"{geom.name} geometry: {geom.layers} MoE layers (scaled to this disk; --geometry-layers) x {geom.experts} "
           f"experts top-{geom.top_k}, {geom.expert_bytes / 1e6:.1f} MB per expert; budget {slots} of {n_keys} experts; "
           f"{WEIGHT_NOTE}; routing: {warmup} warm-up + {tokens} timed decode tokens of {trace} in {order} order, "
           f"geometry layer g <- trace layer g mod {route['trace_layers']}", flush=True)
-    if policy == "fc-evict":
+    if is_fc_evict(policy):
         print("fc-evict reads the token table's forecast of each known input token (conditional-token, fitted on the "
               "trace's other documents)" if "token_use" in route else "fc-evict runs without token forecasts: no other "
               "document in the trace to fit the token table on", flush=True)
