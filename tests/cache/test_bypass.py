@@ -92,13 +92,17 @@ def test_budget_must_leave_a_slot_beside_staging():
                                  per_layer=True)
 
 
+def case(args, frac: float):
+    """A generated trace, its accesses, a budget of at least one slot beside staging, and (seed, L, E)."""
+    seed, L, E, k, steps, per_step = args
+    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
+    return tr, build_accesses(tr), max(1 + STAGING, int(round(frac * L * E))), (seed, L, E)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=trace_args, frac=st.floats(0.1, 1.0))
 def test_pools_keep_budget_less_staging_and_every_access_is_served(args, frac):
-    seed, L, E, k, steps, per_step = args
-    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
-    acc = build_accesses(tr)
-    budget = max(1 + STAGING, int(round(frac * L * E)))
+    tr, acc, budget, (seed, L, E) = case(args, frac)
     rng = np.random.default_rng(seed)
     noisy = true_sets(acc) ^ (rng.random((len(acc.step_ids), L, E)) < 0.3)
     made = []
@@ -134,10 +138,7 @@ def test_pools_keep_budget_less_staging_and_every_access_is_served(args, frac):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=trace_args, frac=st.floats(0.1, 1.0))
 def test_never_keeping_out_is_the_plain_policy_a_staging_slot_smaller(args, frac):
-    seed, L, E, k, steps, per_step = args
-    tr = tiny_trace(seed, L, E, min(k, E), steps, per_step)
-    acc = build_accesses(tr)
-    budget = max(1 + STAGING, int(round(frac * L * E)))
+    tr, acc, budget, _ = case(args, frac)
     sets = true_sets(acc)
     keep = ForecastEvictPolicy.keeps_out
     ForecastEvictPolicy.keeps_out = lambda self, incoming, victim: False
