@@ -69,8 +69,8 @@ class SlotCache:
         n_pools = L if per_layer else 1
         stage = STAGING if bypasses(policy) else 0
         if stage and (per_layer or self.budget <= stage + keep_per_layer * L):
-            raise ConfigError(f"policy {policy}: +bypass keeps {stage} of the {self.budget} slots as staging for the misses it "
-                              "does not admit; expected pooled slots (not per-layer) and a budget above that"
+            raise ConfigError(f"policy {policy}: +bypass keeps {stage} of the {self.budget} slots as staging for the "
+                              "misses it does not admit; expected pooled slots (not per-layer) and a budget above that"
                               + (f" plus the fallback's {keep_per_layer * L}." if keep_per_layer else "."))
         base, extra = divmod(self.budget - stage, n_pools)
         self.capacity = [base + (i < extra) for i in range(n_pools)]  # the policies' slots, staging apart
@@ -306,7 +306,7 @@ class SlotCache:
         for p, pol in enumerate(self.policies):
             assert len(pol) == sum(1 for k in held if self.pool_of(int(k)) == p and not self.staged[k]), \
                 "policy out of sync"
-            assert len(pol) <= self.capacity[p], f"pool {p} holds {len(pol)} experts; its capacity is {self.capacity[p]}"
+            assert len(pol) <= self.capacity[p], f"pool {p} holds {len(pol)} experts; capacity {self.capacity[p]}"
 
 
 def replay_slots(req_off: np.ndarray, req_key: np.ndarray, L: int, E: int, budget: int, *, per_layer: bool = False,

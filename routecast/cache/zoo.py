@@ -4,7 +4,8 @@ Names: lru (policy.ExpertPolicy: LRU with PLEC's forecast marks), lfu, arc, s3fi
 (forecast_evict.ForecastEvictPolicy). ``NAME+admit`` in the replay adds cost-aware prefetch admission
 (forecast_evict.PrefetchAdmission) to any of them; ``lfu+bypass`` and ``fc-evict+bypass`` keep `STAGING` slots of
 the budget for the demand misses their keeps_out would rather not admit (objreplay.py). lru and lfu also run in
-the numba kernel (kernel.py); tests/cache/test_zoo.py checks that both forms make the same decisions and give the same time.
+the numba kernel (kernel.py); tests/cache/test_zoo.py checks that both forms make the same decisions and give
+the same time.
 """
 
 from __future__ import annotations
