@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fc-evict also reads a probe of the router inputs fitted on the same rows (a trace with hidden states)")
     p.add_argument("--probe-adapt", type=N.real(0.0, 1e6), default=None, metavar="W",
                    help="with --reuse-probe: a replayed row joins the probe's fit with weight W once its distances "
-                        "are all seen (default 4; 0 = the probe stays as fitted)")
+                        "are all seen (default 16; 0 = the probe stays as fitted)")
     _add_replay_flags(p, "out/cache/replay.json")
     p.set_defaults(fn=cmd_cache)
 

@@ -177,7 +177,7 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
     temporary directory); they are removed at the end. forecast: make_forecast's result (made in memory),
     reused across budgets; else made here from `predictor`, bit-packed in tmp_dir. reuse_probe: fc-evict also
     reads a reuse probe of the router inputs (predict/reuse_probe.py), fitted on the predictor's training rows.
-    probe_adapt: the weight of a replayed row once it joins the probe's fit (adapting_probe_steps; None = 4,
+    probe_adapt: the weight of a replayed row once it joins the probe's fit (adapting_probe_steps; None = 16,
     0 = the probe stays as fitted); only with reuse_probe."""
     from routecast.sim.hardware import load_hardware
 
@@ -191,7 +191,7 @@ def run_replay(trace: Trace, *, budget: str | int, policies: str | Sequence[str]
     if probe_adapt is not None and not reuse_probe:
         raise ConfigError(f"--probe-adapt {probe_adapt} weighs the reuse probe's replayed rows; expected it with "
                           "--reuse-probe.")
-    adapt = 4.0 if probe_adapt is None else probe_adapt
+    adapt = 16.0 if probe_adapt is None else probe_adapt
     if reuse_probe:
         _check_reuse_probe(trace, names, predictor, score_all)
     slots = parse_budget(budget, s.num_layers * s.num_experts, eb)

@@ -126,8 +126,8 @@ def test_reuse_probe_flag_fits_on_the_training_rows_and_refuses_what_it_cannot_r
     assert main(["cache", "replay", str(d), "--policies", "lru,fc-evict", "--reuse-probe", "--out", str(out),
                  "--quiet"]) == 0
     res = json.loads(out.read_text())
-    assert res["settings"]["reuse_probe"] and "learning on the replayed ones (weight 4)" in res["settings"]["predictor"]
-    assert res["settings"]["probe_adapt"] == 4.0
+    assert res["settings"]["reuse_probe"] and "learning on the replayed ones (weight 16)" in res["settings"]["predictor"]
+    assert res["settings"]["probe_adapt"] == 16.0
     rows = {r["policy"]: r for r in res["rows"]}
     assert rows["fc-evict"]["demand_loads"] >= rows["belady"]["demand_loads"]
     fixed = tmp_path / "f.json"  # --probe-adapt 0: the probe stays as fitted

@@ -58,10 +58,11 @@ def planted_trace(seed: int, requests: int = 12, length: int = 40, L: int = 2, E
                  weights_TLK=np.ones(ex.shape, np.float32), hidden_TLH=h if hidden else None)
 
 
-def test_probe_finds_a_planted_next_expert_on_held_out_requests():
+@pytest.mark.parametrize("target", ["log", "inv-sqrt"])
+def test_probe_finds_a_planted_next_expert_on_held_out_requests(target):
     tr = planted_trace(0)
     train = np.asarray(tr.tokens["request"]) < 8
-    probe = fit_reuse_probe(tr, train, cap=16)
+    probe = fit_reuse_probe(tr, train, cap=16, target=target)
     test = ~train & (np.asarray(tr.tokens["position"]) < 39)  # a last token has no next one
     logd = probe.predict(np.asarray(tr.hidden_TLH)[test])
     E = tr.spec.num_experts
@@ -71,10 +72,10 @@ def test_probe_finds_a_planted_next_expert_on_held_out_requests():
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 1000), layer=st.integers(0, 2))
-def test_row_l_reads_router_inputs_up_to_layer_l_only(seed, layer):
+@given(seed=st.integers(0, 1000), layer=st.integers(0, 2), target=st.sampled_from(["log", "inv-sqrt"]))
+def test_row_l_reads_router_inputs_up_to_layer_l_only(seed, layer, target):
     tr = planted_trace(seed, requests=4, length=10, L=3, E=4)
-    probe = fit_reuse_probe(tr, cap=8)
+    probe = fit_reuse_probe(tr, cap=8, target=target)
     h = np.asarray(tr.hidden_TLH).copy()
     before = probe.predict(h)
     h[:, layer + 1:] += np.random.default_rng(seed).normal(size=h[:, layer + 1:].shape).astype(np.float32)
@@ -108,6 +109,8 @@ def test_refusals_name_what_is_wrong():
         fit_reuse_probe(tr, lam=float("nan"))
     with pytest.raises(ConfigError, match="at least 2"):
         fit_reuse_probe(tr, np.zeros(tr.num_tokens, bool))
+    with pytest.raises(ConfigError, match="target 'sqrt'; expected one of log, inv-sqrt"):
+        fit_reuse_probe(tr, target="sqrt")
     probe = fit_reuse_probe(tr)
     with pytest.raises(ConfigError, match="the shape it was fitted on"):
         probe.predict(np.zeros((3, 2, 5)))
@@ -128,17 +131,19 @@ def test_chunked_fit_equals_one_chunk(seed, chunk):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), B=st.integers(1, 3), L=st.integers(1, 4), H=st.integers(1, 12),
-       E=st.integers(1, 6), prefill=st.booleans())
-def test_runtime_probe_row_equals_predict(seed, B, L, H, E, prefill):
+       E=st.integers(1, 6), prefill=st.booleans(), target=st.sampled_from(["log", "inv-sqrt"]))
+def test_runtime_probe_row_equals_predict(seed, B, L, H, E, prefill, target):
     """probe_row (the runtime's compiled row: the bias row first, layers written into x as they run) gives
     ReuseProbe.predict's rows, for decode (contiguous) and prefill (strided last-token) views of the router inputs."""
     from routecast.predict.reuse_probe import ReuseProbe, probe_row
 
     rng = np.random.default_rng(seed)
     K = L * E
-    ws = tuple(rng.normal(0, 0.3, ((li + 1) * H + 1, K)) + np.r_[np.zeros((li + 1) * H), 1.5][:, None]
+    mid = 1.5 if target == "log" else 0.4  # outputs around the middle of each target's range, both clips reached
+    scale = 0.3 if target == "log" else 0.1
+    ws = tuple(rng.normal(0, scale, ((li + 1) * H + 1, K)) + np.r_[np.zeros((li + 1) * H), mid][:, None]
                for li in range(L))
-    probe = ReuseProbe(weights=ws, cap=32, num_layers=L, num_experts=E, hidden_size=H)
+    probe = ReuseProbe(weights=ws, cap=32, num_layers=L, num_experts=E, hidden_size=H, target=target)
     hid = rng.normal(0, 1, (B, L, H))
     want = probe.predict(hid)
     x = np.ones((B, 1 + L * H), np.float32)
@@ -146,7 +151,7 @@ def test_runtime_probe_row_equals_predict(seed, B, L, H, E, prefill):
         w = np.ascontiguousarray(np.vstack([ws[li][-1:], ws[li][:-1]]), np.float32)
         seq = np.zeros((B, 3 if prefill else 1, H), np.float32)
         seq[:, -1] = hid[:, li]
-        got = probe_row(x, seq[:, -1], w, li, float(np.log(32)))
+        got = probe_row(x, seq[:, -1], w, li, float(np.log(32)), target == "inv-sqrt")
         np.testing.assert_allclose(got, want[:, li], atol=2e-4)
 
 
@@ -154,8 +159,8 @@ def test_adapting_probe_with_weight_zero_is_the_fixed_probe():
     from routecast.predict.reuse_probe import adapting_probe_steps
     tr = planted_trace(1)
     rows = np.asarray(tr.tokens["request"]) % 3 == 0
-    got = adapting_probe_steps(tr, ~rows, rows, weight=0.0)
-    want = probe_steps(fit_reuse_probe(tr, ~rows), tr, rows)
+    got = adapting_probe_steps(tr, ~rows, rows, weight=0.0)  # defaults: inv-sqrt, cap 256
+    want = probe_steps(fit_reuse_probe(tr, ~rows, cap=256, target="inv-sqrt"), tr, rows)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

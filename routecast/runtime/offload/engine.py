@@ -249,9 +249,11 @@ class OffloadedModel:
             # the bias row first: features are [1, h_0, h_1, ...], so row l is one matmul of a prefix of them
             self._rp_W = [np.ascontiguousarray(np.vstack([w[-1:], w[:-1]]), np.float32) for w in reuse_probe.weights]
             self._rp_cap = float(np.log(reuse_probe.cap))
+            self._rp_inv_sqrt = reuse_probe.target == "inv-sqrt"
             H = self.spec.hidden_size
             for h in (np.zeros((1, H), np.float32), np.zeros((1, 2, H), np.float32)[:, -1]):  # decode and prefill views
-                probe_row(np.ones((1, 1 + H), np.float32), h, self._rp_W[0], 0, self._rp_cap)  # compiled now, not in a layer
+                probe_row(np.ones((1, 1 + H), np.float32), h, self._rp_W[0], 0, self._rp_cap,  # compiled now, not
+                          self._rp_inv_sqrt)  # in a layer
         self.token_table = None  # fc-evict's forecast of each step from its input tokens (_begin_step)
         if token_table is not None and self._profiles:
             ts = token_table.spec
@@ -436,7 +438,7 @@ class OffloadedModel:
             self._rp_x = np.ones((B, 1 + self.L * H), np.float32)
         # numpy, then one compiled call (h written into x, whose earlier layers' parts their blocks wrote this step;
         # multiply; clip): each distinct torch or numpy call costs the compute thread tens of µs cold inside a layer
-        logd = probe_row(self._rp_x, h, self._rp_W[li], li, self._rp_cap)
+        logd = probe_row(self._rp_x, h, self._rp_W[li], li, self._rp_cap, self._rp_inv_sqrt)
         self.store.reuse_row(li, logd)
         if self.keep_feed:
             self.reuse_rows[-1].append(logd)
