@@ -3,15 +3,16 @@
 builtin-fine, leave-one-task-out (fitted on four corpus tasks, replayed on the fifth), h100-sxm, 50% budget:
 simulated µs per token of LRU, LFU, LIRS, Belady, and fc-evict reading the reuse probe fitted on the training
 tasks only (fixed) or also learning on the replayed task as its distances become known (adapting,
-predict/reuse_probe.adapting_probe_steps, weight 4). Then what was tried to make the probe transfer better (the
-issue-21 task-mode target, 15% faster than the best policy without prediction), each also under fc-evict+bypass (a
-miss whose forecast next use is farther than its victim's is read into a staging slot, not kept): a stronger ridge penalty (lam 100,
-1000), router inputs centred on the request's running mean (causal: tokens up to this one), an adapting weight of
-16 and 64; per-key request history added to the adapting probe (each key's regression also reads log tokens since the
+predict/reuse_probe.adapting_probe_steps: target 1/sqrt(d), cap 256, weight 16). Then what was tried to make the
+probe transfer better (the issue-21 task-mode target, 15% faster than the best policy without prediction), each also
+under fc-evict+bypass (a miss whose forecast next use is farther than its victim's is read into a staging slot, not
+kept): a stronger ridge penalty (lam 100, 1000), router inputs centred on the request's running mean (causal: tokens
+up to this one), the fit's target (log d or 1/sqrt(d)), its cap (32, 128, 256 tokens) and the adapting weight (4, 16,
+64), the earlier default (log, cap 32, weight 4) among them; per-key request history added to that earlier probe (each key's regression also reads log tokens since the
 request last used that key, capped at 64, and the request's decayed count of it, 0.9 per token, both from its earlier
 steps; the key-specific weights solved through a Schur complement of the shared block); and, as a ceiling that is not causal, the probe fitted on the held-out task itself. Prints one line per
 part, the medians with min-max and the variants' table; writes out/bench/probe_adapt.json.
-Run: python benchmarks/probe_adapt.py [--quick: the same run, ~3 min] (captures the standard trace on first use).
+Run: python benchmarks/probe_adapt.py [--quick: the same run, ~6 min] (captures the standard trace on first use).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def bypassed(label: str) -> str:
 
 
 ADAPT_BP = bypassed(ADAPT)
-HISTORY = "fc-evict [adapting probe + per-key request history]"
+HISTORY = "fc-evict [adapting probe, log, cap 32, weight 4, + per-key request history]"
 CEILING = "fc-evict [probe fitted on the held-out task: not causal, a ceiling]"
 
 
@@ -151,13 +152,22 @@ def history_steps(trace, Z, train, rows, weight=4.0, every=32, cap=32, lam=1.0) 
 
 def variants(trace, centred, Z, train, test) -> dict[str, list[np.ndarray]]:
     """Each fc-evict row's reuse forecast (one (R, L, K) log d̂ per step of `test`)."""
+    def adapting(target, cap, weight):
+        return adapting_probe_steps(trace, train, test, target=target, cap=cap, weight=weight)
+
     return {FIXED: probe_steps(fit_reuse_probe(trace, train), trace, test),
             ADAPT: adapting_probe_steps(trace, train, test),
             "fc-evict [fixed probe, lam 100]": probe_steps(fit_reuse_probe(trace, train, lam=100.0), trace, test),
             "fc-evict [fixed probe, lam 1000]": probe_steps(fit_reuse_probe(trace, train, lam=1000.0), trace, test),
             "fc-evict [fixed probe, request-centred inputs]": probe_steps(fit_reuse_probe(centred, train), centred, test),
-            "fc-evict [adapting probe, weight 16]": adapting_probe_steps(trace, train, test, weight=16.0),
-            "fc-evict [adapting probe, weight 64]": adapting_probe_steps(trace, train, test, weight=64.0),
+            "fc-evict [fixed probe, inv-sqrt, cap 256]": probe_steps(
+                fit_reuse_probe(trace, train, cap=256, target="inv-sqrt"), trace, test),
+            "fc-evict [adapting probe, log, cap 32, weight 4 (the earlier default)]": adapting("log", 32, 4.0),
+            "fc-evict [adapting probe, log, cap 32, weight 16]": adapting("log", 32, 16.0),
+            "fc-evict [adapting probe, log, cap 128, weight 4]": adapting("log", 128, 4.0),
+            "fc-evict [adapting probe, inv-sqrt, cap 32, weight 4]": adapting("inv-sqrt", 32, 4.0),
+            "fc-evict [adapting probe, inv-sqrt, cap 256, weight 4]": adapting("inv-sqrt", 256, 4.0),
+            "fc-evict [adapting probe, inv-sqrt, cap 256, weight 64]": adapting("inv-sqrt", 256, 64.0),
             HISTORY: history_steps(trace, Z, train, test),
             CEILING: probe_steps(fit_reuse_probe(trace, test), trace, test)}
 
@@ -172,7 +182,7 @@ def medians(per: dict[str, dict[str, float]], names) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~3 min)")
+    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~6 min)")
     ap.parse_args()
     trace = read_trace(standard_trace("fine"), mmap=False, load_hidden=True, load_logits=False)
     centred = request_centred(trace)
