@@ -8,11 +8,13 @@ probe transfer better (the issue-21 task-mode target, 15% faster than the best p
 under fc-evict+bypass (a miss whose forecast next use is farther than its victim's is read into a staging slot, not
 kept): a stronger ridge penalty (lam 100, 1000), router inputs centred on the request's running mean (causal: tokens
 up to this one), the fit's target (log d or 1/sqrt(d)), its cap (32, 128, 256 tokens) and the adapting weight (4, 16,
-64), the earlier default (log, cap 32, weight 4) among them; per-key request history added to that earlier probe (each key's regression also reads log tokens since the
+64), the earlier default (log, cap 32, weight 4) among them, lam 3; a forgetting factor (0.99 per refit); a blend
+with the nearest served rows (k 8, 0.3); the request position as an input; per-key request history added to that
+earlier probe (each key's regression also reads log tokens since the
 request last used that key, capped at 64, and the request's decayed count of it, 0.9 per token, both from its earlier
 steps; the key-specific weights solved through a Schur complement of the shared block); and, as a ceiling that is not causal, the probe fitted on the held-out task itself. Prints one line per
 part, the medians with min-max and the variants' table; writes out/bench/probe_adapt.json.
-Run: python benchmarks/probe_adapt.py [--quick: the same run, ~6 min] (captures the standard trace on first use).
+Run: python benchmarks/probe_adapt.py [--quick: the same run, ~8 min] (captures the standard trace on first use).
 """
 
 from __future__ import annotations
@@ -32,8 +34,14 @@ from routecast.cache.forecasts import forecast_sets  # noqa: E402
 from routecast.common.bench import table, write_bench  # noqa: E402
 from routecast.predict.evaluate import fit_or_load  # noqa: E402
 from routecast.predict.reuse_probe import (  # noqa: E402
+    CHUNK_ROWS,
+    _add_rows,
     _by_request,
     _features,
+    _normal_equations,
+    _solve,
+    _target,
+    _to_log,
     adapting_probe_steps,
     causal_joins,
     fit_reuse_probe,
@@ -150,7 +158,45 @@ def history_steps(trace, Z, train, rows, weight=4.0, every=32, cap=32, lam=1.0) 
     return out
 
 
-def variants(trace, centred, Z, train, test) -> dict[str, list[np.ndarray]]:
+def with_position(trace):
+    """The trace with log(1 + position) appended to every layer's router inputs (T, L, H + 1): a request nearer its
+    end reuses less before it ends, and the position is known when the token is."""
+    h = np.asarray(trace.hidden_TLH, np.float64)
+    z = np.log1p(np.asarray(trace.tokens["position"], np.float64))
+    hz = np.concatenate([h, np.broadcast_to(z[:, None, None], (*h.shape[:2], 1))], 2).astype(np.float32)
+    return dataclasses.replace(trace, spec=dataclasses.replace(trace.spec, hidden_size=hz.shape[2]), hidden_TLH=hz)
+
+
+def adapting_variant(trace, train, rows, rho=1.0, knn=0, beta=0.0, cap=256, weight=16.0, every=32, lam=1.0,
+                     target="inv-sqrt") -> list[np.ndarray]:
+    """adapting_probe_steps (its defaults) with, at each refit, the normal equations so far scaled by rho first (a
+    forgetting factor: older rows, the training tasks' first, weigh less), and, with knn > 0, each forecast's g(d)
+    blended as (1 - beta)·ridge + beta·(mean g(d) of the knn joined rows of the served task nearest by the cosine
+    of that layer's router inputs), once 64 rows have joined (the same causal schedule)."""
+    hid = np.asarray(trace.hidden_TLH, np.float64)
+    unit = hid / (np.linalg.norm(hid, axis=2, keepdims=True) + 1e-9)
+    L, K = trace.spec.num_layers, trace.spec.num_layers * trace.spec.num_experts
+    xtx, xty = _normal_equations(trace, train, cap, CHUNK_ROWS, target)
+    W, out, mem_i, mem_y = _solve(xtx, xty, lam), [], np.zeros(0, np.int64), np.zeros((0, K))
+    for last, joins in causal_joins(trace, rows, cap=cap, every=every):
+        if joins is not None:
+            for a in (*xtx, *xty):
+                a *= rho
+            _add_rows(xtx, xty, hid[joins[0]], _target(joins[1], target), weight)
+            W = _solve(xtx, xty, lam)
+            mem_i, mem_y = np.append(mem_i, joins[0]), np.vstack([mem_y, _target(joins[1], target)])
+        p = np.empty((len(last), L, K), np.float32)
+        for lay, w in enumerate(W):
+            y = _features(hid[last], lay) @ w
+            if knn and len(mem_i) >= 64:
+                near = np.argpartition(-(unit[last, lay] @ unit[mem_i, lay].T), knn - 1, axis=1)[:, :knn]
+                y = (1 - beta) * y + beta * mem_y[near].mean(1)
+            p[:, lay] = _to_log(y, target, cap)
+        out.append(p)
+    return out
+
+
+def variants(trace, centred, positioned, Z, train, test) -> dict[str, list[np.ndarray]]:
     """Each fc-evict row's reuse forecast (one (R, L, K) log d̂ per step of `test`)."""
     def adapting(target, cap, weight):
         return adapting_probe_steps(trace, train, test, target=target, cap=cap, weight=weight)
@@ -168,6 +214,11 @@ def variants(trace, centred, Z, train, test) -> dict[str, list[np.ndarray]]:
             "fc-evict [adapting probe, inv-sqrt, cap 32, weight 4]": adapting("inv-sqrt", 32, 4.0),
             "fc-evict [adapting probe, inv-sqrt, cap 256, weight 4]": adapting("inv-sqrt", 256, 4.0),
             "fc-evict [adapting probe, inv-sqrt, cap 256, weight 64]": adapting("inv-sqrt", 256, 64.0),
+            "fc-evict [adapting probe, lam 3]": adapting_probe_steps(trace, train, test, lam=3.0),
+            "fc-evict [adapting probe, forgetting 0.99 per refit]": adapting_variant(trace, train, test, rho=0.99),
+            "fc-evict [adapting probe, + nearest 8 served rows, blend 0.3]": adapting_variant(trace, train, test, knn=8,
+                                                                                        beta=0.3),
+            "fc-evict [adapting probe, + log position input]": adapting_probe_steps(positioned, train, test),
             HISTORY: history_steps(trace, Z, train, test),
             CEILING: probe_steps(fit_reuse_probe(trace, test), trace, test)}
 
@@ -182,10 +233,10 @@ def medians(per: dict[str, dict[str, float]], names) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~6 min)")
+    ap.add_argument("--quick", action="store_true", help="accepted for make bench; the full run is already short (~8 min)")
     ap.parse_args()
     trace = read_trace(standard_trace("fine"), mmap=False, load_hidden=True, load_logits=False)
-    centred = request_centred(trace)
+    centred, positioned = request_centred(trace), with_position(trace)
     Z = history_features(trace)
     per = {}
     for name, train, test in parts(trace, "task", 5):
@@ -193,7 +244,7 @@ def main() -> None:
         sets, la = forecast_sets(pred, trace, rows=test)
         got = {r["policy"]: r["us_per_token"] for r in compare_policies(
             trace, budget="50%", hardware="h100-sxm", policies=BASE, mask=test, forecast=sets, layer_ahead=la)}
-        for label, reuse in variants(trace, centred, Z, train, test).items():
+        for label, reuse in variants(trace, centred, positioned, Z, train, test).items():
             by = {r["policy"]: r["us_per_token"] for r in compare_policies(
                 trace, budget="50%", hardware="h100-sxm", policies=["fc-evict", "fc-evict+bypass"], mask=test,
                 forecast=sets, layer_ahead=la, reuse=reuse)}
