@@ -65,6 +65,10 @@ class ReuseProbe:
     hidden_size: int
     target: str = "log"  # g of the module docstring: "log" or "inv-sqrt"
 
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:  # predict would read any other name as log d
+            raise ConfigError(f"reuse probe: target {self.target!r}; expected one of {', '.join(TARGETS)}.")
+
     def predict(self, hidden_nLH: np.ndarray) -> np.ndarray:
         """Router inputs (n, L, H) -> log d̂ (n, L, K) float32, clipped to [0, log cap] (row l reads layers <= l)."""
         h = np.asarray(hidden_nLH, np.float64)

@@ -111,6 +111,9 @@ def test_refusals_name_what_is_wrong():
         fit_reuse_probe(tr, np.zeros(tr.num_tokens, bool))
     with pytest.raises(ConfigError, match="target 'sqrt'; expected one of log, inv-sqrt"):
         fit_reuse_probe(tr, target="sqrt")
+    from routecast.predict.reuse_probe import ReuseProbe
+    with pytest.raises(ConfigError, match="target 'sqrt'; expected one of log, inv-sqrt"):
+        ReuseProbe(weights=(), cap=8, num_layers=0, num_experts=1, hidden_size=1, target="sqrt")
     probe = fit_reuse_probe(tr)
     with pytest.raises(ConfigError, match="the shape it was fitted on"):
         probe.predict(np.zeros((3, 2, 5)))
